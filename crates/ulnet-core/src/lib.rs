@@ -1,0 +1,2 @@
+//! ulnet-core: user-level endpoints.
+#![deny(missing_docs)]
