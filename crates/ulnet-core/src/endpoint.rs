@@ -1,0 +1,577 @@
+//! The endpoint: a process's handle on the network.
+
+use crate::cq::{CompletionKind, CompletionQueue};
+use crate::error::{ChannelError, ConnectError, SendError};
+use crate::transport::shm::{self, ShmConfig, ShmListener};
+use crate::transport::{Capabilities, ReadyProbe, SendOutcome, Transport};
+use std::collections::VecDeque;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Identifies an endpoint within its process (reported in completions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EndpointId(pub u32);
+
+/// Identifies a channel of an endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ChannelId(pub u32);
+
+/// Settings of an endpoint.
+#[derive(Clone, Debug)]
+pub struct EndpointConfig {
+    /// Settings of its shared-memory channels.
+    pub shm: ShmConfig,
+    /// Most posted (queued) sends per channel. 64: a streaming sender keeps a few large
+    /// messages queued while the receiver drains; beyond that the caller should wait.
+    pub send_queue_max: usize,
+    /// Fraction of a receive ring at which the "almost full" upcall fires. 3/4: leaves a
+    /// quarter of the ring for what arrives while the handler runs.
+    pub almost_full_fraction: f64,
+}
+
+impl Default for EndpointConfig {
+    fn default() -> Self {
+        Self {
+            shm: ShmConfig::default(),
+            send_queue_max: 64,
+            almost_full_fraction: 0.75,
+        }
+    }
+}
+
+/// What [`Endpoint::poll`] reports.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// A message, or a fragment of a large one, handed over in place.
+    Message {
+        /// The channel it came on.
+        channel: ChannelId,
+        /// The bytes, valid during the call.
+        data: &'a [u8],
+        /// Length of the whole message.
+        message_len: u64,
+        /// Offset of `data` in the message.
+        offset: u64,
+    },
+    /// A posted send finished; its buffer was handed back.
+    SendComplete {
+        /// The channel.
+        channel: ChannelId,
+        /// The token given to [`Endpoint::post_send`].
+        token: u64,
+    },
+    /// The channel stopped; everything the peer sent before was delivered.
+    ChannelDown {
+        /// The channel.
+        channel: ChannelId,
+        /// Why.
+        error: ChannelError,
+    },
+}
+
+/// The conditions an endpoint can raise upcalls for (U-Net's two).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Upcall {
+    /// A receive queue became non-empty: the handler gets each event as it is polled.
+    NonEmpty = 0,
+    /// A receive queue is almost full: the handler gets the channel, before it is drained.
+    AlmostFull = 1,
+}
+
+type EventHandler = Box<dyn FnMut(Event<'_>) + Send>;
+type ChannelHandler = Box<dyn FnMut(ChannelId) + Send>;
+
+/// Counters of an endpoint.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EndpointCounters {
+    /// Messages sent (whole messages, not fragments).
+    pub messages_sent: u64,
+    /// Bytes sent.
+    pub bytes_sent: u64,
+    /// Deliveries (messages or fragments) received.
+    pub deliveries_received: u64,
+    /// Bytes received.
+    pub bytes_received: u64,
+    /// Sends refused for lack of resources.
+    pub no_resource: u64,
+    /// Channels that failed (not counting clean closes).
+    pub channels_failed: u64,
+    /// Times the endpoint slept in the kernel.
+    pub sleeps: u64,
+}
+
+struct PostedSend {
+    data: Vec<u8>,
+    sent: usize,
+    token: u64,
+}
+
+struct ChannelSlot {
+    transport: Box<dyn Transport>,
+    probe: Arc<dyn ReadyProbe>,
+    posted: VecDeque<PostedSend>,
+    down: bool,
+}
+
+/// A process's handle on the network: channels to peers, each with its queues, and the
+/// machinery to wait for them.
+///
+/// Receiving is [`Endpoint::poll`] (the fast path), [`Endpoint::wait`] (sleep until
+/// something arrives), or upcalls run from [`Endpoint::wait`]. An endpoint belongs to one
+/// thread at a time (it is `Send`, not `Sync`).
+pub struct Endpoint {
+    id: EndpointId,
+    config: EndpointConfig,
+    channels: Vec<Option<ChannelSlot>>,
+    listener: Option<ShmListener>,
+    completed: VecDeque<(ChannelId, u64)>,
+    cq: Option<CompletionQueue>,
+    on_event: Option<EventHandler>,
+    on_almost_full: Option<ChannelHandler>,
+    upcall_enabled: [bool; 2],
+    next_channel: usize,
+    counters: EndpointCounters,
+}
+
+impl Endpoint {
+    /// A new endpoint with no channels.
+    pub fn new(config: EndpointConfig) -> Self {
+        static NEXT_ID: AtomicU32 = AtomicU32::new(0);
+        Self {
+            id: EndpointId(NEXT_ID.fetch_add(1, Ordering::Relaxed)),
+            config,
+            channels: Vec::new(),
+            listener: None,
+            completed: VecDeque::new(),
+            cq: None,
+            on_event: None,
+            on_almost_full: None,
+            upcall_enabled: [false; 2],
+            next_channel: 0,
+            counters: EndpointCounters::default(),
+        }
+    }
+
+    /// This endpoint's id.
+    pub fn id(&self) -> EndpointId {
+        self.id
+    }
+
+    /// Counters so far.
+    pub fn counters(&self) -> EndpointCounters {
+        self.counters
+    }
+
+    /// Lets shared-memory peers on this host connect under `name`.
+    pub fn listen_shm(&mut self, name: &str) -> Result<(), ConnectError> {
+        self.listener = Some(ShmListener::bind(name)?);
+        Ok(())
+    }
+
+    /// Accepts a peer that connected to our listener, waiting up to `timeout`.
+    pub fn accept(&mut self, timeout: Duration) -> Result<ChannelId, ConnectError> {
+        let listener = self
+            .listener
+            .as_ref()
+            .ok_or(ConnectError::Config("endpoint is not listening"))?;
+        let channel = listener.accept(&self.config.shm, timeout)?;
+        Ok(self.add_channel(Box::new(channel)))
+    }
+
+    /// Accepts a peer if one is waiting.
+    pub fn try_accept(&mut self) -> Result<Option<ChannelId>, ConnectError> {
+        let listener = self
+            .listener
+            .as_ref()
+            .ok_or(ConnectError::Config("endpoint is not listening"))?;
+        Ok(listener
+            .try_accept(&self.config.shm)?
+            .map(|c| self.add_channel(Box::new(c))))
+    }
+
+    /// Opens a shared-memory channel to the endpoint listening under `name`, retrying until
+    /// `timeout` while it is not there yet.
+    pub fn connect_shm(
+        &mut self,
+        name: &str,
+        timeout: Duration,
+    ) -> Result<ChannelId, ConnectError> {
+        let channel = shm::connect::connect_retry(name, &self.config.shm, timeout)?;
+        Ok(self.add_channel(Box::new(channel)))
+    }
+
+    /// Adds a channel made by any transport.
+    pub fn add_channel(&mut self, transport: Box<dyn Transport>) -> ChannelId {
+        let probe = transport.probe();
+        let slot = ChannelSlot {
+            transport,
+            probe: probe.clone(),
+            posted: VecDeque::new(),
+            down: false,
+        };
+        let index = match self.channels.iter().position(Option::is_none) {
+            Some(i) => {
+                self.channels[i] = Some(slot);
+                i
+            }
+            None => {
+                self.channels.push(Some(slot));
+                self.channels.len() - 1
+            }
+        };
+        let channel = ChannelId(index as u32);
+        if let Some(cq) = &self.cq {
+            cq.register(self.id, channel, probe);
+        }
+        channel
+    }
+
+    /// Reports this endpoint's channels (present and future) into `cq`.
+    pub fn attach_cq(&mut self, cq: &CompletionQueue) {
+        for (i, slot) in self.channels.iter().enumerate() {
+            if let Some(slot) = slot {
+                cq.register(self.id, ChannelId(i as u32), slot.probe.clone());
+            }
+        }
+        self.cq = Some(cq.clone());
+    }
+
+    /// What the channel's transport can do.
+    pub fn caps(&self, channel: ChannelId) -> Option<Capabilities> {
+        self.slot(channel).map(|s| s.transport.caps())
+    }
+
+    /// Channels currently open.
+    pub fn channels(&self) -> impl Iterator<Item = ChannelId> + '_ {
+        self.channels
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.as_ref().is_some_and(|s| !s.down))
+            .map(|(i, _)| ChannelId(i as u32))
+    }
+
+    fn slot(&self, channel: ChannelId) -> Option<&ChannelSlot> {
+        self.channels
+            .get(channel.0 as usize)
+            .and_then(Option::as_ref)
+    }
+
+    fn slot_mut(&mut self, channel: ChannelId) -> Result<&mut ChannelSlot, SendError> {
+        self.channels
+            .get_mut(channel.0 as usize)
+            .and_then(Option::as_mut)
+            .ok_or(SendError::UnknownChannel)
+    }
+
+    /// Sends one message, given as a gather list of up to [`crate::GATHER_MAX`] buffers,
+    /// copying it once (or not at all when it goes inline). `NoResource` when the channel
+    /// has no room now, or when posted sends are still queued ahead of it.
+    #[inline]
+    pub fn send(&mut self, channel: ChannelId, gather: &[&[u8]]) -> Result<SendOutcome, SendError> {
+        let slot = self.slot_mut(channel)?;
+        if !slot.posted.is_empty() {
+            self.counters.no_resource += 1;
+            return Ok(SendOutcome::NoResource);
+        }
+        let outcome = slot.transport.send(gather)?;
+        match outcome {
+            SendOutcome::Done => {
+                self.counters.messages_sent += 1;
+                self.counters.bytes_sent += gather.iter().map(|b| b.len() as u64).sum::<u64>();
+            }
+            SendOutcome::NoResource => self.counters.no_resource += 1,
+            SendOutcome::InProgress(_) => {}
+        }
+        Ok(outcome)
+    }
+
+    /// Queues a message of any size (up to the transport's `message_max`) on the channel's
+    /// send queue; it is streamed as the peer frees buffers, during [`Endpoint::poll`] or
+    /// [`Endpoint::progress`], and a [`Event::SendComplete`] with `token` follows.
+    pub fn post_send(
+        &mut self,
+        channel: ChannelId,
+        data: Vec<u8>,
+        token: u64,
+    ) -> Result<SendOutcome, SendError> {
+        let max_queue = self.config.send_queue_max;
+        let slot = self.slot_mut(channel)?;
+        let caps = slot.transport.caps();
+        if data.len() as u64 > caps.message_max {
+            return Err(SendError::TooLarge {
+                len: data.len() as u64,
+                max: caps.message_max,
+            });
+        }
+        if slot.down {
+            return Err(SendError::ChannelDown(ChannelError::Closed));
+        }
+        if slot.posted.len() >= max_queue {
+            self.counters.no_resource += 1;
+            return Ok(SendOutcome::NoResource);
+        }
+        slot.posted.push_back(PostedSend {
+            data,
+            sent: 0,
+            token,
+        });
+        self.progress();
+        Ok(SendOutcome::InProgress(token))
+    }
+
+    /// Moves posted sends along. Returns the number of bytes sent.
+    pub fn progress(&mut self) -> usize {
+        let mut work = 0;
+        for (i, slot) in self.channels.iter_mut().enumerate() {
+            let Some(slot) = slot else { continue };
+            while let Some(p) = slot.posted.front_mut() {
+                let len = p.data.len() as u64;
+                let n = match slot
+                    .transport
+                    .send_fragments(len, p.sent as u64, &p.data[p.sent..])
+                {
+                    Ok(n) => n,
+                    Err(_) => break, // the channel is down; poll reports it
+                };
+                p.sent += n;
+                work += n;
+                self.counters.bytes_sent += n as u64;
+                if p.sent < p.data.len() || (n == 0 && !p.data.is_empty()) {
+                    break;
+                }
+                let done = slot.posted.pop_front().expect("front exists");
+                self.counters.messages_sent += 1;
+                self.completed.push_back((ChannelId(i as u32), done.token));
+                if let Some(cq) = &self.cq {
+                    cq.push(
+                        self.id,
+                        ChannelId(i as u32),
+                        CompletionKind::SendDone(done.token),
+                    );
+                }
+            }
+        }
+        work
+    }
+
+    /// Delivers up to `max` events to `handle`: completed posted sends, received messages
+    /// (in order per channel, channels served round-robin), and channels going down.
+    /// Returns the number delivered. Never blocks.
+    #[inline]
+    pub fn poll(&mut self, max: usize, mut handle: impl FnMut(Event<'_>)) -> usize {
+        self.poll_dyn(max, &mut handle)
+    }
+
+    fn poll_dyn(&mut self, max: usize, handle: &mut dyn FnMut(Event<'_>)) -> usize {
+        let mut n = 0;
+        if self.channels.iter().flatten().any(|s| !s.posted.is_empty()) {
+            self.progress();
+        }
+        while n < max {
+            let Some((channel, token)) = self.completed.pop_front() else {
+                break;
+            };
+            handle(Event::SendComplete { channel, token });
+            n += 1;
+        }
+        let count = self.channels.len();
+        for k in 0..count {
+            if n >= max {
+                break;
+            }
+            let i = (self.next_channel + k) % count;
+            let Some(slot) = self.channels[i].as_mut() else {
+                continue;
+            };
+            if slot.down {
+                continue;
+            }
+            let channel = ChannelId(i as u32);
+            let counters = &mut self.counters;
+            let result = slot.transport.poll_recv(max - n, &mut |d| {
+                counters.deliveries_received += 1;
+                counters.bytes_received += d.data.len() as u64;
+                handle(Event::Message {
+                    channel,
+                    data: d.data,
+                    message_len: d.message_len,
+                    offset: d.offset,
+                });
+            });
+            match result {
+                Ok(got) => n += got,
+                Err(error) => {
+                    slot.down = true;
+                    if error != ChannelError::Closed {
+                        self.counters.channels_failed += 1;
+                    }
+                    if let Some(cq) = &self.cq {
+                        cq.push(self.id, channel, CompletionKind::ChannelDown);
+                        cq.unregister(self.id, channel);
+                    }
+                    handle(Event::ChannelDown { channel, error });
+                    n += 1;
+                }
+            }
+        }
+        if count > 0 {
+            self.next_channel = (self.next_channel + 1) % count;
+        }
+        n
+    }
+
+    /// Whether any channel has something to receive right now (no system call).
+    pub fn is_readable(&self) -> bool {
+        self.channels
+            .iter()
+            .flatten()
+            .any(|s| !s.down && s.probe.is_ready())
+            || !self.completed.is_empty()
+    }
+
+    /// Sleeps in the kernel until a channel has something, a peer connects or hangs up, or
+    /// `timeout` passes. With upcalls enabled, runs them before returning: the "almost
+    /// full" handler for every channel past the threshold, then the "non-empty" handler for
+    /// every event that can be polled. Returns the number of upcall events run.
+    pub fn wait(&mut self, timeout: Option<Duration>) -> std::io::Result<usize> {
+        if !self.is_readable() {
+            self.sleep(timeout)?;
+        }
+        Ok(self.run_upcalls())
+    }
+
+    fn sleep(&mut self, timeout: Option<Duration>) -> std::io::Result<()> {
+        let probes: Vec<Arc<dyn ReadyProbe>> = self
+            .channels
+            .iter()
+            .flatten()
+            .filter(|s| !s.down)
+            .map(|s| s.probe.clone())
+            .collect();
+        let mut armed = 0;
+        for p in &probes {
+            if !p.arm() {
+                break;
+            }
+            armed += 1;
+        }
+        if armed == probes.len() {
+            let mut fds: Vec<rustix::event::PollFd<'_>> = Vec::new();
+            for p in &probes {
+                for fd in p.wait_fds() {
+                    fds.push(rustix::event::PollFd::from_borrowed_fd(
+                        fd,
+                        rustix::event::PollFlags::IN,
+                    ));
+                }
+            }
+            if let Some(l) = &self.listener {
+                fds.push(rustix::event::PollFd::from_borrowed_fd(
+                    l.as_fd(),
+                    rustix::event::PollFlags::IN,
+                ));
+            }
+            let ms = match timeout {
+                None => -1,
+                Some(t) => t.as_millis().min(i32::MAX as u128) as i32,
+            };
+            self.counters.sleeps += 1;
+            match rustix::event::poll(&mut fds, ms) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        for p in &probes[..armed] {
+            p.disarm();
+        }
+        Ok(())
+    }
+
+    /// Installs the handler for an upcall condition (disabled until enabled).
+    pub fn set_upcall_nonempty(&mut self, handler: impl FnMut(Event<'_>) + Send + 'static) {
+        self.on_event = Some(Box::new(handler));
+    }
+
+    /// Installs the "almost full" handler (disabled until enabled).
+    pub fn set_upcall_almost_full(&mut self, handler: impl FnMut(ChannelId) + Send + 'static) {
+        self.on_almost_full = Some(Box::new(handler));
+    }
+
+    /// Enables or disables an upcall; a flag, so it is cheap to toggle around critical work.
+    #[inline]
+    pub fn enable_upcall(&mut self, condition: Upcall, enabled: bool) {
+        self.upcall_enabled[condition as usize] = enabled;
+    }
+
+    fn run_upcalls(&mut self) -> usize {
+        let mut ran = 0;
+        if self.upcall_enabled[Upcall::AlmostFull as usize] {
+            if let Some(mut handler) = self.on_almost_full.take() {
+                let fraction = self.config.almost_full_fraction;
+                for (i, slot) in self.channels.iter().enumerate() {
+                    let Some(slot) = slot else { continue };
+                    let (used, capacity) = slot.transport.receive_backlog();
+                    if !slot.down && used as f64 >= fraction * capacity as f64 {
+                        handler(ChannelId(i as u32));
+                        ran += 1;
+                    }
+                }
+                self.on_almost_full = Some(handler);
+            }
+        }
+        if self.upcall_enabled[Upcall::NonEmpty as usize] {
+            if let Some(mut handler) = self.on_event.take() {
+                ran += self.poll_dyn(usize::MAX, &mut |e| handler(e));
+                self.on_event = Some(handler);
+            }
+        }
+        ran
+    }
+
+    /// Closes a channel cleanly: the peer gets everything sent so far, then `Closed`.
+    pub fn close(&mut self, channel: ChannelId) {
+        if let Some(slot) = self
+            .channels
+            .get_mut(channel.0 as usize)
+            .and_then(Option::take)
+        {
+            let mut slot = slot;
+            slot.transport.close();
+            if let Some(cq) = &self.cq {
+                cq.unregister(self.id, channel);
+            }
+        }
+    }
+
+    /// Blocks until every posted send on `channel` has gone out, or `timeout` passes.
+    pub fn flush(&mut self, channel: ChannelId, timeout: Duration) -> Result<(), SendError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.progress();
+            let slot = self.slot_mut(channel)?;
+            if slot.posted.is_empty() {
+                return Ok(());
+            }
+            if slot.down || Instant::now() >= deadline {
+                return Err(SendError::ChannelDown(ChannelError::PeerFailed(
+                    "flush did not complete",
+                )));
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        if let Some(cq) = &self.cq {
+            for (i, slot) in self.channels.iter().enumerate() {
+                if slot.is_some() {
+                    cq.unregister(self.id, ChannelId(i as u32));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! Errors, one enum per operation family.
+
+use crate::transport::shm::layout::LayoutError;
+use crate::transport::shm::ring::RingError;
+
+/// Why a channel could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// Nobody listens at that address.
+    #[error("no endpoint listening at {0}")]
+    NoListener(String),
+    /// The peer answered with something that is not a ulnet handshake of our version.
+    #[error("handshake refused: {0}")]
+    Handshake(&'static str),
+    /// The peer's shared mapping does not validate.
+    #[error("peer mapping refused: {0}")]
+    Layout(#[from] LayoutError),
+    /// The configuration asks for an impossible geometry.
+    #[error("bad configuration: {0}")]
+    Config(&'static str),
+    /// Timed out waiting for a peer.
+    #[error("timed out waiting for a peer")]
+    Timeout,
+    /// The operating system refused (socket, memfd, mmap).
+    #[error("system error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Why a send failed (back-pressure is [`crate::SendOutcome::NoResource`], not an error).
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// No such channel on this endpoint.
+    #[error("unknown channel")]
+    UnknownChannel,
+    /// More buffers in the gather list than the transport takes.
+    #[error("gather list of {0} buffers exceeds the limit of {1}")]
+    TooManyBuffers(usize, usize),
+    /// The message is larger than one send can carry; use `post_send`.
+    #[error("message of {len} bytes exceeds the single-send limit of {max}; use post_send")]
+    TooLarge {
+        /// Bytes asked for.
+        len: u64,
+        /// Largest allowed.
+        max: u64,
+    },
+    /// The channel has failed or closed.
+    #[error("channel is down: {0}")]
+    ChannelDown(#[from] ChannelError),
+    /// The send queue is full.
+    #[error("send queue full")]
+    QueueFull,
+}
+
+/// Why a channel stopped.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ChannelError {
+    /// The peer closed the channel cleanly; everything it sent was delivered.
+    #[error("peer closed the channel")]
+    Closed,
+    /// The peer vanished (process died, socket reset) without closing.
+    #[error("peer failed: {0}")]
+    PeerFailed(&'static str),
+    /// The peer wrote something that violates the protocol; the channel was shut.
+    #[error("protocol violation by peer: {0}")]
+    Protocol(String),
+}
+
+impl From<RingError> for ChannelError {
+    fn from(e: RingError) -> Self {
+        ChannelError::Protocol(e.to_string())
+    }
+}

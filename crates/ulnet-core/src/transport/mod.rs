@@ -1,0 +1,118 @@
+//! Transports: what moves descriptors and data between two endpoints.
+//!
+//! Each transport declares what it can do ([`Capabilities`]) so that upper layers choose
+//! (inline or buffered sends, fragment sizes, one-sided operations) instead of guessing.
+//! A [`Transport`] value is one side of one channel.
+
+pub mod shm;
+
+use crate::error::{ChannelError, SendError};
+use crate::Delivery;
+use std::os::fd::BorrowedFd;
+
+/// Which transport a channel uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TransportKind {
+    /// Shared memory between processes on one host.
+    Shm,
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TransportKind::Shm => "shm",
+        })
+    }
+}
+
+/// What a transport can do, and its size limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// The transport.
+    pub kind: TransportKind,
+    /// Largest message carried inline in a descriptor (no buffer, no second copy).
+    pub inline_max: usize,
+    /// Largest fragment: messages up to this size arrive in one piece.
+    pub fragment_max: usize,
+    /// Largest message [`Transport::send`] takes in one call; larger ones are streamed.
+    pub send_max: usize,
+    /// Largest message at all.
+    pub message_max: u64,
+    /// Most buffers in one gather list.
+    pub gather_max: usize,
+    /// Delivery is reliable and in order per channel.
+    pub reliable_ordered: bool,
+    /// Received data is handed over in place, without a copy.
+    pub zero_copy_receive: bool,
+}
+
+/// The outcome of a send that did not fail. Back-pressure is an outcome, not an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "NoResource means nothing was sent"]
+pub enum SendOutcome {
+    /// The message is on its way; the caller's buffers may be reused.
+    Done,
+    /// Queued; a completion with this token follows when the caller's data is no longer needed.
+    InProgress(u64),
+    /// No room right now (ring full or no free buffers); nothing was sent. Retry after progress.
+    NoResource,
+}
+
+/// Tells, without consuming anything, whether a channel has something for its owner, and
+/// lets a waiter sleep until it does.
+///
+/// Sleeping follows a fixed order: [`ReadyProbe::arm`] every probe (which fails if data
+/// arrived meanwhile), sleep on their [`ReadyProbe::wait_fds`], then
+/// [`ReadyProbe::disarm`] every probe.
+pub trait ReadyProbe: Send + Sync {
+    /// Whether something is waiting (cheap; no system call).
+    fn is_ready(&self) -> bool;
+    /// Asks the peer to ring the doorbell on its next send. Returns `false` (and cancels)
+    /// when something arrived meanwhile, so the caller must not sleep.
+    fn arm(&self) -> bool;
+    /// Cancels [`ReadyProbe::arm`] after waking, clears the doorbell, and makes the
+    /// channel check its peer's liveness at its next empty poll.
+    fn disarm(&self);
+    /// Descriptors to sleep on (readable when the peer rang or hung up).
+    fn wait_fds(&self) -> Vec<BorrowedFd<'_>>;
+}
+
+/// One side of one channel.
+pub trait Transport: Send {
+    /// What this transport can do.
+    fn caps(&self) -> Capabilities;
+
+    /// Sends one message given as a gather list of up to `gather_max` buffers, whole or not
+    /// at all. Messages larger than `send_max` must go through [`Transport::send_fragments`].
+    fn send(&mut self, gather: &[&[u8]]) -> Result<SendOutcome, SendError>;
+
+    /// Streams part of a large message: sends as many whole fragments of `data` (which
+    /// starts at `offset` of a message of `message_len` bytes) as resources allow and
+    /// returns the number of bytes sent. Fragments of one message must not be interleaved
+    /// with other sends on the channel.
+    fn send_fragments(
+        &mut self,
+        message_len: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<usize, SendError>;
+
+    /// Delivers up to `max` received messages or fragments to `deliver`, in order.
+    /// Returns how many were delivered; `Err` once the channel has failed or closed and
+    /// everything published before that has been delivered.
+    fn poll_recv(
+        &mut self,
+        max: usize,
+        deliver: &mut dyn FnMut(Delivery<'_>),
+    ) -> Result<usize, ChannelError>;
+
+    /// The channel's readiness probe, shared with completion queues and waiters.
+    fn probe(&self) -> std::sync::Arc<dyn ReadyProbe>;
+
+    /// Bytes waiting in the receive queue (a lower bound) and its capacity, for the
+    /// "almost full" condition.
+    fn receive_backlog(&self) -> (u64, u64);
+
+    /// Closes the channel cleanly: the peer receives everything sent so far, then `Closed`.
+    fn close(&mut self);
+}

@@ -1,0 +1,589 @@
+//! One shared-memory channel: sending into the peer's mapping, receiving from our own.
+
+use super::free_ring::{FreeRingConsumer, FreeRingProducer};
+use super::layout::{Layout, OFF_OWNER_SLEEPING, OFF_PEER_CLOSED, OFF_PEER_TAIL_HINT};
+use super::mem::{MappedMem, RingMem};
+use super::ring::RingPlace;
+use super::ring::{RingConsumer, RingProducer};
+use crate::descriptor::{
+    flags, stamp_for, BufferRef, RecordHeader, RecordKind, BUFFER_REF_LEN, HEADER_LEN, RECORD_ALIGN,
+};
+use crate::error::{ChannelError, SendError};
+use crate::sys::doorbell::Doorbell;
+use crate::transport::{Capabilities, ReadyProbe, SendOutcome, Transport, TransportKind};
+use crate::{Delivery, GATHER_MAX};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{fence, Ordering};
+use std::sync::Arc;
+
+/// Largest message a channel carries (streamed in fragments beyond one buffer).
+pub const MESSAGE_MAX: u64 = 1 << 30;
+
+/// Empty polls between two liveness checks of the peer (one `poll(2)` each): about a
+/// millisecond of spinning, so a dead peer is noticed quickly at a cost of well under 1%.
+const EMPTY_POLLS_PER_LIVENESS_CHECK: u32 = 4096;
+
+/// Readiness of our receive ring, shared with completion queues and waiters.
+pub(crate) struct ShmProbe {
+    mem: Arc<MappedMem>,
+    ring: RingPlace,
+    doorbell: Doorbell,
+    socket: OwnedFd,
+    check_peer: AtomicBool,
+}
+
+impl ReadyProbe for ShmProbe {
+    #[inline]
+    fn is_ready(&self) -> bool {
+        // The owner publishes its head after every poll, so this is where the next record goes.
+        let head = self.mem.load_u64(self.ring.head_off, Ordering::Relaxed);
+        let off = self.ring.ring_off + (head & (self.ring.capacity as u64 - 1)) as usize;
+        self.mem.load_u64(off, Ordering::Acquire) != 0
+    }
+
+    fn arm(&self) -> bool {
+        self.mem.store_u64(OFF_OWNER_SLEEPING, 1, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if self.is_ready() {
+            self.disarm();
+            return false;
+        }
+        true
+    }
+
+    fn disarm(&self) {
+        self.mem.store_u64(OFF_OWNER_SLEEPING, 0, Ordering::Relaxed);
+        self.doorbell.clear();
+        self.check_peer.store(true, Ordering::Relaxed);
+    }
+
+    fn wait_fds(&self) -> Vec<BorrowedFd<'_>> {
+        vec![self.doorbell.as_fd(), self.socket.as_fd()]
+    }
+}
+
+/// The receiving half: our own mapping.
+struct RxHalf {
+    mem: Arc<MappedMem>,
+    layout: Layout,
+    ring: RingConsumer,
+    free: FreeRingProducer,
+    /// `true` while the peer may write the buffer (it is in the free ring or being filled).
+    lent_to_peer: Vec<bool>,
+    /// Offset the next fragment of the message being received must have.
+    next_fragment_offset: u64,
+}
+
+/// The sending half: the peer's mapping.
+struct TxHalf {
+    mem: Arc<MappedMem>,
+    layout: Layout,
+    ring: RingProducer,
+    free: FreeRingConsumer,
+    /// Buffers taken from the peer's free ring, most recently freed on top (warm in cache).
+    free_stack: Vec<u32>,
+    doorbell: Doorbell,
+}
+
+/// One side of a shared-memory channel.
+pub struct ShmChannel {
+    rx: RxHalf,
+    tx: TxHalf,
+    socket: UnixStream,
+    probe: Arc<ShmProbe>,
+    tail_hint: u64,
+    inline_max: usize,
+    failure: Option<ChannelError>,
+    empty_polls: u32,
+    peer_gone: bool,
+}
+
+impl ShmChannel {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        rx_mem: Arc<MappedMem>,
+        rx_layout: Layout,
+        rx_doorbell: Doorbell,
+        tx_mem: Arc<MappedMem>,
+        tx_layout: Layout,
+        tx_doorbell: Doorbell,
+        socket: UnixStream,
+        inline_max: usize,
+    ) -> std::io::Result<Self> {
+        let mut free = FreeRingProducer::new(rx_layout.free);
+        for index in 0..rx_layout.geometry.buffer_count as u32 {
+            free.push(&*rx_mem, index);
+        }
+        let tx_ring = RingProducer::new(tx_layout.ring);
+        let inline_max = inline_max.min(tx_ring.max_payload());
+        let probe = Arc::new(ShmProbe {
+            mem: rx_mem.clone(),
+            ring: rx_layout.ring,
+            doorbell: rx_doorbell,
+            socket: socket.as_fd().try_clone_to_owned()?,
+            check_peer: AtomicBool::new(false),
+        });
+        Ok(ShmChannel {
+            rx: RxHalf {
+                ring: RingConsumer::new(rx_layout.ring),
+                free,
+                lent_to_peer: vec![true; rx_layout.geometry.buffer_count],
+                next_fragment_offset: 0,
+                mem: rx_mem,
+                layout: rx_layout,
+            },
+            tx: TxHalf {
+                free: FreeRingConsumer::new(tx_layout.free),
+                free_stack: Vec::with_capacity(tx_layout.geometry.buffer_count),
+                ring: tx_ring,
+                mem: tx_mem,
+                layout: tx_layout,
+                doorbell: tx_doorbell,
+            },
+            socket,
+            probe,
+            tail_hint: 0,
+            inline_max,
+            failure: None,
+            empty_polls: 0,
+            peer_gone: false,
+        })
+    }
+
+    /// Tells the receiver roughly how far we have written, an eighth of a ring at a time,
+    /// so it can see its backlog without a shared tail on every send.
+    #[inline(always)]
+    fn publish_tail_hint(&mut self) {
+        let tail = self.tx.ring.tail();
+        if tail - self.tail_hint >= (self.tx.layout.geometry.ring_bytes / 8) as u64 {
+            self.tail_hint = tail;
+            self.tx
+                .mem
+                .store_u64(OFF_PEER_TAIL_HINT, tail, Ordering::Relaxed);
+        }
+    }
+
+    fn check_open(&self) -> Result<(), SendError> {
+        match &self.failure {
+            Some(e) => Err(SendError::ChannelDown(e.clone())),
+            None if self.peer_gone => Err(SendError::ChannelDown(ChannelError::PeerFailed(
+                "peer hung up",
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Rings the peer's doorbell if it sleeps. The SeqCst fence orders our publication
+    /// before the load of its flag, pairing with the fence in `arm_doorbell` (Dekker).
+    #[inline(always)]
+    fn wake_peer(&self) {
+        fence(Ordering::SeqCst);
+        if self.tx.mem.load_u64(OFF_OWNER_SLEEPING, Ordering::Relaxed) != 0 {
+            self.tx
+                .mem
+                .store_u64(OFF_OWNER_SLEEPING, 0, Ordering::Relaxed);
+            self.tx.doorbell.ring();
+        }
+    }
+
+    /// Moves every buffer the peer has freed onto our stack.
+    fn refill_free_stack(&mut self) {
+        while let Some(index) = self.tx.free.pop(&*self.tx.mem) {
+            if (index as usize) < self.tx.layout.geometry.buffer_count
+                && self.tx.free_stack.len() < self.tx.layout.geometry.buffer_count
+            {
+                self.tx.free_stack.push(index);
+            } else {
+                tracing::warn!(index, "peer returned an invalid buffer index; ignored");
+            }
+        }
+    }
+
+    /// Room in the ring for `records` buffer records, padding included.
+    fn ring_has_room_for(&mut self, records: usize) -> bool {
+        let per = crate::descriptor::record_len(BUFFER_REF_LEN);
+        let needed = (records * per + per) as u64;
+        let cap = self.tx.layout.geometry.ring_bytes as u64;
+        if self.tx.ring.in_flight() + needed <= cap {
+            return true;
+        }
+        // Refresh our view of the consumer head through a zero-length probe.
+        self.tx.ring.in_flight_refresh(&*self.tx.mem) + needed <= cap
+    }
+
+    /// Copies `len` bytes starting at `from` of the concatenated gather list into `dst_off`.
+    fn copy_gather(
+        mem: &MappedMem,
+        mut dst_off: usize,
+        gather: &[&[u8]],
+        mut from: usize,
+        mut len: usize,
+    ) {
+        for piece in gather {
+            if len == 0 {
+                break;
+            }
+            if from >= piece.len() {
+                from -= piece.len();
+                continue;
+            }
+            let take = (piece.len() - from).min(len);
+            mem.write_bytes(dst_off, &piece[from..from + take]);
+            dst_off += take;
+            len -= take;
+            from = 0;
+        }
+        debug_assert_eq!(len, 0, "gather list shorter than the message");
+    }
+
+    /// Sends fragments `[offset, offset + len)` of a message held in `gather`, each in one
+    /// buffer, stopping when buffers or ring space run out. Returns bytes sent.
+    fn send_buffered(
+        &mut self,
+        gather: &[&[u8]],
+        message_len: u64,
+        offset: u64,
+        len: usize,
+    ) -> usize {
+        let buffer_size = self.tx.layout.geometry.buffer_size;
+        let mut sent = 0usize;
+        while sent < len {
+            if self.tx.free_stack.is_empty() {
+                self.refill_free_stack();
+            }
+            if self.tx.free_stack.is_empty() || !self.ring_has_room_for(1) {
+                break;
+            }
+            let index = self.tx.free_stack.pop().expect("checked non-empty");
+            let fragment_offset = offset + sent as u64;
+            let fragment_len = (len - sent).min(buffer_size);
+            Self::copy_gather(
+                &self.tx.mem,
+                self.tx.layout.buffer_off(index),
+                gather,
+                sent,
+                fragment_len,
+            );
+            let reservation = self
+                .tx
+                .ring
+                .reserve(&*self.tx.mem, BUFFER_REF_LEN)
+                .expect("room checked above");
+            let reference = BufferRef {
+                buffer_index: index,
+                fragment_len: fragment_len as u32,
+                message_len,
+                fragment_offset,
+            };
+            for (i, w) in reference.encode().into_iter().enumerate() {
+                self.tx.mem.store_u64(
+                    reservation.record_off + HEADER_LEN + 8 * i,
+                    w,
+                    Ordering::Relaxed,
+                );
+            }
+            let mut f = 0;
+            if fragment_offset == 0 {
+                f |= flags::FIRST;
+            }
+            if fragment_offset + fragment_len as u64 == message_len {
+                f |= flags::LAST;
+            }
+            let header = RecordHeader {
+                stamp: stamp_for(reservation.position),
+                payload_len: BUFFER_REF_LEN as u32,
+                tag: self.tx.layout.tag,
+                kind: RecordKind::Buffer,
+                flags: f,
+            };
+            self.tx.ring.commit(&*self.tx.mem, reservation, header);
+            sent += fragment_len;
+        }
+        if sent > 0 {
+            self.publish_tail_hint();
+            self.wake_peer();
+        }
+        sent
+    }
+
+    fn fail(&mut self, e: ChannelError) -> ChannelError {
+        tracing::warn!("shm channel failed: {e}");
+        self.failure = Some(e.clone());
+        e
+    }
+
+    /// Checks the liveness socket without blocking. A hang-up means the peer process is gone
+    /// (the kernel closes its descriptors when it dies) or closed the channel.
+    fn peer_hung_up(&self) -> bool {
+        let mut fds = [rustix::event::PollFd::new(
+            &self.socket,
+            rustix::event::PollFlags::RDHUP | rustix::event::PollFlags::IN,
+        )];
+        match rustix::event::poll(&mut fds, 0) {
+            Ok(0) => false,
+            Ok(_) => {
+                let r = fds[0].revents();
+                r.intersects(
+                    rustix::event::PollFlags::HUP
+                        | rustix::event::PollFlags::RDHUP
+                        | rustix::event::PollFlags::ERR,
+                ) || r.contains(rustix::event::PollFlags::IN)
+            }
+            Err(_) => true,
+        }
+    }
+
+    /// Delivers one record found at the head, validating everything the peer wrote.
+    fn deliver_record(
+        rx: &mut RxHalf,
+        record: super::ring::Record,
+        deliver: &mut dyn FnMut(Delivery<'_>),
+    ) -> Result<(), ChannelError> {
+        let header = record.header;
+        if header.tag != rx.layout.tag {
+            return Err(ChannelError::Protocol(format!(
+                "record tag {:#x} is not this channel's",
+                header.tag
+            )));
+        }
+        match header.kind {
+            RecordKind::Inline => {
+                let len = header.payload_len as usize;
+                let data = rx.mem.slice(record.record_off + HEADER_LEN, len);
+                deliver(Delivery {
+                    data,
+                    message_len: len as u64,
+                    offset: 0,
+                });
+                rx.ring.consume(&*rx.mem, record);
+            }
+            RecordKind::Buffer => {
+                if header.payload_len as usize != BUFFER_REF_LEN {
+                    return Err(ChannelError::Protocol(
+                        "buffer record of the wrong length".into(),
+                    ));
+                }
+                let mut words = [0u64; 3];
+                for (i, w) in words.iter_mut().enumerate() {
+                    *w = rx
+                        .mem
+                        .load_u64(record.record_off + HEADER_LEN + 8 * i, Ordering::Relaxed);
+                }
+                let r = BufferRef::decode(words);
+                let g = rx.layout.geometry;
+                let index = r.buffer_index as usize;
+                let valid = index < g.buffer_count
+                    && rx.lent_to_peer[index]
+                    && r.fragment_len as usize <= g.buffer_size
+                    && r.message_len <= MESSAGE_MAX
+                    && r.fragment_offset == rx.next_fragment_offset
+                    && r.fragment_offset
+                        .checked_add(u64::from(r.fragment_len))
+                        .is_some_and(|end| end <= r.message_len)
+                    && (r.fragment_len > 0 || r.message_len == 0)
+                    && ((header.flags & flags::FIRST != 0) == (r.fragment_offset == 0))
+                    && ((header.flags & flags::LAST != 0)
+                        == (r.fragment_offset + u64::from(r.fragment_len) == r.message_len));
+                if !valid {
+                    return Err(ChannelError::Protocol(format!(
+                        "invalid buffer reference {r:?}"
+                    )));
+                }
+                let data = rx.mem.slice(
+                    rx.layout.buffer_off(r.buffer_index),
+                    r.fragment_len as usize,
+                );
+                deliver(Delivery {
+                    data,
+                    message_len: r.message_len,
+                    offset: r.fragment_offset,
+                });
+                rx.next_fragment_offset = if header.flags & flags::LAST != 0 {
+                    0
+                } else {
+                    r.fragment_offset + u64::from(r.fragment_len)
+                };
+                rx.ring.consume(&*rx.mem, record);
+                rx.free.push(&*rx.mem, r.buffer_index);
+            }
+            RecordKind::Padding => unreachable!("the ring consumes padding itself"),
+        }
+        Ok(())
+    }
+}
+
+impl RingProducer {
+    /// Re-reads the consumer head and returns the bytes in flight.
+    pub(crate) fn in_flight_refresh<M: RingMem>(&mut self, mem: &M) -> u64 {
+        self.refresh_head(mem);
+        self.in_flight()
+    }
+}
+
+impl Transport for ShmChannel {
+    fn caps(&self) -> Capabilities {
+        let g = self.tx.layout.geometry;
+        Capabilities {
+            kind: TransportKind::Shm,
+            inline_max: self.inline_max,
+            fragment_max: g.buffer_size,
+            send_max: g.buffer_size * g.buffer_count,
+            message_max: MESSAGE_MAX,
+            gather_max: GATHER_MAX,
+            reliable_ordered: true,
+            zero_copy_receive: true,
+        }
+    }
+
+    #[inline]
+    fn send(&mut self, gather: &[&[u8]]) -> Result<SendOutcome, SendError> {
+        if gather.len() > GATHER_MAX {
+            return Err(SendError::TooManyBuffers(gather.len(), GATHER_MAX));
+        }
+        self.check_open()?;
+        let total: usize = gather.iter().map(|b| b.len()).sum();
+        if total <= self.inline_max {
+            let Some(r) = self.tx.ring.reserve(&*self.tx.mem, total) else {
+                return Ok(SendOutcome::NoResource);
+            };
+            let mut off = r.record_off + HEADER_LEN;
+            for piece in gather {
+                self.tx.mem.write_bytes(off, piece);
+                off += piece.len();
+            }
+            let header = RecordHeader {
+                stamp: stamp_for(r.position),
+                payload_len: total as u32,
+                tag: self.tx.layout.tag,
+                kind: RecordKind::Inline,
+                flags: 0,
+            };
+            self.tx.ring.commit(&*self.tx.mem, r, header);
+            self.publish_tail_hint();
+            self.wake_peer();
+            return Ok(SendOutcome::Done);
+        }
+        let g = self.tx.layout.geometry;
+        let max = g.buffer_size * g.buffer_count;
+        if total > max {
+            return Err(SendError::TooLarge {
+                len: total as u64,
+                max: max as u64,
+            });
+        }
+        let fragments = total.div_ceil(g.buffer_size);
+        if self.tx.free_stack.len() < fragments {
+            self.refill_free_stack();
+        }
+        if self.tx.free_stack.len() < fragments || !self.ring_has_room_for(fragments) {
+            return Ok(SendOutcome::NoResource);
+        }
+        let sent = self.send_buffered(gather, total as u64, 0, total);
+        assert_eq!(sent, total, "resources were reserved for the whole message");
+        Ok(SendOutcome::Done)
+    }
+
+    fn send_fragments(
+        &mut self,
+        message_len: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<usize, SendError> {
+        self.check_open()?;
+        if message_len > MESSAGE_MAX {
+            return Err(SendError::TooLarge {
+                len: message_len,
+                max: MESSAGE_MAX,
+            });
+        }
+        assert!(
+            offset + data.len() as u64 <= message_len,
+            "fragment beyond the message"
+        );
+        Ok(self.send_buffered(&[data], message_len, offset, data.len()))
+    }
+
+    #[inline]
+    fn poll_recv(
+        &mut self,
+        max: usize,
+        deliver: &mut dyn FnMut(Delivery<'_>),
+    ) -> Result<usize, ChannelError> {
+        if let Some(e) = &self.failure {
+            return Err(e.clone());
+        }
+        let mut delivered = 0;
+        while delivered < max {
+            let record = match self.rx.ring.peek(&*self.rx.mem) {
+                Ok(Some(r)) => r,
+                Ok(None) => break,
+                Err(e) => return Err(self.fail(e.into())),
+            };
+            if let Err(e) = Self::deliver_record(&mut self.rx, record, deliver) {
+                return Err(self.fail(e));
+            }
+            delivered += 1;
+        }
+        self.rx.ring.release(&*self.rx.mem);
+        if delivered > 0 {
+            self.empty_polls = 0;
+            return Ok(delivered);
+        }
+        self.empty_polls += 1;
+        if self.probe.check_peer.swap(false, Ordering::Relaxed) {
+            self.empty_polls = EMPTY_POLLS_PER_LIVENESS_CHECK;
+        }
+        if self.peer_gone || self.empty_polls >= EMPTY_POLLS_PER_LIVENESS_CHECK {
+            self.empty_polls = 0;
+            if self.peer_gone || self.peer_hung_up() {
+                self.peer_gone = true;
+                // Everything the peer published before it went is complete: deliver it first.
+                if self.rx.ring.is_ready(&*self.rx.mem) {
+                    return Ok(0);
+                }
+                let e = if self.rx.mem.load_u64(OFF_PEER_CLOSED, Ordering::Acquire) != 0 {
+                    ChannelError::Closed
+                } else {
+                    ChannelError::PeerFailed("peer process exited or reset the channel")
+                };
+                return Err(self.fail(e));
+            }
+        }
+        Ok(0)
+    }
+
+    fn probe(&self) -> Arc<dyn ReadyProbe> {
+        self.probe.clone()
+    }
+
+    fn receive_backlog(&self) -> (u64, u64) {
+        let tail_hint = self.rx.mem.load_u64(OFF_PEER_TAIL_HINT, Ordering::Relaxed);
+        let head = self.rx.ring.head();
+        (
+            tail_hint.saturating_sub(head),
+            self.rx.layout.geometry.ring_bytes as u64,
+        )
+    }
+
+    fn close(&mut self) {
+        if self.failure.is_none() {
+            self.tx.mem.store_u64(OFF_PEER_CLOSED, 1, Ordering::Release);
+            self.wake_peer();
+            let _ = self.socket.shutdown(std::net::Shutdown::Both);
+            self.failure = Some(ChannelError::Closed);
+        }
+    }
+}
+
+impl Drop for ShmChannel {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+const _: () = assert!(
+    RECORD_ALIGN % 8 == 0,
+    "buffer references are stored as aligned words"
+);
