@@ -132,6 +132,8 @@ pub struct Endpoint {
     on_almost_full: Option<ChannelHandler>,
     upcall_enabled: [bool; 2],
     next_channel: usize,
+    /// Posted sends not yet complete, over all channels.
+    posted_total: usize,
     counters: EndpointCounters,
 }
 
@@ -150,6 +152,7 @@ impl Endpoint {
             on_almost_full: None,
             upcall_enabled: [false; 2],
             next_channel: 0,
+            posted_total: 0,
             counters: EndpointCounters::default(),
         }
     }
@@ -342,6 +345,7 @@ impl Endpoint {
                     break;
                 }
                 let done = slot.posted.pop_front().expect("front exists");
+                self.posted_total -= 1;
                 self.counters.messages_sent += 1;
                 self.completed.push_back((ChannelId(i as u32), done.token));
                 if let Some(cq) = &self.cq {
@@ -364,9 +368,57 @@ impl Endpoint {
         self.poll_dyn(max, &mut handle)
     }
 
+    /// Like [`Endpoint::poll`], for one channel only (its messages and its failure; posted
+    /// sends complete through [`Endpoint::poll`]).
+    pub fn poll_channel(
+        &mut self,
+        channel: ChannelId,
+        max: usize,
+        mut handle: impl FnMut(Event<'_>),
+    ) -> usize {
+        self.poll_one(channel.0 as usize, max, &mut handle)
+    }
+
+    /// Receives up to `max` deliveries from channel slot `i`; reports its failure once.
+    fn poll_one(&mut self, i: usize, max: usize, handle: &mut dyn FnMut(Event<'_>)) -> usize {
+        let Some(slot) = self.channels.get_mut(i).and_then(Option::as_mut) else {
+            return 0;
+        };
+        if slot.down {
+            return 0;
+        }
+        let channel = ChannelId(i as u32);
+        let counters = &mut self.counters;
+        let result = slot.transport.poll_recv(max, &mut |d| {
+            counters.deliveries_received += 1;
+            counters.bytes_received += d.data.len() as u64;
+            handle(Event::Message {
+                channel,
+                data: d.data,
+                message_len: d.message_len,
+                offset: d.offset,
+            });
+        });
+        match result {
+            Ok(got) => got,
+            Err(error) => {
+                slot.down = true;
+                if error != ChannelError::Closed {
+                    self.counters.channels_failed += 1;
+                }
+                if let Some(cq) = &self.cq {
+                    cq.push(self.id, channel, CompletionKind::ChannelDown);
+                    cq.unregister(self.id, channel);
+                }
+                handle(Event::ChannelDown { channel, error });
+                1
+            }
+        }
+    }
+
     fn poll_dyn(&mut self, max: usize, handle: &mut dyn FnMut(Event<'_>)) -> usize {
         let mut n = 0;
-        if self.channels.iter().flatten().any(|s| !s.posted.is_empty()) {
+        if self.posted_total > 0 {
             self.progress();
         }
         while n < max {
@@ -376,49 +428,24 @@ impl Endpoint {
             handle(Event::SendComplete { channel, token });
             n += 1;
         }
+        // Round-robin over channels without a division in the spin loop.
         let count = self.channels.len();
-        for k in 0..count {
+        let mut i = if self.next_channel < count {
+            self.next_channel
+        } else {
+            0
+        };
+        for _ in 0..count {
             if n >= max {
                 break;
             }
-            let i = (self.next_channel + k) % count;
-            let Some(slot) = self.channels[i].as_mut() else {
-                continue;
-            };
-            if slot.down {
-                continue;
-            }
-            let channel = ChannelId(i as u32);
-            let counters = &mut self.counters;
-            let result = slot.transport.poll_recv(max - n, &mut |d| {
-                counters.deliveries_received += 1;
-                counters.bytes_received += d.data.len() as u64;
-                handle(Event::Message {
-                    channel,
-                    data: d.data,
-                    message_len: d.message_len,
-                    offset: d.offset,
-                });
-            });
-            match result {
-                Ok(got) => n += got,
-                Err(error) => {
-                    slot.down = true;
-                    if error != ChannelError::Closed {
-                        self.counters.channels_failed += 1;
-                    }
-                    if let Some(cq) = &self.cq {
-                        cq.push(self.id, channel, CompletionKind::ChannelDown);
-                        cq.unregister(self.id, channel);
-                    }
-                    handle(Event::ChannelDown { channel, error });
-                    n += 1;
-                }
+            n += self.poll_one(i, max - n, handle);
+            i += 1;
+            if i == count {
+                i = 0;
             }
         }
-        if count > 0 {
-            self.next_channel = (self.next_channel + 1) % count;
-        }
+        self.next_channel = i;
         n
     }
 

@@ -15,11 +15,20 @@ use crate::{Delivery, GATHER_MAX};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::AtomicBool;
-use std::sync::atomic::{fence, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// Largest message a channel carries (streamed in fragments beyond one buffer).
 pub const MESSAGE_MAX: u64 = 1 << 30;
+
+/// Consumed bytes that, while busy, are released to the sender in one go: large enough to
+/// amortise the release, small enough that a streaming sender never waits for space.
+const RELEASE_BATCH_BYTES: u64 = 16 << 10;
+
+/// Consumed bytes released when idle. Not every record: zeroing the line the sender is about
+/// to write next would make it fetch that line back from us. The sender never waits for
+/// this space: with the ring otherwise empty it has all but this much of it.
+const IDLE_RELEASE_BYTES: u64 = 4 << 10;
 
 /// Empty polls between two liveness checks of the peer (one `poll(2)` each): about a
 /// millisecond of spinning, so a dead peer is noticed quickly at a cost of well under 1%.
@@ -45,7 +54,7 @@ impl ReadyProbe for ShmProbe {
 
     fn arm(&self) -> bool {
         self.mem.store_u64(OFF_OWNER_SLEEPING, 1, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
+        crate::sys::barrier::sleeper_barrier();
         if self.is_ready() {
             self.disarm();
             return false;
@@ -175,11 +184,11 @@ impl ShmChannel {
         }
     }
 
-    /// Rings the peer's doorbell if it sleeps. The SeqCst fence orders our publication
-    /// before the load of its flag, pairing with the fence in `arm_doorbell` (Dekker).
+    /// Rings the peer's doorbell if it sleeps. The barrier orders our publication before
+    /// the load of its flag, pairing with the sleeper's barrier in `arm` (see `sys::barrier`).
     #[inline(always)]
     fn wake_peer(&self) {
-        fence(Ordering::SeqCst);
+        crate::sys::barrier::sender_barrier(self.tx.layout.owner_uses_membarrier);
         if self.tx.mem.load_u64(OFF_OWNER_SLEEPING, Ordering::Relaxed) != 0 {
             self.tx
                 .mem
@@ -309,7 +318,10 @@ impl ShmChannel {
     }
 
     fn fail(&mut self, e: ChannelError) -> ChannelError {
-        tracing::warn!("shm channel failed: {e}");
+        match e {
+            ChannelError::Closed => tracing::debug!("shm channel closed by peer"),
+            _ => tracing::warn!("shm channel failed: {e}"),
+        }
         self.failure = Some(e.clone());
         e
     }
@@ -357,7 +369,7 @@ impl ShmChannel {
                     message_len: len as u64,
                     offset: 0,
                 });
-                rx.ring.consume(&*rx.mem, record);
+                rx.ring.consume(record);
             }
             RecordKind::Buffer => {
                 if header.payload_len as usize != BUFFER_REF_LEN {
@@ -405,7 +417,7 @@ impl ShmChannel {
                 } else {
                     r.fragment_offset + u64::from(r.fragment_len)
                 };
-                rx.ring.consume(&*rx.mem, record);
+                rx.ring.consume(record);
                 rx.free.push(&*rx.mem, r.buffer_index);
             }
             RecordKind::Padding => unreachable!("the ring consumes padding itself"),
@@ -526,13 +538,23 @@ impl Transport for ShmChannel {
             }
             delivered += 1;
         }
-        self.rx.ring.release(&*self.rx.mem);
+        // Zero and release consumed records in batches, far behind the lines the sender is
+        // writing now (see `RingConsumer`): a batch while busy, or a smaller one when idle.
+        let unreleased = self.rx.ring.unreleased();
+        let ring_bytes = self.rx.layout.geometry.ring_bytes as u64;
         if delivered > 0 {
+            if unreleased >= RELEASE_BATCH_BYTES.min(ring_bytes / 8) {
+                self.rx.ring.release(&*self.rx.mem);
+            }
             self.empty_polls = 0;
             return Ok(delivered);
         }
+        if unreleased >= IDLE_RELEASE_BYTES.min(ring_bytes / 8) {
+            self.rx.ring.release(&*self.rx.mem);
+        }
         self.empty_polls += 1;
-        if self.probe.check_peer.swap(false, Ordering::Relaxed) {
+        if self.probe.check_peer.load(Ordering::Relaxed) {
+            self.probe.check_peer.store(false, Ordering::Relaxed);
             self.empty_polls = EMPTY_POLLS_PER_LIVENESS_CHECK;
         }
         if self.peer_gone || self.empty_polls >= EMPTY_POLLS_PER_LIVENESS_CHECK {

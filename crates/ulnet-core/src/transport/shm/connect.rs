@@ -74,7 +74,8 @@ struct OwnMapping {
 }
 
 fn create_own(config: &ShmConfig) -> Result<OwnMapping, ConnectError> {
-    let layout = Layout::new(config.geometry, next_tag())?;
+    let mut layout = Layout::new(config.geometry, next_tag())?;
+    layout.owner_uses_membarrier = crate::sys::barrier::membarrier_registered();
     let file = memfd::create_sealed("ulnet-shm", layout.total_len)?;
     let mem = Arc::new(MappedMem::map(&file)?);
     layout.write_control(&*mem);

@@ -10,11 +10,12 @@
 //!         | control block (owner writes once, before sharing)            |
 //!         |  magic "ULNETSHM" | version | tag | ring/free/buffer geometry |
 //!  0x080  +--------------------------------------------------------------+
-//!         | owner line: ring head (u64), sleeping flag (u64)             |  owner writes,
-//!         |             free-ring entries follow on their own lines      |  peer reads
+//!         | owner line: ring head (u64)                                  |  owner writes
 //!  0x100  +--------------------------------------------------------------+
 //!         | peer line: closed flag (u64), tail hint (u64)                |  peer writes
 //!  0x180  +--------------------------------------------------------------+
+//!         | sleep line: owner sleeping flag (u64)                        |  read per send
+//!  0x200  +--------------------------------------------------------------+
 //!         | free ring: free_slots x u64  (owner -> peer buffer indices)  |
 //!         +--------------------------------------------------------------+  4 KiB aligned
 //!         | descriptor ring: ring_bytes (records, see ring.rs)           |  peer writes,
@@ -44,15 +45,18 @@ const OFF_RING_BYTES: usize = 0x18;
 const OFF_BUFFER_SIZE: usize = 0x20;
 const OFF_BUFFER_COUNT: usize = 0x28;
 const OFF_FREE_SLOTS: usize = 0x30;
+const OFF_OWNER_USES_MEMBARRIER: usize = 0x38;
 /// The owner's consumer head.
 pub(crate) const OFF_RING_HEAD: usize = 0x80;
-/// Non-zero while the owner sleeps in the kernel and wants its doorbell rung.
-pub(crate) const OFF_OWNER_SLEEPING: usize = 0x88;
+
 /// Set by the peer when it closes the channel cleanly (after its last record).
 pub(crate) const OFF_PEER_CLOSED: usize = 0x100;
 /// The peer's ring tail, updated every eighth of a ring (for the "almost full" condition).
 pub(crate) const OFF_PEER_TAIL_HINT: usize = 0x108;
-const OFF_FREE_RING: usize = 0x180;
+/// Non-zero while the owner sleeps in the kernel and wants its doorbell rung. Read by the
+/// peer after every send, so it lives on a line of its own that changes only around sleeps.
+pub(crate) const OFF_OWNER_SLEEPING: usize = 0x180;
+const OFF_FREE_RING: usize = 0x200;
 
 const PAGE: usize = 4096;
 
@@ -91,6 +95,9 @@ pub(crate) struct Layout {
     pub(crate) free: FreeRingPlace,
     pub(crate) buffers_off: usize,
     pub(crate) total_len: usize,
+    /// The owner puts senders in a barrier with `membarrier` before it sleeps, so senders
+    /// need no fence of their own (see `sys::barrier`).
+    pub(crate) owner_uses_membarrier: bool,
 }
 
 /// Why a peer's mapping was refused.
@@ -154,6 +161,7 @@ impl Layout {
             },
             buffers_off,
             total_len,
+            owner_uses_membarrier: false,
         })
     }
 
@@ -206,7 +214,9 @@ impl Layout {
         };
         let tag = mem.load_u64(OFF_TAG, Ordering::Relaxed);
         let tag = u32::try_from(tag).map_err(|_| LayoutError::BadGeometry("tag out of range"))?;
-        let layout = Self::new(geometry, tag)?;
+        let mut layout = Self::new(geometry, tag)?;
+        layout.owner_uses_membarrier =
+            mem.load_u64(OFF_OWNER_USES_MEMBARRIER, Ordering::Relaxed) == 1;
         if u64::from(layout.free.slots) != mem.load_u64(OFF_FREE_SLOTS, Ordering::Relaxed) {
             return Err(LayoutError::BadGeometry(
                 "free ring slots disagree with buffer count",

@@ -1,0 +1,360 @@
+//! `ulnet bench`: micro-benchmarks between two processes, in the shape of `ucx_perftest`.
+//!
+//! Without `--server/--connect` the command starts its own peer process on this host
+//! (`ulnet bench TEST --server ...`) and measures across the two processes.
+
+use super::clock::{ticks, CycleClock};
+use super::stats;
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+use serde::Serialize;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use ulnet_core::{ChannelId, Endpoint, EndpointConfig, Event, SendOutcome};
+
+/// Which benchmark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Test {
+    /// Active-message ping-pong latency (one-way = round trip / 2).
+    AmLat,
+    /// Active-message bandwidth: stream of messages, MB/s.
+    AmBw,
+    /// Message rate: stream of small messages, messages/s.
+    MsgRate,
+}
+
+impl Test {
+    fn name(self) -> &'static str {
+        match self {
+            Test::AmLat => "am-lat",
+            Test::AmBw => "am-bw",
+            Test::MsgRate => "msg-rate",
+        }
+    }
+    fn default_size(self) -> usize {
+        match self {
+            Test::AmLat => 64,
+            Test::AmBw => 1 << 20,
+            Test::MsgRate => 8,
+        }
+    }
+    fn default_iters(self) -> u64 {
+        match self {
+            Test::AmLat => 100_000,
+            Test::AmBw => 20_000,
+            Test::MsgRate => 5_000_000,
+        }
+    }
+}
+
+/// Transports the benchmarks run over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TransportArg {
+    /// Shared memory between processes on this host.
+    Shm,
+}
+
+/// Arguments of `ulnet bench`.
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// The benchmark to run.
+    #[arg(value_enum)]
+    test: Test,
+    /// Transport between the two processes.
+    #[arg(long, value_enum, default_value = "shm")]
+    transport: TransportArg,
+    /// Message size in bytes.
+    #[arg(long)]
+    size: Option<usize>,
+    /// Measured iterations (messages for rate and bandwidth tests).
+    #[arg(long)]
+    iters: Option<u64>,
+    /// Unmeasured iterations first.
+    #[arg(long)]
+    warmup: Option<u64>,
+    /// Print one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Be the passive side and wait for a peer.
+    #[arg(long)]
+    server: bool,
+    /// Where the server listens (shm: a name).
+    #[arg(long)]
+    listen: Option<String>,
+    /// Connect to a server (shm: its name).
+    #[arg(long, conflicts_with = "server")]
+    connect: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Report {
+    test: &'static str,
+    transport: &'static str,
+    size: usize,
+    iters: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    p50_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    p99_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    avg_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    msgs_per_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mb_per_s: Option<f64>,
+}
+
+struct Params {
+    test: Test,
+    size: usize,
+    iters: u64,
+    warmup: u64,
+}
+
+impl Params {
+    fn from(a: &BenchArgs) -> Self {
+        let iters = a.iters.unwrap_or(a.test.default_iters());
+        Params {
+            test: a.test,
+            size: a.size.unwrap_or(a.test.default_size()),
+            iters,
+            warmup: a.warmup.unwrap_or((iters / 10).max(1)),
+        }
+    }
+}
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The one-byte message that acknowledges the end of a warm-up or measured stream.
+const ACK: &[u8] = b"A";
+
+pub fn run(args: BenchArgs) -> Result<i32> {
+    let params = Params::from(&args);
+    if params.size == 0 && args.test != Test::AmLat {
+        bail!("--size must be at least 1 byte");
+    }
+    let config = EndpointConfig::default();
+    let mut ep = Endpoint::new(config);
+    if args.server {
+        let name = args
+            .listen
+            .clone()
+            .context("--server needs --listen NAME")?;
+        ep.listen_shm(&name)?;
+        let ch = ep.accept(CONNECT_TIMEOUT)?;
+        serve(&mut ep, ch, &params)?;
+        return Ok(0);
+    }
+    let mut child: Option<Child> = None;
+    let name = match &args.connect {
+        Some(name) => name.clone(),
+        None => {
+            let name = format!("bench-{}-{}", std::process::id(), params.test.name());
+            child = Some(spawn_server(&args, &name, &params)?);
+            name
+        }
+    };
+    let ch = ep.connect_shm(&name, CONNECT_TIMEOUT)?;
+    let report = match params.test {
+        Test::AmLat => latency(&mut ep, ch, &params)?,
+        Test::AmBw | Test::MsgRate => stream(&mut ep, ch, &params)?,
+    };
+    ep.close(ch);
+    if let Some(mut c) = child {
+        let status = c.wait()?;
+        if !status.success() {
+            bail!("benchmark server exited with {status}");
+        }
+    }
+    print_report(&report, args.json)?;
+    Ok(0)
+}
+
+fn spawn_server(args: &BenchArgs, name: &str, p: &Params) -> Result<Child> {
+    let exe = std::env::current_exe()?;
+    Command::new(exe)
+        .args(["bench", p.test.name(), "--server", "--listen", name])
+        .args([
+            "--transport",
+            "shm",
+            "--size",
+            &p.size.to_string(),
+            "--iters",
+            &p.iters.to_string(),
+            "--warmup",
+            &p.warmup.to_string(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting the peer process for {:?}", args.test))
+}
+
+fn print_report(r: &Report, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(r)?);
+        return Ok(());
+    }
+    match (r.p50_us, r.msgs_per_s) {
+        (Some(p50), _) => println!(
+            "{} over {}: {} B x {}  p50 {:.3} us  p99 {:.3} us  avg {:.3} us (one-way)",
+            r.test,
+            r.transport,
+            r.size,
+            r.iters,
+            p50,
+            r.p99_us.unwrap_or(0.0),
+            r.avg_us.unwrap_or(0.0)
+        ),
+        (_, Some(rate)) => println!(
+            "{} over {}: {} B x {}  {:.0} msgs/s  {:.1} MB/s",
+            r.test,
+            r.transport,
+            r.size,
+            r.iters,
+            rate,
+            r.mb_per_s.unwrap_or(0.0)
+        ),
+        _ => unreachable!("every report has latency or rate"),
+    }
+    Ok(())
+}
+
+/// Sends one message, making progress (and noticing a dead peer) while there is no room.
+fn send_blocking(ep: &mut Endpoint, ch: ChannelId, msg: &[u8]) -> Result<()> {
+    loop {
+        match ep.send(ch, &[msg])? {
+            SendOutcome::Done => return Ok(()),
+            SendOutcome::NoResource | SendOutcome::InProgress(_) => {
+                let mut down = None;
+                ep.poll(64, |e| {
+                    if let Event::ChannelDown { error, .. } = e {
+                        down = Some(error);
+                    }
+                });
+                if let Some(e) = down {
+                    bail!("peer went away: {e}");
+                }
+            }
+        }
+    }
+}
+
+/// Polls until `count` whole messages have arrived on the channel, taking at most
+/// `batch` per poll (1 for latency: return as soon as the first message is in).
+fn receive_messages(ep: &mut Endpoint, count: u64, batch: usize) -> Result<()> {
+    let mut got = 0;
+    let mut down = None;
+    while got < count && down.is_none() {
+        ep.poll(batch, |e| match e {
+            Event::Message {
+                data,
+                message_len,
+                offset,
+                ..
+            } if offset + data.len() as u64 == message_len => got += 1,
+            Event::ChannelDown { error, .. } => down = Some(error),
+            _ => {}
+        });
+    }
+    match down {
+        Some(e) => bail!("peer went away: {e}"),
+        None => Ok(()),
+    }
+}
+
+fn latency(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<Report> {
+    let msg = vec![0xa5u8; p.size];
+    let clock = CycleClock::calibrate(Duration::from_millis(50));
+    let mut samples = Vec::with_capacity(p.iters as usize);
+    for i in 0..p.warmup + p.iters {
+        let t0 = ticks();
+        send_blocking(ep, ch, &msg)?;
+        receive_messages(ep, 1, 1)?;
+        if i >= p.warmup {
+            samples.push(ticks() - t0);
+        }
+    }
+    let s = stats::one_way(samples.into_iter().map(|t| clock.ns(t)).collect());
+    Ok(Report {
+        test: p.test.name(),
+        transport: "shm",
+        size: p.size,
+        iters: p.iters,
+        p50_us: Some(s.p50_us),
+        p99_us: Some(s.p99_us),
+        avg_us: Some(s.avg_us),
+        msgs_per_s: None,
+        mb_per_s: None,
+    })
+}
+
+fn stream(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<Report> {
+    let msg = vec![0x5au8; p.size];
+    for _ in 0..p.warmup {
+        send_blocking(ep, ch, &msg)?;
+    }
+    receive_messages(ep, 1, 256)?;
+    let t0 = Instant::now();
+    for _ in 0..p.iters {
+        send_blocking(ep, ch, &msg)?;
+    }
+    receive_messages(ep, 1, 256)?;
+    let secs = t0.elapsed().as_secs_f64();
+    let rate = p.iters as f64 / secs;
+    Ok(Report {
+        test: p.test.name(),
+        transport: "shm",
+        size: p.size,
+        iters: p.iters,
+        p50_us: None,
+        p99_us: None,
+        avg_us: None,
+        msgs_per_s: Some(rate),
+        mb_per_s: Some(rate * p.size as f64 / 1e6),
+    })
+}
+
+/// The passive side: echoes for latency tests, counts and acknowledges for streams.
+fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
+    let echo = vec![0x3cu8; p.size];
+    let mut whole = 0u64;
+    let mut answered = 0u64;
+    // Latency: hand each message over as soon as it is in; streams: drain in batches.
+    let batch = if p.test == Test::AmLat { 1 } else { 256 };
+    loop {
+        let mut closed = None;
+        ep.poll(batch, |e| match e {
+            Event::Message {
+                data,
+                message_len,
+                offset,
+                ..
+            } if offset + data.len() as u64 == message_len => whole += 1,
+            Event::ChannelDown { error, .. } => closed = Some(error),
+            _ => {}
+        });
+        match p.test {
+            Test::AmLat => {
+                while answered < whole {
+                    send_blocking(ep, ch, &echo)?;
+                    answered += 1;
+                }
+            }
+            Test::AmBw | Test::MsgRate => {
+                if answered == 0 && whole >= p.warmup {
+                    send_blocking(ep, ch, ACK)?;
+                    answered = 1;
+                }
+                if answered == 1 && whole >= p.warmup + p.iters {
+                    send_blocking(ep, ch, ACK)?;
+                    answered = 2;
+                }
+            }
+        }
+        match closed {
+            Some(ulnet_core::ChannelError::Closed) => return Ok(()),
+            Some(e) => bail!("client went away: {e}"),
+            None => {}
+        }
+    }
+}

@@ -1,0 +1,6 @@
+//! One module per command.
+
+pub mod bench;
+pub mod clock;
+pub mod demo;
+pub mod stats;
