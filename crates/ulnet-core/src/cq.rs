@@ -68,24 +68,12 @@ impl CompletionQueue {
         }
     }
 
-    pub(crate) fn register(
-        &self,
-        endpoint: EndpointId,
-        channel: ChannelId,
-        probe: Arc<dyn ReadyProbe>,
-    ) {
-        self.inner.borrow_mut().watches.push(Watch {
-            endpoint,
-            channel,
-            probe,
-        });
+    pub(crate) fn register(&self, endpoint: EndpointId, channel: ChannelId, probe: Arc<dyn ReadyProbe>) {
+        self.inner.borrow_mut().watches.push(Watch { endpoint, channel, probe });
     }
 
     pub(crate) fn unregister(&self, endpoint: EndpointId, channel: ChannelId) {
-        self.inner
-            .borrow_mut()
-            .watches
-            .retain(|w| !(w.endpoint == endpoint && w.channel == channel));
+        self.inner.borrow_mut().watches.retain(|w| !(w.endpoint == endpoint && w.channel == channel));
     }
 
     pub(crate) fn push(&self, endpoint: EndpointId, channel: ChannelId, kind: CompletionKind) {
@@ -94,11 +82,7 @@ impl CompletionQueue {
             inner.overflows += 1;
             return;
         }
-        inner.entries.push_back(Completion {
-            endpoint,
-            channel,
-            kind,
-        });
+        inner.entries.push_back(Completion { endpoint, channel, kind });
     }
 
     /// Entries dropped because the queue was full.
@@ -123,11 +107,7 @@ impl CompletionQueue {
                 break;
             }
             if w.probe.is_ready() {
-                out.push(Completion {
-                    endpoint: w.endpoint,
-                    channel: w.channel,
-                    kind: CompletionKind::Receive,
-                });
+                out.push(Completion { endpoint: w.endpoint, channel: w.channel, kind: CompletionKind::Receive });
                 n += 1;
             }
         }
@@ -155,10 +135,7 @@ impl CompletionQueue {
             let mut fds: Vec<rustix::event::PollFd<'_>> = Vec::new();
             for p in &probes {
                 for fd in p.wait_fds() {
-                    fds.push(rustix::event::PollFd::from_borrowed_fd(
-                        fd,
-                        rustix::event::PollFlags::IN,
-                    ));
+                    fds.push(rustix::event::PollFd::from_borrowed_fd(fd, rustix::event::PollFlags::IN));
                 }
             }
             let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);

@@ -27,10 +27,7 @@ pub const HEADER_LEN: usize = 16;
 pub const BUFFER_REF_LEN: usize = 24;
 
 const _: () = assert!(HEADER_LEN % RECORD_ALIGN == 0, "payloads start aligned");
-const _: () = assert!(
-    (HEADER_LEN + BUFFER_REF_LEN) % 8 == 0,
-    "buffer references are whole words"
-);
+const _: () = assert!((HEADER_LEN + BUFFER_REF_LEN) % 8 == 0, "buffer references are whole words");
 
 /// What a record holds. Discriminants are part of the wire format: never renumber.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,9 +94,7 @@ impl RecordHeader {
     #[inline(always)]
     pub fn encode(&self) -> [u64; 2] {
         let w0 = u64::from(self.stamp) | (u64::from(self.payload_len) << 32);
-        let w1 = u64::from(self.tag)
-            | (u64::from(self.kind as u8) << 32)
-            | (u64::from(self.flags) << 40);
+        let w1 = u64::from(self.tag) | (u64::from(self.kind as u8) << 32) | (u64::from(self.flags) << 40);
         [w0, w1]
     }
 
@@ -116,13 +111,7 @@ impl RecordHeader {
         if w1 >> 48 != 0 {
             return Err(DecodeError::ReservedBits);
         }
-        Ok(Self {
-            stamp: w0 as u32,
-            payload_len: (w0 >> 32) as u32,
-            tag: w1 as u32,
-            kind,
-            flags: (w1 >> 40) as u8,
-        })
+        Ok(Self { stamp: w0 as u32, payload_len: (w0 >> 32) as u32, tag: w1 as u32, kind, flags: (w1 >> 40) as u8 })
     }
 }
 
@@ -143,11 +132,7 @@ impl BufferRef {
     /// Encodes the reference into its three words.
     #[inline(always)]
     pub fn encode(&self) -> [u64; 3] {
-        [
-            u64::from(self.buffer_index) | (u64::from(self.fragment_len) << 32),
-            self.message_len,
-            self.fragment_offset,
-        ]
+        [u64::from(self.buffer_index) | (u64::from(self.fragment_len) << 32), self.message_len, self.fragment_offset]
     }
 
     /// Decodes a reference (any bit pattern is a reference; bounds are checked by the
@@ -169,11 +154,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn kind() -> impl Strategy<Value = RecordKind> {
-        prop_oneof![
-            Just(RecordKind::Inline),
-            Just(RecordKind::Buffer),
-            Just(RecordKind::Padding)
-        ]
+        prop_oneof![Just(RecordKind::Inline), Just(RecordKind::Buffer), Just(RecordKind::Padding)]
     }
 
     proptest! {

@@ -33,11 +33,7 @@ pub struct EndpointConfig {
 
 impl Default for EndpointConfig {
     fn default() -> Self {
-        Self {
-            shm: ShmConfig::default(),
-            send_queue_max: 64,
-            almost_full_fraction: 0.75,
-        }
+        Self { shm: ShmConfig::default(), send_queue_max: 64, almost_full_fraction: 0.75 }
     }
 }
 
@@ -175,32 +171,20 @@ impl Endpoint {
 
     /// Accepts a peer that connected to our listener, waiting up to `timeout`.
     pub fn accept(&mut self, timeout: Duration) -> Result<ChannelId, ConnectError> {
-        let listener = self
-            .listener
-            .as_ref()
-            .ok_or(ConnectError::Config("endpoint is not listening"))?;
+        let listener = self.listener.as_ref().ok_or(ConnectError::Config("endpoint is not listening"))?;
         let channel = listener.accept(&self.config.shm, timeout)?;
         Ok(self.add_channel(Box::new(channel)))
     }
 
     /// Accepts a peer if one is waiting.
     pub fn try_accept(&mut self) -> Result<Option<ChannelId>, ConnectError> {
-        let listener = self
-            .listener
-            .as_ref()
-            .ok_or(ConnectError::Config("endpoint is not listening"))?;
-        Ok(listener
-            .try_accept(&self.config.shm)?
-            .map(|c| self.add_channel(Box::new(c))))
+        let listener = self.listener.as_ref().ok_or(ConnectError::Config("endpoint is not listening"))?;
+        Ok(listener.try_accept(&self.config.shm)?.map(|c| self.add_channel(Box::new(c))))
     }
 
     /// Opens a shared-memory channel to the endpoint listening under `name`, retrying until
     /// `timeout` while it is not there yet.
-    pub fn connect_shm(
-        &mut self,
-        name: &str,
-        timeout: Duration,
-    ) -> Result<ChannelId, ConnectError> {
+    pub fn connect_shm(&mut self, name: &str, timeout: Duration) -> Result<ChannelId, ConnectError> {
         let channel = shm::connect::connect_retry(name, &self.config.shm, timeout)?;
         Ok(self.add_channel(Box::new(channel)))
     }
@@ -208,12 +192,7 @@ impl Endpoint {
     /// Adds a channel made by any transport.
     pub fn add_channel(&mut self, transport: Box<dyn Transport>) -> ChannelId {
         let probe = transport.probe();
-        let slot = ChannelSlot {
-            transport,
-            probe: probe.clone(),
-            posted: VecDeque::new(),
-            down: false,
-        };
+        let slot = ChannelSlot { transport, probe: probe.clone(), posted: VecDeque::new(), down: false };
         let index = match self.channels.iter().position(Option::is_none) {
             Some(i) => {
                 self.channels[i] = Some(slot);
@@ -256,16 +235,11 @@ impl Endpoint {
     }
 
     fn slot(&self, channel: ChannelId) -> Option<&ChannelSlot> {
-        self.channels
-            .get(channel.0 as usize)
-            .and_then(Option::as_ref)
+        self.channels.get(channel.0 as usize).and_then(Option::as_ref)
     }
 
     fn slot_mut(&mut self, channel: ChannelId) -> Result<&mut ChannelSlot, SendError> {
-        self.channels
-            .get_mut(channel.0 as usize)
-            .and_then(Option::as_mut)
-            .ok_or(SendError::UnknownChannel)
+        self.channels.get_mut(channel.0 as usize).and_then(Option::as_mut).ok_or(SendError::UnknownChannel)
     }
 
     /// Sends one message, given as a gather list of up to [`crate::GATHER_MAX`] buffers,
@@ -293,20 +267,12 @@ impl Endpoint {
     /// Queues a message of any size (up to the transport's `message_max`) on the channel's
     /// send queue; it is streamed as the peer frees buffers, during [`Endpoint::poll`] or
     /// [`Endpoint::progress`], and a [`Event::SendComplete`] with `token` follows.
-    pub fn post_send(
-        &mut self,
-        channel: ChannelId,
-        data: Vec<u8>,
-        token: u64,
-    ) -> Result<SendOutcome, SendError> {
+    pub fn post_send(&mut self, channel: ChannelId, data: Vec<u8>, token: u64) -> Result<SendOutcome, SendError> {
         let max_queue = self.config.send_queue_max;
         let slot = self.slot_mut(channel)?;
         let caps = slot.transport.caps();
         if data.len() as u64 > caps.message_max {
-            return Err(SendError::TooLarge {
-                len: data.len() as u64,
-                max: caps.message_max,
-            });
+            return Err(SendError::TooLarge { len: data.len() as u64, max: caps.message_max });
         }
         if slot.down {
             return Err(SendError::ChannelDown(ChannelError::Closed));
@@ -315,11 +281,8 @@ impl Endpoint {
             self.counters.no_resource += 1;
             return Ok(SendOutcome::NoResource);
         }
-        slot.posted.push_back(PostedSend {
-            data,
-            sent: 0,
-            token,
-        });
+        slot.posted.push_back(PostedSend { data, sent: 0, token });
+        self.posted_total += 1;
         self.progress();
         Ok(SendOutcome::InProgress(token))
     }
@@ -331,10 +294,7 @@ impl Endpoint {
             let Some(slot) = slot else { continue };
             while let Some(p) = slot.posted.front_mut() {
                 let len = p.data.len() as u64;
-                let n = match slot
-                    .transport
-                    .send_fragments(len, p.sent as u64, &p.data[p.sent..])
-                {
+                let n = match slot.transport.send_fragments(len, p.sent as u64, &p.data[p.sent..]) {
                     Ok(n) => n,
                     Err(_) => break, // the channel is down; poll reports it
                 };
@@ -349,11 +309,7 @@ impl Endpoint {
                 self.counters.messages_sent += 1;
                 self.completed.push_back((ChannelId(i as u32), done.token));
                 if let Some(cq) = &self.cq {
-                    cq.push(
-                        self.id,
-                        ChannelId(i as u32),
-                        CompletionKind::SendDone(done.token),
-                    );
+                    cq.push(self.id, ChannelId(i as u32), CompletionKind::SendDone(done.token));
                 }
             }
         }
@@ -370,12 +326,7 @@ impl Endpoint {
 
     /// Like [`Endpoint::poll`], for one channel only (its messages and its failure; posted
     /// sends complete through [`Endpoint::poll`]).
-    pub fn poll_channel(
-        &mut self,
-        channel: ChannelId,
-        max: usize,
-        mut handle: impl FnMut(Event<'_>),
-    ) -> usize {
+    pub fn poll_channel(&mut self, channel: ChannelId, max: usize, mut handle: impl FnMut(Event<'_>)) -> usize {
         self.poll_one(channel.0 as usize, max, &mut handle)
     }
 
@@ -392,12 +343,7 @@ impl Endpoint {
         let result = slot.transport.poll_recv(max, &mut |d| {
             counters.deliveries_received += 1;
             counters.bytes_received += d.data.len() as u64;
-            handle(Event::Message {
-                channel,
-                data: d.data,
-                message_len: d.message_len,
-                offset: d.offset,
-            });
+            handle(Event::Message { channel, data: d.data, message_len: d.message_len, offset: d.offset });
         });
         match result {
             Ok(got) => got,
@@ -430,11 +376,7 @@ impl Endpoint {
         }
         // Round-robin over channels without a division in the spin loop.
         let count = self.channels.len();
-        let mut i = if self.next_channel < count {
-            self.next_channel
-        } else {
-            0
-        };
+        let mut i = if self.next_channel < count { self.next_channel } else { 0 };
         for _ in 0..count {
             if n >= max {
                 break;
@@ -451,11 +393,7 @@ impl Endpoint {
 
     /// Whether any channel has something to receive right now (no system call).
     pub fn is_readable(&self) -> bool {
-        self.channels
-            .iter()
-            .flatten()
-            .any(|s| !s.down && s.probe.is_ready())
-            || !self.completed.is_empty()
+        self.channels.iter().flatten().any(|s| !s.down && s.probe.is_ready()) || !self.completed.is_empty()
     }
 
     /// Sleeps in the kernel until a channel has something, a peer connects or hangs up, or
@@ -470,13 +408,8 @@ impl Endpoint {
     }
 
     fn sleep(&mut self, timeout: Option<Duration>) -> std::io::Result<()> {
-        let probes: Vec<Arc<dyn ReadyProbe>> = self
-            .channels
-            .iter()
-            .flatten()
-            .filter(|s| !s.down)
-            .map(|s| s.probe.clone())
-            .collect();
+        let probes: Vec<Arc<dyn ReadyProbe>> =
+            self.channels.iter().flatten().filter(|s| !s.down).map(|s| s.probe.clone()).collect();
         let mut armed = 0;
         for p in &probes {
             if !p.arm() {
@@ -488,17 +421,11 @@ impl Endpoint {
             let mut fds: Vec<rustix::event::PollFd<'_>> = Vec::new();
             for p in &probes {
                 for fd in p.wait_fds() {
-                    fds.push(rustix::event::PollFd::from_borrowed_fd(
-                        fd,
-                        rustix::event::PollFlags::IN,
-                    ));
+                    fds.push(rustix::event::PollFd::from_borrowed_fd(fd, rustix::event::PollFlags::IN));
                 }
             }
             if let Some(l) = &self.listener {
-                fds.push(rustix::event::PollFd::from_borrowed_fd(
-                    l.as_fd(),
-                    rustix::event::PollFlags::IN,
-                ));
+                fds.push(rustix::event::PollFd::from_borrowed_fd(l.as_fd(), rustix::event::PollFlags::IN));
             }
             let ms = match timeout {
                 None => -1,
@@ -559,12 +486,9 @@ impl Endpoint {
 
     /// Closes a channel cleanly: the peer gets everything sent so far, then `Closed`.
     pub fn close(&mut self, channel: ChannelId) {
-        if let Some(slot) = self
-            .channels
-            .get_mut(channel.0 as usize)
-            .and_then(Option::take)
-        {
+        if let Some(slot) = self.channels.get_mut(channel.0 as usize).and_then(Option::take) {
             let mut slot = slot;
+            self.posted_total -= slot.posted.len();
             slot.transport.close();
             if let Some(cq) = &self.cq {
                 cq.unregister(self.id, channel);
@@ -582,9 +506,7 @@ impl Endpoint {
                 return Ok(());
             }
             if slot.down || Instant::now() >= deadline {
-                return Err(SendError::ChannelDown(ChannelError::PeerFailed(
-                    "flush did not complete",
-                )));
+                return Err(SendError::ChannelDown(ChannelError::PeerFailed("flush did not complete")));
             }
             std::hint::spin_loop();
         }

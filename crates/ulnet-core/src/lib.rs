@@ -37,9 +37,7 @@ mod sys;
 pub mod transport;
 
 pub use cq::{Completion, CompletionKind, CompletionQueue};
-pub use endpoint::{
-    ChannelId, Endpoint, EndpointConfig, EndpointCounters, EndpointId, Event, Upcall,
-};
+pub use endpoint::{ChannelId, Endpoint, EndpointConfig, EndpointCounters, EndpointId, Event, Upcall};
 pub use error::{ChannelError, ConnectError, SendError};
 pub use transport::{Capabilities, SendOutcome, Transport, TransportKind};
 

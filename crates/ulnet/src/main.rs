@@ -5,11 +5,7 @@ mod cmd;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "ulnet",
-    version,
-    about = "User-level networking and cluster services for commodity clusters"
-)]
+#[command(name = "ulnet", version, about = "User-level networking and cluster services for commodity clusters")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -27,12 +23,8 @@ enum Command {
 }
 
 fn main() {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("ULNET_LOG").unwrap_or_else(|_| "warn".into());
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("ULNET_LOG").unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo(a) => cmd::demo::run(a),

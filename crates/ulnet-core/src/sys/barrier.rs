@@ -35,8 +35,7 @@ pub(crate) fn sender_barrier(peer_uses_membarrier: bool) {
 /// The barrier a receiver runs between setting its sleep flag and re-checking its ring.
 pub(crate) fn sleeper_barrier() {
     if membarrier_registered() {
-        if rustix::process::membarrier(rustix::process::MembarrierCommand::GlobalExpedited).is_ok()
-        {
+        if rustix::process::membarrier(rustix::process::MembarrierCommand::GlobalExpedited).is_ok() {
             return;
         }
         tracing::warn!("membarrier failed; falling back to a fence (senders of this process's channels fence too)");

@@ -12,9 +12,7 @@ pub(crate) struct Doorbell {
 
 impl Doorbell {
     pub(crate) fn new() -> io::Result<Self> {
-        Ok(Self {
-            fd: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)?,
-        })
+        Ok(Self { fd: eventfd(0, EventfdFlags::CLOEXEC | EventfdFlags::NONBLOCK)? })
     }
 
     pub(crate) fn from_fd(fd: OwnedFd) -> Self {

@@ -1,8 +1,8 @@
 //! Sending a small message with file descriptors over a Unix stream socket.
 
 use rustix::net::{
-    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
-    SendAncillaryMessage, SendFlags,
+    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer, SendAncillaryMessage,
+    SendFlags,
 };
 use std::io::{self, IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -12,28 +12,16 @@ use std::os::unix::net::UnixStream;
 pub(crate) const MAX_FDS: usize = 4;
 
 /// Sends `bytes` (all of them, in one message) with `fds` attached.
-pub(crate) fn send_with_fds(
-    sock: &UnixStream,
-    bytes: &[u8],
-    fds: &[BorrowedFd<'_>],
-) -> io::Result<()> {
+pub(crate) fn send_with_fds(sock: &UnixStream, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> io::Result<()> {
     assert!(fds.len() <= MAX_FDS);
     let mut space = [0u8; rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = SendAncillaryBuffer::new(&mut space);
     if !fds.is_empty() && !control.push(SendAncillaryMessage::ScmRights(fds)) {
         return Err(io::Error::other("ancillary buffer too small"));
     }
-    let n = sendmsg(
-        sock.as_fd(),
-        &[IoSlice::new(bytes)],
-        &mut control,
-        SendFlags::NOSIGNAL,
-    )?;
+    let n = sendmsg(sock.as_fd(), &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL)?;
     if n != bytes.len() {
-        return Err(io::Error::new(
-            io::ErrorKind::WriteZero,
-            "short handshake write",
-        ));
+        return Err(io::Error::new(io::ErrorKind::WriteZero, "short handshake write"));
     }
     Ok(())
 }
@@ -43,17 +31,10 @@ pub(crate) fn recv_with_fds(sock: &UnixStream, buf: &mut [u8]) -> io::Result<Vec
     let mut space = [0u8; rustix::cmsg_space!(ScmRights(MAX_FDS))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let len = buf.len();
-    let msg = recvmsg(
-        sock.as_fd(),
-        &mut [IoSliceMut::new(buf)],
-        &mut control,
-        RecvFlags::CMSG_CLOEXEC | RecvFlags::WAITALL,
-    )?;
+    let msg =
+        recvmsg(sock.as_fd(), &mut [IoSliceMut::new(buf)], &mut control, RecvFlags::CMSG_CLOEXEC | RecvFlags::WAITALL)?;
     if msg.bytes != len {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "peer closed during handshake",
-        ));
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "peer closed during handshake"));
     }
     let mut fds = Vec::new();
     for m in control.drain() {

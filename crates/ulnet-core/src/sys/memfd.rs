@@ -23,6 +23,5 @@ pub(crate) fn check_sealed(file: &File) -> io::Result<usize> {
         ));
     }
     let len = file.metadata()?.len();
-    usize::try_from(len)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "peer memory file too large"))
+    usize::try_from(len).map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "peer memory file too large"))
 }

@@ -90,21 +90,12 @@ pub trait Transport: Send {
     /// starts at `offset` of a message of `message_len` bytes) as resources allow and
     /// returns the number of bytes sent. Fragments of one message must not be interleaved
     /// with other sends on the channel.
-    fn send_fragments(
-        &mut self,
-        message_len: u64,
-        offset: u64,
-        data: &[u8],
-    ) -> Result<usize, SendError>;
+    fn send_fragments(&mut self, message_len: u64, offset: u64, data: &[u8]) -> Result<usize, SendError>;
 
     /// Delivers up to `max` received messages or fragments to `deliver`, in order.
     /// Returns how many were delivered; `Err` once the channel has failed or closed and
     /// everything published before that has been delivered.
-    fn poll_recv(
-        &mut self,
-        max: usize,
-        deliver: &mut dyn FnMut(Delivery<'_>),
-    ) -> Result<usize, ChannelError>;
+    fn poll_recv(&mut self, max: usize, deliver: &mut dyn FnMut(Delivery<'_>)) -> Result<usize, ChannelError>;
 
     /// The channel's readiness probe, shared with completion queues and waiters.
     fn probe(&self) -> std::sync::Arc<dyn ReadyProbe>;

@@ -135,10 +135,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
     let config = EndpointConfig::default();
     let mut ep = Endpoint::new(config);
     if args.server {
-        let name = args
-            .listen
-            .clone()
-            .context("--server needs --listen NAME")?;
+        let name = args.listen.clone().context("--server needs --listen NAME")?;
         ep.listen_shm(&name)?;
         let ch = ep.accept(CONNECT_TIMEOUT)?;
         serve(&mut ep, ch, &params)?;
@@ -246,12 +243,7 @@ fn receive_messages(ep: &mut Endpoint, count: u64, batch: usize) -> Result<()> {
     let mut down = None;
     while got < count && down.is_none() {
         ep.poll(batch, |e| match e {
-            Event::Message {
-                data,
-                message_len,
-                offset,
-                ..
-            } if offset + data.len() as u64 == message_len => got += 1,
+            Event::Message { data, message_len, offset, .. } if offset + data.len() as u64 == message_len => got += 1,
             Event::ChannelDown { error, .. } => down = Some(error),
             _ => {}
         });
@@ -324,12 +316,7 @@ fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
     loop {
         let mut closed = None;
         ep.poll(batch, |e| match e {
-            Event::Message {
-                data,
-                message_len,
-                offset,
-                ..
-            } if offset + data.len() as u64 == message_len => whole += 1,
+            Event::Message { data, message_len, offset, .. } if offset + data.len() as u64 == message_len => whole += 1,
             Event::ChannelDown { error, .. } => closed = Some(error),
             _ => {}
         });

@@ -31,9 +31,7 @@ impl CycleClock {
             std::hint::spin_loop();
         }
         let (ns, c) = (t0.elapsed().as_nanos() as f64, ticks() - c0);
-        Self {
-            ticks_per_ns: (c as f64 / ns).max(1e-9),
-        }
+        Self { ticks_per_ns: (c as f64 / ns).max(1e-9) }
     }
 
     /// Nanoseconds in `ticks`.

@@ -53,21 +53,13 @@ pub fn run(args: DemoArgs) -> Result<i32> {
         bail!("--nodes must be between 2 and 16");
     }
     let run = format!("demo-{}", std::process::id());
-    eprintln!(
-        "ulnet demo: starting {} local processes, full mesh of shared-memory channels",
-        args.nodes
-    );
+    eprintln!("ulnet demo: starting {} local processes, full mesh of shared-memory channels", args.nodes);
     let exe = std::env::current_exe()?;
     let mut children = Vec::new();
     for index in 1..args.nodes {
         let child = Command::new(&exe)
             .args(["demo-node", "--run", &run, "--index", &index.to_string()])
-            .args([
-                "--nodes",
-                &args.nodes.to_string(),
-                "--messages",
-                &args.messages.to_string(),
-            ])
+            .args(["--nodes", &args.nodes.to_string(), "--messages", &args.messages.to_string()])
             .stdout(Stdio::piped())
             .stdin(Stdio::null())
             .spawn()?;
@@ -76,10 +68,7 @@ pub fn run(args: DemoArgs) -> Result<i32> {
     let mut reports = vec![node(&run, 0, args.nodes, args.messages)?];
     for mut child in children {
         let out = child.stdout.take().context("child stdout")?;
-        let line = BufReader::new(out)
-            .lines()
-            .next()
-            .context("a node printed no report")??;
+        let line = BufReader::new(out).lines().next().context("a node printed no report")??;
         reports.push(serde_json::from_str(&line)?);
         let status = child.wait()?;
         if !status.success() {
@@ -148,10 +137,7 @@ fn node(run: &str, index: usize, nodes: usize, messages: u64) -> Result<NodeRepo
     let mut peers: Vec<Option<ChannelId>> = vec![None; nodes];
     for (j, peer) in peers.iter_mut().enumerate().take(index) {
         let ch = ep.connect_shm(&format!("{run}-{j}"), Duration::from_secs(10))?;
-        anyhow::ensure!(
-            ep.send(ch, &[&(index as u64).to_le_bytes()])? == SendOutcome::Done,
-            "a new channel has room"
-        );
+        anyhow::ensure!(ep.send(ch, &[&(index as u64).to_le_bytes()])? == SendOutcome::Done, "a new channel has room");
         *peer = Some(ch);
     }
     let mut unidentified = Vec::new();
@@ -164,10 +150,7 @@ fn node(run: &str, index: usize, nodes: usize, messages: u64) -> Result<NodeRepo
         for &ch in &unidentified {
             ep.poll_channel(ch, 1, |e| {
                 if let Event::Message { channel, data, .. } = e {
-                    hello.push((
-                        channel,
-                        u64::from_le_bytes(data.try_into().unwrap_or([0xff; 8])) as usize,
-                    ));
+                    hello.push((channel, u64::from_le_bytes(data.try_into().unwrap_or([0xff; 8])) as usize));
                 }
             });
         }
@@ -180,20 +163,13 @@ fn node(run: &str, index: usize, nodes: usize, messages: u64) -> Result<NodeRepo
         }
     }
     let channel_of: Vec<ChannelId> = peers.iter().flatten().copied().collect();
-    let node_of = |ch: ChannelId| {
-        peers
-            .iter()
-            .position(|p| *p == Some(ch))
-            .expect("known channel")
-    };
+    let node_of = |ch: ChannelId| peers.iter().position(|p| *p == Some(ch)).expect("known channel");
 
     let start = Instant::now();
-    let mut tx_rng: Vec<XorShift> = (0..nodes)
-        .map(|j| XorShift(0x9e37_79b9_7f4a_7c15 ^ ((index * 64 + j) as u64 + 1)))
-        .collect();
-    let mut rx_rng: Vec<XorShift> = (0..nodes)
-        .map(|j| XorShift(0x9e37_79b9_7f4a_7c15 ^ ((j * 64 + index) as u64 + 1)))
-        .collect();
+    let mut tx_rng: Vec<XorShift> =
+        (0..nodes).map(|j| XorShift(0x9e37_79b9_7f4a_7c15 ^ ((index * 64 + j) as u64 + 1))).collect();
+    let mut rx_rng: Vec<XorShift> =
+        (0..nodes).map(|j| XorShift(0x9e37_79b9_7f4a_7c15 ^ ((j * 64 + index) as u64 + 1))).collect();
     let mut next_tx = vec![0u64; nodes];
     let mut next_rx = vec![0u64; nodes];
     let mut partial: Vec<Vec<u8>> = vec![Vec::new(); nodes];
@@ -209,17 +185,10 @@ fn node(run: &str, index: usize, nodes: usize, messages: u64) -> Result<NodeRepo
         for &ch in &channel_of {
             let j = node_of(ch);
             while next_tx[j] < messages {
-                let msg = pending[j]
-                    .take()
-                    .unwrap_or_else(|| make_message(&mut tx_rng[j], next_tx[j]));
+                let msg = pending[j].take().unwrap_or_else(|| make_message(&mut tx_rng[j], next_tx[j]));
                 // A gather list of up to four pieces: header, payload split in three.
                 let cut = |k: usize| msg.len() * k / 4;
-                let pieces = [
-                    &msg[..cut(1)],
-                    &msg[cut(1)..cut(2)],
-                    &msg[cut(2)..cut(3)],
-                    &msg[cut(3)..],
-                ];
+                let pieces = [&msg[..cut(1)], &msg[cut(1)..cut(2)], &msg[cut(2)..cut(3)], &msg[cut(3)..]];
                 match ep.send(ch, &pieces)? {
                     SendOutcome::Done => {
                         next_tx[j] += 1;
@@ -242,12 +211,7 @@ fn node(run: &str, index: usize, nodes: usize, messages: u64) -> Result<NodeRepo
                     bad += 1;
                 }
             }
-            Event::Message {
-                channel,
-                data,
-                message_len,
-                offset,
-            } => {
+            Event::Message { channel, data, message_len, offset } => {
                 let j = node_of(channel);
                 if offset == 0 {
                     partial[j].clear();
@@ -285,14 +249,7 @@ fn node(run: &str, index: usize, nodes: usize, messages: u64) -> Result<NodeRepo
             }
         });
     }
-    Ok(NodeReport {
-        index,
-        sent,
-        received,
-        bytes_received,
-        bad,
-        secs,
-    })
+    Ok(NodeReport { index, sent, received, bytes_received, bad, secs })
 }
 
 /// Message `seq` of a stream: 8-byte sequence number, then generated bytes.

@@ -14,11 +14,7 @@ pub fn one_way(mut round_trips_ns: Vec<u64>) -> LatencySummary {
     let n = round_trips_ns.len();
     let at = |q: f64| round_trips_ns[((n as f64 * q) as usize).min(n - 1)] as f64 / 2000.0;
     let avg = round_trips_ns.iter().map(|&x| x as f64).sum::<f64>() / n as f64 / 2000.0;
-    LatencySummary {
-        p50_us: at(0.5),
-        p99_us: at(0.99),
-        avg_us: avg,
-    }
+    LatencySummary { p50_us: at(0.5), p99_us: at(0.99), avg_us: avg }
 }
 
 #[cfg(test)]

@@ -74,13 +74,15 @@ impl ReadyProbe for ShmProbe {
 }
 
 /// The receiving half: our own mapping.
+///
+/// Everything the peer writes here is checked before it is used as an offset. What a
+/// misbehaving peer can still do is garble its own messages to us (reuse a buffer it has
+/// not been given back, say): the mapping holds only what it sends us.
 struct RxHalf {
     mem: Arc<MappedMem>,
     layout: Layout,
     ring: RingConsumer,
     free: FreeRingProducer,
-    /// `true` while the peer may write the buffer (it is in the free ring or being filled).
-    lent_to_peer: Vec<bool>,
     /// Offset the next fragment of the message being received must have.
     next_fragment_offset: u64,
 }
@@ -138,7 +140,6 @@ impl ShmChannel {
             rx: RxHalf {
                 ring: RingConsumer::new(rx_layout.ring),
                 free,
-                lent_to_peer: vec![true; rx_layout.geometry.buffer_count],
                 next_fragment_offset: 0,
                 mem: rx_mem,
                 layout: rx_layout,
@@ -168,18 +169,14 @@ impl ShmChannel {
         let tail = self.tx.ring.tail();
         if tail - self.tail_hint >= (self.tx.layout.geometry.ring_bytes / 8) as u64 {
             self.tail_hint = tail;
-            self.tx
-                .mem
-                .store_u64(OFF_PEER_TAIL_HINT, tail, Ordering::Relaxed);
+            self.tx.mem.store_u64(OFF_PEER_TAIL_HINT, tail, Ordering::Relaxed);
         }
     }
 
     fn check_open(&self) -> Result<(), SendError> {
         match &self.failure {
             Some(e) => Err(SendError::ChannelDown(e.clone())),
-            None if self.peer_gone => Err(SendError::ChannelDown(ChannelError::PeerFailed(
-                "peer hung up",
-            ))),
+            None if self.peer_gone => Err(SendError::ChannelDown(ChannelError::PeerFailed("peer hung up"))),
             None => Ok(()),
         }
     }
@@ -190,9 +187,7 @@ impl ShmChannel {
     fn wake_peer(&self) {
         crate::sys::barrier::sender_barrier(self.tx.layout.owner_uses_membarrier);
         if self.tx.mem.load_u64(OFF_OWNER_SLEEPING, Ordering::Relaxed) != 0 {
-            self.tx
-                .mem
-                .store_u64(OFF_OWNER_SLEEPING, 0, Ordering::Relaxed);
+            self.tx.mem.store_u64(OFF_OWNER_SLEEPING, 0, Ordering::Relaxed);
             self.tx.doorbell.ring();
         }
     }
@@ -223,13 +218,7 @@ impl ShmChannel {
     }
 
     /// Copies `len` bytes starting at `from` of the concatenated gather list into `dst_off`.
-    fn copy_gather(
-        mem: &MappedMem,
-        mut dst_off: usize,
-        gather: &[&[u8]],
-        mut from: usize,
-        mut len: usize,
-    ) {
+    fn copy_gather(mem: &MappedMem, mut dst_off: usize, gather: &[&[u8]], mut from: usize, mut len: usize) {
         for piece in gather {
             if len == 0 {
                 break;
@@ -249,13 +238,7 @@ impl ShmChannel {
 
     /// Sends fragments `[offset, offset + len)` of a message held in `gather`, each in one
     /// buffer, stopping when buffers or ring space run out. Returns bytes sent.
-    fn send_buffered(
-        &mut self,
-        gather: &[&[u8]],
-        message_len: u64,
-        offset: u64,
-        len: usize,
-    ) -> usize {
+    fn send_buffered(&mut self, gather: &[&[u8]], message_len: u64, offset: u64, len: usize) -> usize {
         let buffer_size = self.tx.layout.geometry.buffer_size;
         let mut sent = 0usize;
         while sent < len {
@@ -268,30 +251,12 @@ impl ShmChannel {
             let index = self.tx.free_stack.pop().expect("checked non-empty");
             let fragment_offset = offset + sent as u64;
             let fragment_len = (len - sent).min(buffer_size);
-            Self::copy_gather(
-                &self.tx.mem,
-                self.tx.layout.buffer_off(index),
-                gather,
-                sent,
-                fragment_len,
-            );
-            let reservation = self
-                .tx
-                .ring
-                .reserve(&*self.tx.mem, BUFFER_REF_LEN)
-                .expect("room checked above");
-            let reference = BufferRef {
-                buffer_index: index,
-                fragment_len: fragment_len as u32,
-                message_len,
-                fragment_offset,
-            };
+            Self::copy_gather(&self.tx.mem, self.tx.layout.buffer_off(index), gather, sent, fragment_len);
+            let reservation = self.tx.ring.reserve(&*self.tx.mem, BUFFER_REF_LEN).expect("room checked above");
+            let reference =
+                BufferRef { buffer_index: index, fragment_len: fragment_len as u32, message_len, fragment_offset };
             for (i, w) in reference.encode().into_iter().enumerate() {
-                self.tx.mem.store_u64(
-                    reservation.record_off + HEADER_LEN + 8 * i,
-                    w,
-                    Ordering::Relaxed,
-                );
+                self.tx.mem.store_u64(reservation.record_off + HEADER_LEN + 8 * i, w, Ordering::Relaxed);
             }
             let mut f = 0;
             if fragment_offset == 0 {
@@ -329,18 +294,14 @@ impl ShmChannel {
     /// Checks the liveness socket without blocking. A hang-up means the peer process is gone
     /// (the kernel closes its descriptors when it dies) or closed the channel.
     fn peer_hung_up(&self) -> bool {
-        let mut fds = [rustix::event::PollFd::new(
-            &self.socket,
-            rustix::event::PollFlags::RDHUP | rustix::event::PollFlags::IN,
-        )];
+        let mut fds =
+            [rustix::event::PollFd::new(&self.socket, rustix::event::PollFlags::RDHUP | rustix::event::PollFlags::IN)];
         match rustix::event::poll(&mut fds, 0) {
             Ok(0) => false,
             Ok(_) => {
                 let r = fds[0].revents();
                 r.intersects(
-                    rustix::event::PollFlags::HUP
-                        | rustix::event::PollFlags::RDHUP
-                        | rustix::event::PollFlags::ERR,
+                    rustix::event::PollFlags::HUP | rustix::event::PollFlags::RDHUP | rustix::event::PollFlags::ERR,
                 ) || r.contains(rustix::event::PollFlags::IN)
             }
             Err(_) => true,
@@ -355,68 +316,42 @@ impl ShmChannel {
     ) -> Result<(), ChannelError> {
         let header = record.header;
         if header.tag != rx.layout.tag {
-            return Err(ChannelError::Protocol(format!(
-                "record tag {:#x} is not this channel's",
-                header.tag
-            )));
+            return Err(ChannelError::Protocol(format!("record tag {:#x} is not this channel's", header.tag)));
         }
         match header.kind {
             RecordKind::Inline => {
                 let len = header.payload_len as usize;
                 let data = rx.mem.slice(record.record_off + HEADER_LEN, len);
-                deliver(Delivery {
-                    data,
-                    message_len: len as u64,
-                    offset: 0,
-                });
+                deliver(Delivery { data, message_len: len as u64, offset: 0 });
                 rx.ring.consume(record);
             }
             RecordKind::Buffer => {
                 if header.payload_len as usize != BUFFER_REF_LEN {
-                    return Err(ChannelError::Protocol(
-                        "buffer record of the wrong length".into(),
-                    ));
+                    return Err(ChannelError::Protocol("buffer record of the wrong length".into()));
                 }
                 let mut words = [0u64; 3];
                 for (i, w) in words.iter_mut().enumerate() {
-                    *w = rx
-                        .mem
-                        .load_u64(record.record_off + HEADER_LEN + 8 * i, Ordering::Relaxed);
+                    *w = rx.mem.load_u64(record.record_off + HEADER_LEN + 8 * i, Ordering::Relaxed);
                 }
                 let r = BufferRef::decode(words);
                 let g = rx.layout.geometry;
                 let index = r.buffer_index as usize;
                 let valid = index < g.buffer_count
-                    && rx.lent_to_peer[index]
                     && r.fragment_len as usize <= g.buffer_size
                     && r.message_len <= MESSAGE_MAX
                     && r.fragment_offset == rx.next_fragment_offset
-                    && r.fragment_offset
-                        .checked_add(u64::from(r.fragment_len))
-                        .is_some_and(|end| end <= r.message_len)
+                    && r.fragment_offset.checked_add(u64::from(r.fragment_len)).is_some_and(|end| end <= r.message_len)
                     && (r.fragment_len > 0 || r.message_len == 0)
                     && ((header.flags & flags::FIRST != 0) == (r.fragment_offset == 0))
                     && ((header.flags & flags::LAST != 0)
                         == (r.fragment_offset + u64::from(r.fragment_len) == r.message_len));
                 if !valid {
-                    return Err(ChannelError::Protocol(format!(
-                        "invalid buffer reference {r:?}"
-                    )));
+                    return Err(ChannelError::Protocol(format!("invalid buffer reference {r:?}")));
                 }
-                let data = rx.mem.slice(
-                    rx.layout.buffer_off(r.buffer_index),
-                    r.fragment_len as usize,
-                );
-                deliver(Delivery {
-                    data,
-                    message_len: r.message_len,
-                    offset: r.fragment_offset,
-                });
-                rx.next_fragment_offset = if header.flags & flags::LAST != 0 {
-                    0
-                } else {
-                    r.fragment_offset + u64::from(r.fragment_len)
-                };
+                let data = rx.mem.slice(rx.layout.buffer_off(r.buffer_index), r.fragment_len as usize);
+                deliver(Delivery { data, message_len: r.message_len, offset: r.fragment_offset });
+                rx.next_fragment_offset =
+                    if header.flags & flags::LAST != 0 { 0 } else { r.fragment_offset + u64::from(r.fragment_len) };
                 rx.ring.consume(record);
                 rx.free.push(&*rx.mem, r.buffer_index);
             }
@@ -480,10 +415,7 @@ impl Transport for ShmChannel {
         let g = self.tx.layout.geometry;
         let max = g.buffer_size * g.buffer_count;
         if total > max {
-            return Err(SendError::TooLarge {
-                len: total as u64,
-                max: max as u64,
-            });
+            return Err(SendError::TooLarge { len: total as u64, max: max as u64 });
         }
         let fragments = total.div_ceil(g.buffer_size);
         if self.tx.free_stack.len() < fragments {
@@ -497,32 +429,17 @@ impl Transport for ShmChannel {
         Ok(SendOutcome::Done)
     }
 
-    fn send_fragments(
-        &mut self,
-        message_len: u64,
-        offset: u64,
-        data: &[u8],
-    ) -> Result<usize, SendError> {
+    fn send_fragments(&mut self, message_len: u64, offset: u64, data: &[u8]) -> Result<usize, SendError> {
         self.check_open()?;
         if message_len > MESSAGE_MAX {
-            return Err(SendError::TooLarge {
-                len: message_len,
-                max: MESSAGE_MAX,
-            });
+            return Err(SendError::TooLarge { len: message_len, max: MESSAGE_MAX });
         }
-        assert!(
-            offset + data.len() as u64 <= message_len,
-            "fragment beyond the message"
-        );
+        assert!(offset + data.len() as u64 <= message_len, "fragment beyond the message");
         Ok(self.send_buffered(&[data], message_len, offset, data.len()))
     }
 
     #[inline]
-    fn poll_recv(
-        &mut self,
-        max: usize,
-        deliver: &mut dyn FnMut(Delivery<'_>),
-    ) -> Result<usize, ChannelError> {
+    fn poll_recv(&mut self, max: usize, deliver: &mut dyn FnMut(Delivery<'_>)) -> Result<usize, ChannelError> {
         if let Some(e) = &self.failure {
             return Err(e.clone());
         }
@@ -583,10 +500,7 @@ impl Transport for ShmChannel {
     fn receive_backlog(&self) -> (u64, u64) {
         let tail_hint = self.rx.mem.load_u64(OFF_PEER_TAIL_HINT, Ordering::Relaxed);
         let head = self.rx.ring.head();
-        (
-            tail_hint.saturating_sub(head),
-            self.rx.layout.geometry.ring_bytes as u64,
-        )
+        (tail_hint.saturating_sub(head), self.rx.layout.geometry.ring_bytes as u64)
     }
 
     fn close(&mut self) {
@@ -605,7 +519,110 @@ impl Drop for ShmChannel {
     }
 }
 
-const _: () = assert!(
-    RECORD_ALIGN % 8 == 0,
-    "buffer references are stored as aligned words"
-);
+const _: () = assert!(RECORD_ALIGN % 8 == 0, "buffer references are stored as aligned words");
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::transport::shm::connect::{connect_retry, ShmConfig, ShmListener};
+    use std::time::Duration;
+
+    fn pair(name: &str) -> (ShmChannel, ShmChannel) {
+        let listener = ShmListener::bind(name).unwrap();
+        let name = name.to_string();
+        let t =
+            std::thread::spawn(move || connect_retry(&name, &ShmConfig::default(), Duration::from_secs(5)).unwrap());
+        let a = listener.accept(&ShmConfig::default(), Duration::from_secs(5)).unwrap();
+        (a, t.join().unwrap())
+    }
+
+    fn drain(ch: &mut ShmChannel) -> (usize, Result<usize, ChannelError>) {
+        let mut got = 0;
+        let r = ch.poll_recv(16, &mut |_| got += 1);
+        (got, r)
+    }
+
+    /// Writes a record by hand into `from`'s send ring, as a misbehaving peer would.
+    fn forge(from: &mut ShmChannel, header: RecordHeader, body: [u64; 3]) {
+        let r = from.tx.ring.reserve(&*from.tx.mem, BUFFER_REF_LEN).unwrap();
+        for (i, w) in body.into_iter().enumerate() {
+            from.tx.mem.store_u64(r.record_off + HEADER_LEN + 8 * i, w, Ordering::Relaxed);
+        }
+        let header = RecordHeader { stamp: stamp_for(r.position), ..header };
+        from.tx.ring.commit(&*from.tx.mem, r, header);
+    }
+
+    #[test]
+    fn delivers_inline_and_buffered_messages_with_gather() {
+        let (mut a, mut b) = pair(&format!("unit-gather-{}", std::process::id()));
+        assert_eq!(b.send(&[b"head", b"er", b"", b"!"]).unwrap(), SendOutcome::Done);
+        let big: Vec<u8> = (0..200_000u32).map(|i| i as u8).collect();
+        assert_eq!(b.send(&[&big[..5], &big[5..]]).unwrap(), SendOutcome::Done);
+        let mut got = Vec::new();
+        while got.len() < 5 {
+            a.poll_recv(16, &mut |d| got.push((d.offset, d.message_len, d.data.to_vec()))).unwrap();
+        }
+        assert_eq!(got[0], (0, 7, b"header!".to_vec()));
+        let joined: Vec<u8> = got[1..].iter().flat_map(|(_, _, d)| d.clone()).collect();
+        assert_eq!(joined, big, "four 64 KiB fragments in order");
+    }
+
+    #[test]
+    fn refuses_record_with_foreign_tag() {
+        let (mut a, mut b) = pair(&format!("unit-tag-{}", std::process::id()));
+        let tag = b.tx.layout.tag ^ 1;
+        let header =
+            RecordHeader { stamp: 0, payload_len: BUFFER_REF_LEN as u32, tag, kind: RecordKind::Buffer, flags: 3 };
+        forge(
+            &mut b,
+            header,
+            BufferRef { buffer_index: 0, fragment_len: 1, message_len: 1, fragment_offset: 0 }.encode(),
+        );
+        assert!(matches!(drain(&mut a), (0, Err(ChannelError::Protocol(_)))));
+        assert!(matches!(drain(&mut a), (0, Err(ChannelError::Protocol(_)))), "the failure sticks");
+    }
+
+    #[test]
+    fn refuses_out_of_bounds_buffer_references() {
+        let cases = [
+            BufferRef { buffer_index: 64, fragment_len: 1, message_len: 1, fragment_offset: 0 },
+            BufferRef { buffer_index: u32::MAX, fragment_len: 1, message_len: 1, fragment_offset: 0 },
+            BufferRef { buffer_index: 0, fragment_len: (64 << 10) + 1, message_len: 1 << 20, fragment_offset: 0 },
+            BufferRef { buffer_index: 0, fragment_len: 10, message_len: 5, fragment_offset: 0 },
+            BufferRef { buffer_index: 0, fragment_len: 10, message_len: 100, fragment_offset: 50 },
+            BufferRef { buffer_index: 0, fragment_len: 10, message_len: u64::MAX, fragment_offset: 0 },
+        ];
+        for (i, r) in cases.into_iter().enumerate() {
+            let (mut a, mut b) = pair(&format!("unit-oob-{}-{i}", std::process::id()));
+            let last = r.fragment_offset + u64::from(r.fragment_len) == r.message_len;
+            let flags = u8::from(r.fragment_offset == 0) | (u8::from(last) << 1);
+            let header = RecordHeader {
+                stamp: 0,
+                payload_len: BUFFER_REF_LEN as u32,
+                tag: b.tx.layout.tag,
+                kind: RecordKind::Buffer,
+                flags,
+            };
+            forge(&mut b, header, r.encode());
+            assert!(matches!(drain(&mut a), (0, Err(ChannelError::Protocol(_)))), "case {i}: {r:?}");
+        }
+    }
+
+    #[test]
+    fn full_ring_is_back_pressure_not_an_error() {
+        let (mut a, mut b) = pair(&format!("unit-full-{}", std::process::id()));
+        let msg = [9u8; 1000];
+        let mut sent = 0;
+        while b.send(&[&msg]).unwrap() == SendOutcome::Done {
+            sent += 1;
+        }
+        assert!(sent > 100);
+        let mut got = 0;
+        while got < sent {
+            got += a.poll_recv(usize::MAX, &mut |_| {}).unwrap();
+        }
+        // The receiver releases consumed space when idle.
+        assert_eq!(a.poll_recv(1, &mut |_| {}).unwrap(), 0);
+        assert_eq!(b.send(&[&msg]).unwrap(), SendOutcome::Done);
+    }
+}

@@ -46,10 +46,7 @@ pub struct ShmConfig {
 
 impl Default for ShmConfig {
     fn default() -> Self {
-        Self {
-            geometry: ShmGeometry::default(),
-            inline_max: 1024,
-        }
+        Self { geometry: ShmGeometry::default(), inline_max: 1024 }
     }
 }
 
@@ -79,12 +76,7 @@ fn create_own(config: &ShmConfig) -> Result<OwnMapping, ConnectError> {
     let file = memfd::create_sealed("ulnet-shm", layout.total_len)?;
     let mem = Arc::new(MappedMem::map(&file)?);
     layout.write_control(&*mem);
-    Ok(OwnMapping {
-        file,
-        mem,
-        layout,
-        doorbell: Doorbell::new()?,
-    })
+    Ok(OwnMapping { file, mem, layout, doorbell: Doorbell::new()? })
 }
 
 fn encode(magic: u64) -> [u8; 16] {
@@ -95,10 +87,7 @@ fn encode(magic: u64) -> [u8; 16] {
 }
 
 /// Receives the peer's greeting and mapping, validating both.
-fn receive_peer(
-    sock: &UnixStream,
-    magic: u64,
-) -> Result<(Arc<MappedMem>, Layout, Doorbell), ConnectError> {
+fn receive_peer(sock: &UnixStream, magic: u64) -> Result<(Arc<MappedMem>, Layout, Doorbell), ConnectError> {
     let mut msg = [0u8; 16];
     let mut fds = fdpass::recv_with_fds(sock, &mut msg)?;
     if u64::from_le_bytes(msg[..8].try_into().expect("8 bytes")) != magic {
@@ -127,43 +116,24 @@ fn finish(
     sock.set_read_timeout(None)?;
     sock.set_nonblocking(true)?;
     let (tx_mem, tx_layout, tx_doorbell) = peer;
-    Ok(ShmChannel::new(
-        own.mem,
-        own.layout,
-        own.doorbell,
-        tx_mem,
-        tx_layout,
-        tx_doorbell,
-        sock,
-        config.inline_max,
-    )?)
+    Ok(ShmChannel::new(own.mem, own.layout, own.doorbell, tx_mem, tx_layout, tx_doorbell, sock, config.inline_max)?)
 }
 
 /// Connects to the endpoint listening under `name` on this host.
 pub fn connect(name: &str, config: &ShmConfig) -> Result<ShmChannel, ConnectError> {
     let sock = UnixStream::connect_addr(&socket_addr(name)?).map_err(|e| match e.kind() {
-        io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound => {
-            ConnectError::NoListener(name.to_string())
-        }
+        io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound => ConnectError::NoListener(name.to_string()),
         _ => ConnectError::Io(e),
     })?;
     sock.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
     let own = create_own(config)?;
-    fdpass::send_with_fds(
-        &sock,
-        &encode(HELLO_MAGIC),
-        &[own.file.as_fd(), own.doorbell.as_fd()],
-    )?;
+    fdpass::send_with_fds(&sock, &encode(HELLO_MAGIC), &[own.file.as_fd(), own.doorbell.as_fd()])?;
     let peer = receive_peer(&sock, ACCEPT_MAGIC)?;
     finish(own, peer, sock, config)
 }
 
 /// Connects, retrying while nobody listens yet, until `timeout`.
-pub fn connect_retry(
-    name: &str,
-    config: &ShmConfig,
-    timeout: Duration,
-) -> Result<ShmChannel, ConnectError> {
+pub fn connect_retry(name: &str, config: &ShmConfig, timeout: Duration) -> Result<ShmChannel, ConnectError> {
     let deadline = Instant::now() + timeout;
     loop {
         match connect(name, config) {
@@ -188,10 +158,7 @@ impl ShmListener {
     pub fn bind(name: &str) -> Result<Self, ConnectError> {
         let listener = UnixListener::bind_addr(&socket_addr(name)?)?;
         listener.set_nonblocking(true)?;
-        Ok(Self {
-            listener,
-            name: name.to_string(),
-        })
+        Ok(Self { listener, name: name.to_string() })
     }
 
     /// The name peers connect to.
@@ -210,20 +177,12 @@ impl ShmListener {
         sock.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
         let peer = receive_peer(&sock, HELLO_MAGIC)?;
         let own = create_own(config)?;
-        fdpass::send_with_fds(
-            &sock,
-            &encode(ACCEPT_MAGIC),
-            &[own.file.as_fd(), own.doorbell.as_fd()],
-        )?;
+        fdpass::send_with_fds(&sock, &encode(ACCEPT_MAGIC), &[own.file.as_fd(), own.doorbell.as_fd()])?;
         finish(own, peer, sock, config).map(Some)
     }
 
     /// Accepts one peer, waiting up to `timeout`.
-    pub fn accept(
-        &self,
-        config: &ShmConfig,
-        timeout: Duration,
-    ) -> Result<ShmChannel, ConnectError> {
+    pub fn accept(&self, config: &ShmConfig, timeout: Duration) -> Result<ShmChannel, ConnectError> {
         let deadline = Instant::now() + timeout;
         loop {
             if let Some(ch) = self.try_accept(config)? {
@@ -233,10 +192,7 @@ impl ShmListener {
             if left.is_zero() {
                 return Err(ConnectError::Timeout);
             }
-            let mut fds = [rustix::event::PollFd::new(
-                &self.listener,
-                rustix::event::PollFlags::IN,
-            )];
+            let mut fds = [rustix::event::PollFd::new(&self.listener, rustix::event::PollFlags::IN)];
             let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
             let _ = rustix::event::poll(&mut fds, ms);
         }

@@ -37,11 +37,7 @@ impl FreeRingProducer {
     #[inline]
     pub(crate) fn push<M: RingMem>(&mut self, mem: &M, index: u32) {
         let slot = (self.tail & u64::from(self.place.slots - 1)) as usize;
-        mem.store_u64(
-            self.place.off + slot * 8,
-            entry(self.tail, self.place.slots, index),
-            Ordering::Release,
-        );
+        mem.store_u64(self.place.off + slot * 8, entry(self.tail, self.place.slots, index), Ordering::Release);
         self.tail += 1;
     }
 }

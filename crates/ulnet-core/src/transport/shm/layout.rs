@@ -78,11 +78,7 @@ impl Default for ShmGeometry {
     /// 64 x 64 KiB buffers (4 MiB): a 1 MiB message is 16 fragments and four such
     /// messages can be in flight; pages are only touched when used.
     fn default() -> Self {
-        Self {
-            ring_bytes: 256 << 10,
-            buffer_size: 64 << 10,
-            buffer_count: 64,
-        }
+        Self { ring_bytes: 256 << 10, buffer_size: 64 << 10, buffer_count: 64 }
     }
 }
 
@@ -124,19 +120,13 @@ impl Layout {
     pub(crate) fn new(geometry: ShmGeometry, tag: u32) -> Result<Self, LayoutError> {
         let g = geometry;
         if !g.ring_bytes.is_power_of_two() || !(4096..=(1 << 30)).contains(&g.ring_bytes) {
-            return Err(LayoutError::BadGeometry(
-                "ring bytes must be a power of two in 4 KiB..=1 GiB",
-            ));
+            return Err(LayoutError::BadGeometry("ring bytes must be a power of two in 4 KiB..=1 GiB"));
         }
         if g.buffer_size == 0 || g.buffer_size % PAGE != 0 || g.buffer_size > (1 << 30) {
-            return Err(LayoutError::BadGeometry(
-                "buffer size must be a multiple of 4 KiB up to 1 GiB",
-            ));
+            return Err(LayoutError::BadGeometry("buffer size must be a multiple of 4 KiB up to 1 GiB"));
         }
         if g.buffer_count == 0 || g.buffer_count > 65_536 {
-            return Err(LayoutError::BadGeometry(
-                "buffer count must be in 1..=65536",
-            ));
+            return Err(LayoutError::BadGeometry("buffer count must be in 1..=65536"));
         }
         let slots = g.buffer_count.next_power_of_two();
         let ring_off = (OFF_FREE_RING + slots * 8).next_multiple_of(PAGE);
@@ -150,15 +140,8 @@ impl Layout {
         Ok(Self {
             geometry,
             tag,
-            ring: RingPlace {
-                ring_off,
-                capacity: g.ring_bytes,
-                head_off: OFF_RING_HEAD,
-            },
-            free: FreeRingPlace {
-                off: OFF_FREE_RING,
-                slots: slots as u32,
-            },
+            ring: RingPlace { ring_off, capacity: g.ring_bytes, head_off: OFF_RING_HEAD },
+            free: FreeRingPlace { off: OFF_FREE_RING, slots: slots as u32 },
             buffers_off,
             total_len,
             owner_uses_membarrier: false,
@@ -169,44 +152,24 @@ impl Layout {
     pub(crate) fn write_control<M: RingMem>(&self, mem: &M) {
         mem.store_u64(OFF_VERSION, LAYOUT_VERSION, Ordering::Relaxed);
         mem.store_u64(OFF_TAG, u64::from(self.tag), Ordering::Relaxed);
-        mem.store_u64(
-            OFF_RING_BYTES,
-            self.geometry.ring_bytes as u64,
-            Ordering::Relaxed,
-        );
-        mem.store_u64(
-            OFF_BUFFER_SIZE,
-            self.geometry.buffer_size as u64,
-            Ordering::Relaxed,
-        );
-        mem.store_u64(
-            OFF_BUFFER_COUNT,
-            self.geometry.buffer_count as u64,
-            Ordering::Relaxed,
-        );
-        mem.store_u64(
-            OFF_FREE_SLOTS,
-            u64::from(self.free.slots),
-            Ordering::Relaxed,
-        );
+        mem.store_u64(OFF_RING_BYTES, self.geometry.ring_bytes as u64, Ordering::Relaxed);
+        mem.store_u64(OFF_BUFFER_SIZE, self.geometry.buffer_size as u64, Ordering::Relaxed);
+        mem.store_u64(OFF_BUFFER_COUNT, self.geometry.buffer_count as u64, Ordering::Relaxed);
+        mem.store_u64(OFF_FREE_SLOTS, u64::from(self.free.slots), Ordering::Relaxed);
         mem.store_u64(OFF_MAGIC, MAGIC, Ordering::Release);
     }
 
     /// Reads and validates a peer's control block against the mapping's real size.
     pub(crate) fn read_control<M: RingMem>(mem: &M) -> Result<Self, LayoutError> {
         if mem.len() < OFF_FREE_RING {
-            return Err(LayoutError::TooSmall {
-                needed: OFF_FREE_RING,
-                actual: mem.len(),
-            });
+            return Err(LayoutError::TooSmall { needed: OFF_FREE_RING, actual: mem.len() });
         }
         let magic = mem.load_u64(OFF_MAGIC, Ordering::Acquire);
         let version = mem.load_u64(OFF_VERSION, Ordering::Relaxed);
         if magic != MAGIC || version != LAYOUT_VERSION {
             return Err(LayoutError::BadVersion(version));
         }
-        let field =
-            |off| usize::try_from(mem.load_u64(off, Ordering::Relaxed)).unwrap_or(usize::MAX);
+        let field = |off| usize::try_from(mem.load_u64(off, Ordering::Relaxed)).unwrap_or(usize::MAX);
         let geometry = ShmGeometry {
             ring_bytes: field(OFF_RING_BYTES),
             buffer_size: field(OFF_BUFFER_SIZE),
@@ -215,18 +178,12 @@ impl Layout {
         let tag = mem.load_u64(OFF_TAG, Ordering::Relaxed);
         let tag = u32::try_from(tag).map_err(|_| LayoutError::BadGeometry("tag out of range"))?;
         let mut layout = Self::new(geometry, tag)?;
-        layout.owner_uses_membarrier =
-            mem.load_u64(OFF_OWNER_USES_MEMBARRIER, Ordering::Relaxed) == 1;
+        layout.owner_uses_membarrier = mem.load_u64(OFF_OWNER_USES_MEMBARRIER, Ordering::Relaxed) == 1;
         if u64::from(layout.free.slots) != mem.load_u64(OFF_FREE_SLOTS, Ordering::Relaxed) {
-            return Err(LayoutError::BadGeometry(
-                "free ring slots disagree with buffer count",
-            ));
+            return Err(LayoutError::BadGeometry("free ring slots disagree with buffer count"));
         }
         if mem.len() < layout.total_len {
-            return Err(LayoutError::TooSmall {
-                needed: layout.total_len,
-                actual: mem.len(),
-            });
+            return Err(LayoutError::TooSmall { needed: layout.total_len, actual: mem.len() });
         }
         Ok(layout)
     }
@@ -255,22 +212,10 @@ mod tests {
     #[test]
     fn refuses_bad_geometry() {
         for g in [
-            ShmGeometry {
-                ring_bytes: 5000,
-                ..Default::default()
-            },
-            ShmGeometry {
-                buffer_size: 100,
-                ..Default::default()
-            },
-            ShmGeometry {
-                buffer_count: 0,
-                ..Default::default()
-            },
-            ShmGeometry {
-                buffer_count: 1 << 20,
-                ..Default::default()
-            },
+            ShmGeometry { ring_bytes: 5000, ..Default::default() },
+            ShmGeometry { buffer_size: 100, ..Default::default() },
+            ShmGeometry { buffer_count: 0, ..Default::default() },
+            ShmGeometry { buffer_count: 1 << 20, ..Default::default() },
         ] {
             assert!(Layout::new(g, 0).is_err(), "{g:?}");
         }

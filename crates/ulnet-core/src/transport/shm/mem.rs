@@ -45,20 +45,13 @@ impl MappedMem {
     /// Maps the whole of `file` shared and writable.
     pub(crate) fn map(file: &std::fs::File) -> std::io::Result<Self> {
         let map = memmap2::MmapOptions::new().map_raw(file)?;
-        assert_eq!(
-            map.as_mut_ptr() as usize % 4096,
-            0,
-            "mappings are page aligned"
-        );
+        assert_eq!(map.as_mut_ptr() as usize % 4096, 0, "mappings are page aligned");
         Ok(Self { map })
     }
 
     #[inline(always)]
     fn word(&self, off: usize) -> &std::sync::atomic::AtomicU64 {
-        assert!(
-            off % 8 == 0 && off + 8 <= self.map.len(),
-            "word offset {off} out of bounds"
-        );
+        assert!(off % 8 == 0 && off + 8 <= self.map.len(), "word offset {off} out of bounds");
         // SAFETY: the offset is aligned and inside the mapping (asserted above in debug, and
         // guaranteed by the ring's layout computation); AtomicU64 has the layout of u64.
         unsafe { &*(self.map.as_mut_ptr().add(off) as *const std::sync::atomic::AtomicU64) }
@@ -68,10 +61,7 @@ impl MappedMem {
     /// ring protocol (the producer has published it and the consumer has not released it).
     #[inline(always)]
     pub(crate) fn slice(&self, off: usize, len: usize) -> &[u8] {
-        assert!(
-            off <= self.map.len() && len <= self.map.len() - off,
-            "slice {off}+{len} out of bounds"
-        );
+        assert!(off <= self.map.len() && len <= self.map.len() - off, "slice {off}+{len} out of bounds");
         // SAFETY: in bounds (asserted); the ring protocol guarantees no writer touches the
         // range until the consumer releases it, which cannot happen while this borrow lives.
         unsafe { std::slice::from_raw_parts(self.map.as_mut_ptr().add(off), len) }
@@ -93,15 +83,9 @@ impl RingMem for MappedMem {
     }
     #[inline(always)]
     fn write_bytes(&self, off: usize, src: &[u8]) {
-        assert!(
-            off <= self.map.len() && src.len() <= self.map.len() - off,
-            "write {off}+{} out of bounds",
-            src.len()
-        );
+        assert!(off <= self.map.len() && src.len() <= self.map.len() - off, "write {off}+{} out of bounds", src.len());
         // SAFETY: in bounds (asserted); the producer owns this range until it publishes it.
-        unsafe {
-            std::ptr::copy_nonoverlapping(src.as_ptr(), self.map.as_mut_ptr().add(off), src.len())
-        }
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.map.as_mut_ptr().add(off), src.len()) }
     }
     #[cfg(any(test, loom))]
     fn read_bytes(&self, off: usize, dst: &mut [u8]) {
@@ -109,10 +93,7 @@ impl RingMem for MappedMem {
     }
     #[inline(always)]
     fn zero(&self, off: usize, len: usize) {
-        assert!(
-            off <= self.map.len() && len <= self.map.len() - off,
-            "zero {off}+{len} out of bounds"
-        );
+        assert!(off <= self.map.len() && len <= self.map.len() - off, "zero {off}+{len} out of bounds");
         // SAFETY: in bounds (asserted); the consumer owns this range until it releases it.
         unsafe { std::ptr::write_bytes(self.map.as_mut_ptr().add(off), 0, len) }
     }
@@ -135,9 +116,7 @@ pub(crate) mod loom_mem {
         /// A zeroed region of `len` bytes (a multiple of 8).
         pub(crate) fn new(len: usize) -> Self {
             assert_eq!(len % 8, 0);
-            Self {
-                words: (0..len / 8).map(|_| AtomicU64::new(0)).collect(),
-            }
+            Self { words: (0..len / 8).map(|_| AtomicU64::new(0)).collect() }
         }
     }
 
@@ -166,9 +145,7 @@ pub(crate) mod loom_mem {
         fn read_bytes(&self, off: usize, dst: &mut [u8]) {
             assert_eq!(off % 8, 0);
             for (i, chunk) in dst.chunks_mut(8).enumerate() {
-                let word = self.words[off / 8 + i]
-                    .load(Ordering::Relaxed)
-                    .to_le_bytes();
+                let word = self.words[off / 8 + i].load(Ordering::Relaxed).to_le_bytes();
                 chunk.copy_from_slice(&word[..chunk.len()]);
             }
         }

@@ -24,9 +24,7 @@
 //!   is reported as [`RingError::Corrupt`] and no memory outside the ring is touched.
 
 use super::mem::RingMem;
-use crate::descriptor::{
-    record_len, stamp_for, RecordHeader, RecordKind, HEADER_LEN, RECORD_ALIGN,
-};
+use crate::descriptor::{record_len, stamp_for, RecordHeader, RecordKind, HEADER_LEN, RECORD_ALIGN};
 use std::sync::atomic::Ordering;
 
 /// Where a ring lives in a shared region.
@@ -74,11 +72,7 @@ pub(crate) struct Reservation {
 impl RingProducer {
     pub(crate) fn new(place: RingPlace) -> Self {
         assert!(place.capacity.is_power_of_two() && place.capacity >= 4 * RECORD_ALIGN);
-        Self {
-            place,
-            tail: 0,
-            cached_head: 0,
-        }
+        Self { place, tail: 0, cached_head: 0 }
     }
 
     /// Largest payload a single record may carry.
@@ -90,15 +84,8 @@ impl RingProducer {
     /// padding record first when the record would not fit before the end of the ring.
     /// `None` when the ring is full (back-pressure, not an error).
     #[inline]
-    pub(crate) fn reserve<M: RingMem>(
-        &mut self,
-        mem: &M,
-        payload_len: usize,
-    ) -> Option<Reservation> {
-        debug_assert!(
-            payload_len <= self.max_payload(),
-            "record larger than half the ring"
-        );
+    pub(crate) fn reserve<M: RingMem>(&mut self, mem: &M, payload_len: usize) -> Option<Reservation> {
+        debug_assert!(payload_len <= self.max_payload(), "record larger than half the ring");
         let len = record_len(payload_len);
         let cap = self.place.capacity as u64;
         let off = (self.tail & (cap - 1)) as usize;
@@ -120,17 +107,9 @@ impl RingProducer {
             };
             self.publish_header(mem, self.place.ring_off + off, pad);
             self.tail += to_end as u64;
-            return Some(Reservation {
-                record_off: self.place.ring_off,
-                position: self.tail,
-                len,
-            });
+            return Some(Reservation { record_off: self.place.ring_off, position: self.tail, len });
         }
-        Some(Reservation {
-            record_off: self.place.ring_off + off,
-            position: self.tail,
-            len,
-        })
+        Some(Reservation { record_off: self.place.ring_off + off, position: self.tail, len })
     }
 
     /// Publishes a record whose payload has been written: word 1, then word 0 (Release).
@@ -197,11 +176,7 @@ pub(crate) struct RingConsumer {
 impl RingConsumer {
     pub(crate) fn new(place: RingPlace) -> Self {
         assert!(place.capacity.is_power_of_two() && place.capacity >= 4 * RECORD_ALIGN);
-        Self {
-            place,
-            head: 0,
-            released: 0,
-        }
+        Self { place, head: 0, released: 0 }
     }
 
     /// Stream position of the next record to consume.
@@ -218,6 +193,12 @@ impl RingConsumer {
     #[inline]
     pub(crate) fn peek<M: RingMem>(&mut self, mem: &M) -> Result<Option<Record>, RingError> {
         loop {
+            if self.head >= self.released + self.place.capacity as u64 {
+                // A whole ring consumed since the last release: the producer cannot have
+                // written here (it stops at our published head plus one ring), and what is
+                // here is a consumed record of the previous lap, not yet zeroed.
+                return Ok(None);
+            }
             let off = (self.head & (self.place.capacity as u64 - 1)) as usize;
             let record_off = self.place.ring_off + off;
             let w0 = mem.load_u64(record_off, Ordering::Acquire);
@@ -225,12 +206,8 @@ impl RingConsumer {
                 return Ok(None);
             }
             let w1 = mem.load_u64(record_off + 8, Ordering::Relaxed);
-            let corrupt = |why| RingError::Corrupt {
-                position: self.head,
-                why,
-            };
-            let header =
-                RecordHeader::decode([w0, w1]).map_err(|_| corrupt("undecodable header"))?;
+            let corrupt = |why| RingError::Corrupt { position: self.head, why };
+            let header = RecordHeader::decode([w0, w1]).map_err(|_| corrupt("undecodable header"))?;
             if header.stamp != stamp_for(self.head) {
                 return Err(corrupt("stamp does not match position"));
             }
@@ -240,22 +217,14 @@ impl RingConsumer {
                 if payload_len != to_end - HEADER_LEN {
                     return Err(corrupt("padding does not reach the end of the ring"));
                 }
-                self.consume(Record {
-                    header,
-                    record_off,
-                    len: to_end,
-                });
+                self.consume(Record { header, record_off, len: to_end });
                 continue;
             }
             let len = record_len(payload_len);
             if payload_len > self.place.capacity / 2 || len > to_end {
                 return Err(corrupt("record length out of bounds"));
             }
-            return Ok(Some(Record {
-                header,
-                record_off,
-                len,
-            }));
+            return Ok(Some(Record { header, record_off, len }));
         }
     }
 
@@ -288,6 +257,9 @@ impl RingConsumer {
     /// Whether a record is waiting at the head (one Acquire load; no validation).
     #[inline(always)]
     pub(crate) fn is_ready<M: RingMem>(&self, mem: &M) -> bool {
+        if self.head >= self.released + self.place.capacity as u64 {
+            return false;
+        }
         let off = (self.head & (self.place.capacity as u64 - 1)) as usize;
         mem.load_u64(self.place.ring_off + off, Ordering::Acquire) != 0
     }
@@ -314,10 +286,7 @@ mod tests {
                 let w = &self.0[(off + i) / 8];
                 let shift = ((off + i) % 8) * 8;
                 let old = w.load(Ordering::Relaxed);
-                w.store(
-                    (old & !(0xff << shift)) | (u64::from(*b) << shift),
-                    Ordering::Relaxed,
-                );
+                w.store((old & !(0xff << shift)) | (u64::from(*b) << shift), Ordering::Relaxed);
             }
         }
         fn read_bytes(&self, off: usize, dst: &mut [u8]) {
@@ -330,18 +299,10 @@ mod tests {
         }
     }
 
-    const PLACE: RingPlace = RingPlace {
-        ring_off: 64,
-        capacity: 256,
-        head_off: 0,
-    };
+    const PLACE: RingPlace = RingPlace { ring_off: 64, capacity: 256, head_off: 0 };
 
     fn mem() -> HeapMem {
-        HeapMem(
-            (0..(64 + 256) / 8)
-                .map(|_| std::sync::atomic::AtomicU64::new(0))
-                .collect(),
-        )
+        HeapMem((0..(64 + 256) / 8).map(|_| std::sync::atomic::AtomicU64::new(0)).collect())
     }
 
     fn push(p: &mut RingProducer, m: &HeapMem, payload: &[u8]) -> bool {
@@ -391,52 +352,42 @@ mod tests {
         while push(&mut p, &m, &[pushed as u8; 40]) {
             pushed += 1;
         }
-        assert_eq!(
-            pushed,
-            256 / 64,
-            "four 64-byte records fill a 256-byte ring"
-        );
+        assert_eq!(pushed, 256 / 64, "four 64-byte records fill a 256-byte ring");
         assert!(pop(&mut c, &m).is_some());
         assert!(push(&mut p, &m, &[9; 40]), "space returns after release");
+    }
+
+    #[test]
+    fn consuming_a_whole_lap_before_releasing_reads_no_stale_record() {
+        let m = mem();
+        let (mut p, mut c) = (RingProducer::new(PLACE), RingConsumer::new(PLACE));
+        while push(&mut p, &m, &[5; 48]) {}
+        let mut n = 0;
+        while let Some(rec) = c.peek(&m).expect("never corrupt") {
+            c.consume(rec);
+            n += 1;
+        }
+        assert_eq!(n, 256 / 64);
+        assert!(!c.is_ready(&m));
+        c.release(&m);
+        assert!(push(&mut p, &m, &[6; 48]));
+        assert_eq!(pop(&mut c, &m), Some(vec![6; 48]));
     }
 
     #[test]
     fn rejects_forged_headers() {
         let m = mem();
         let mut c = RingConsumer::new(PLACE);
-        let forged = RecordHeader {
-            stamp: stamp_for(16),
-            payload_len: 8,
-            tag: 0,
-            kind: RecordKind::Inline,
-            flags: 0,
-        };
+        let forged = RecordHeader { stamp: stamp_for(16), payload_len: 8, tag: 0, kind: RecordKind::Inline, flags: 0 };
         let [w0, w1] = forged.encode();
         m.store_u64(PLACE.ring_off + 8, w1, Ordering::Relaxed);
         m.store_u64(PLACE.ring_off, w0, Ordering::Release);
-        assert!(matches!(
-            c.peek(&m),
-            Err(RingError::Corrupt {
-                why: "stamp does not match position",
-                ..
-            })
-        ));
-        let huge = RecordHeader {
-            stamp: stamp_for(0),
-            payload_len: u32::MAX,
-            tag: 0,
-            kind: RecordKind::Inline,
-            flags: 0,
-        };
+        assert!(matches!(c.peek(&m), Err(RingError::Corrupt { why: "stamp does not match position", .. })));
+        let huge =
+            RecordHeader { stamp: stamp_for(0), payload_len: u32::MAX, tag: 0, kind: RecordKind::Inline, flags: 0 };
         let [w0, _] = huge.encode();
         m.store_u64(PLACE.ring_off, w0, Ordering::Release);
-        assert!(matches!(
-            c.peek(&m),
-            Err(RingError::Corrupt {
-                why: "record length out of bounds",
-                ..
-            })
-        ));
+        assert!(matches!(c.peek(&m), Err(RingError::Corrupt { why: "record length out of bounds", .. })));
     }
 }
 
@@ -446,11 +397,7 @@ mod loom_tests {
     use super::*;
     use loom::sync::Arc;
 
-    const PLACE: RingPlace = RingPlace {
-        ring_off: 64,
-        capacity: 128,
-        head_off: 0,
-    };
+    const PLACE: RingPlace = RingPlace { ring_off: 64, capacity: 128, head_off: 0 };
 
     /// Publish order: whatever the interleaving, the consumer sees each message complete,
     /// in order, exactly once, across a wrap-around (the third 48-byte record needs a
