@@ -23,6 +23,10 @@ def run_json(cmd):
     return json.loads(lines[-1])
 
 
+def fmt(values):
+    return "[" + ", ".join(f"{v:.4g}" for v in values) + "]"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
@@ -50,7 +54,7 @@ def main():
                 f.write(f"| {name} | {metric} | {mo:.4g} | {mp:.4g} | {ratio:.3f} | {goal} | {'yes' if ok else 'no'} |\n")
             f.write("\nCommands (each run alternately, medians over the rounds):\n\n")
             for (name, *_mid, ours_cmd, peer_cmd, ours, peer) in rows:
-                f.write(f"- {name}: `{ours_cmd.replace(ULNET, 'ulnet')}` vs `{peer_cmd}`; ulnet runs {ours}; peer runs {peer}\n")
+                f.write(f"- {name}: `{ours_cmd.replace(ULNET, 'ulnet')}` vs `{peer_cmd}`; ulnet runs {fmt(ours)}; peer runs {fmt(peer)}\n")
     sys.exit(0 if all(r[6] for r in rows) else 1)
 
 

@@ -26,8 +26,8 @@ pub const HEADER_LEN: usize = 16;
 /// Bytes of a buffer reference that follows a `Buffer` header.
 pub const BUFFER_REF_LEN: usize = 24;
 
-const _: () = assert!(HEADER_LEN % RECORD_ALIGN == 0, "payloads start aligned");
-const _: () = assert!((HEADER_LEN + BUFFER_REF_LEN) % 8 == 0, "buffer references are whole words");
+const _: () = assert!(HEADER_LEN.is_multiple_of(RECORD_ALIGN), "payloads start aligned");
+const _: () = assert!((HEADER_LEN + BUFFER_REF_LEN).is_multiple_of(8), "buffer references are whole words");
 
 /// What a record holds. Discriminants are part of the wire format: never renumber.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

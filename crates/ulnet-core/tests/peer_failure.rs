@@ -61,7 +61,12 @@ fn receiver_sees_error_when_sender_is_killed_mid_stream() {
         }
         assert!(start.elapsed() < Duration::from_secs(60), "hung: no error after the peer died");
     }
-    let detected = killed_at.expect("killed before the channel went down").elapsed();
+    let killed_at = killed_at.unwrap_or_else(|| {
+        child.kill().unwrap();
+        child.wait().unwrap();
+        panic!("the channel went down before the peer was killed: {down:?}")
+    });
+    let detected = killed_at.elapsed();
     assert!(matches!(down, Some(ChannelError::PeerFailed(_))), "got {down:?}");
     eprintln!("peer death detected {detected:?} after kill, {received} deliveries before");
 }

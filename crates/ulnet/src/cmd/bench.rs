@@ -84,6 +84,10 @@ pub struct BenchArgs {
     /// Connect to a server (shm: its name).
     #[arg(long, conflicts_with = "server")]
     connect: Option<String>,
+    /// Receiving side of stream tests copies every delivery into its own buffer, as a
+    /// tag-matching receive into a user buffer does (default: consume in place).
+    #[arg(long)]
+    recv_copy: bool,
 }
 
 #[derive(Serialize)]
@@ -109,6 +113,7 @@ struct Params {
     size: usize,
     iters: u64,
     warmup: u64,
+    recv_copy: bool,
 }
 
 impl Params {
@@ -119,6 +124,7 @@ impl Params {
             size: a.size.unwrap_or(a.test.default_size()),
             iters,
             warmup: a.warmup.unwrap_or((iters / 10).max(1)),
+            recv_copy: a.recv_copy,
         }
     }
 }
@@ -309,6 +315,7 @@ fn stream(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<Report> {
 /// The passive side: echoes for latency tests, counts and acknowledges for streams.
 fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
     let echo = vec![0x3cu8; p.size];
+    let mut user_buffer = vec![0u8; if p.recv_copy { p.size } else { 0 }];
     let mut whole = 0u64;
     let mut answered = 0u64;
     // Latency: hand each message over as soon as it is in; streams: drain in batches.
@@ -316,7 +323,15 @@ fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
     loop {
         let mut closed = None;
         ep.poll(batch, |e| match e {
-            Event::Message { data, message_len, offset, .. } if offset + data.len() as u64 == message_len => whole += 1,
+            Event::Message { data, message_len, offset, .. } => {
+                if !user_buffer.is_empty() {
+                    let at = offset as usize;
+                    user_buffer[at..at + data.len()].copy_from_slice(data);
+                }
+                if offset + data.len() as u64 == message_len {
+                    whole += 1;
+                }
+            }
             Event::ChannelDown { error, .. } => closed = Some(error),
             _ => {}
         });

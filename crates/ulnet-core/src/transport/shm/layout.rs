@@ -122,7 +122,7 @@ impl Layout {
         if !g.ring_bytes.is_power_of_two() || !(4096..=(1 << 30)).contains(&g.ring_bytes) {
             return Err(LayoutError::BadGeometry("ring bytes must be a power of two in 4 KiB..=1 GiB"));
         }
-        if g.buffer_size == 0 || g.buffer_size % PAGE != 0 || g.buffer_size > (1 << 30) {
+        if g.buffer_size == 0 || !g.buffer_size.is_multiple_of(PAGE) || g.buffer_size > (1 << 30) {
             return Err(LayoutError::BadGeometry("buffer size must be a multiple of 4 KiB up to 1 GiB"));
         }
         if g.buffer_count == 0 || g.buffer_count > 65_536 {
