@@ -3,6 +3,7 @@
 use crate::cq::{CompletionKind, CompletionQueue};
 use crate::error::{ChannelError, ConnectError, SendError};
 use crate::transport::shm::{self, ShmConfig, ShmListener};
+use crate::transport::tcp::{self, TcpChannelListener, TcpConfig};
 use crate::transport::{Capabilities, ReadyProbe, SendOutcome, Transport};
 use std::collections::VecDeque;
 use std::os::fd::AsFd;
@@ -23,6 +24,8 @@ pub struct ChannelId(pub u32);
 pub struct EndpointConfig {
     /// Settings of its shared-memory channels.
     pub shm: ShmConfig,
+    /// Settings of its TCP channels.
+    pub tcp: TcpConfig,
     /// Most posted (queued) sends per channel. 64: a streaming sender keeps a few large
     /// messages queued while the receiver drains; beyond that the caller should wait.
     pub send_queue_max: usize,
@@ -33,7 +36,7 @@ pub struct EndpointConfig {
 
 impl Default for EndpointConfig {
     fn default() -> Self {
-        Self { shm: ShmConfig::default(), send_queue_max: 64, almost_full_fraction: 0.75 }
+        Self { shm: ShmConfig::default(), tcp: TcpConfig::default(), send_queue_max: 64, almost_full_fraction: 0.75 }
     }
 }
 
@@ -122,6 +125,7 @@ pub struct Endpoint {
     config: EndpointConfig,
     channels: Vec<Option<ChannelSlot>>,
     listener: Option<ShmListener>,
+    tcp_listener: Option<TcpChannelListener>,
     completed: VecDeque<(ChannelId, u64)>,
     cq: Option<CompletionQueue>,
     on_event: Option<EventHandler>,
@@ -142,6 +146,7 @@ impl Endpoint {
             config,
             channels: Vec::new(),
             listener: None,
+            tcp_listener: None,
             completed: VecDeque::new(),
             cq: None,
             on_event: None,
@@ -169,17 +174,60 @@ impl Endpoint {
         Ok(())
     }
 
-    /// Accepts a peer that connected to our listener, waiting up to `timeout`.
-    pub fn accept(&mut self, timeout: Duration) -> Result<ChannelId, ConnectError> {
-        let listener = self.listener.as_ref().ok_or(ConnectError::Config("endpoint is not listening"))?;
-        let channel = listener.accept(&self.config.shm, timeout)?;
+    /// Lets peers connect over TCP at `addr` (port 0 picks one); returns the bound address.
+    pub fn listen_tcp(&mut self, addr: &str) -> Result<std::net::SocketAddr, ConnectError> {
+        let listener = TcpChannelListener::bind(addr)?;
+        let bound = listener.local_addr()?;
+        self.tcp_listener = Some(listener);
+        Ok(bound)
+    }
+
+    /// Opens a TCP channel to the endpoint listening at `addr`, retrying until `timeout`
+    /// while nobody listens yet.
+    pub fn connect_tcp(&mut self, addr: &str, timeout: Duration) -> Result<ChannelId, ConnectError> {
+        let channel = tcp::connect(addr, &self.config.tcp, timeout)?;
         Ok(self.add_channel(Box::new(channel)))
     }
 
-    /// Accepts a peer if one is waiting.
+    /// Accepts a peer that connected to one of our listeners, waiting up to `timeout`.
+    pub fn accept(&mut self, timeout: Duration) -> Result<ChannelId, ConnectError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(ch) = self.try_accept()? {
+                return Ok(ch);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ConnectError::Timeout);
+            }
+            let mut fds = Vec::new();
+            if let Some(l) = &self.listener {
+                fds.push(rustix::event::PollFd::from_borrowed_fd(l.as_fd(), rustix::event::PollFlags::IN));
+            }
+            if let Some(l) = &self.tcp_listener {
+                fds.push(rustix::event::PollFd::from_borrowed_fd(l.as_fd(), rustix::event::PollFlags::IN));
+            }
+            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+            let _ = rustix::event::poll(&mut fds, ms);
+        }
+    }
+
+    /// Accepts a peer if one is waiting on any of our listeners.
     pub fn try_accept(&mut self) -> Result<Option<ChannelId>, ConnectError> {
-        let listener = self.listener.as_ref().ok_or(ConnectError::Config("endpoint is not listening"))?;
-        Ok(listener.try_accept(&self.config.shm)?.map(|c| self.add_channel(Box::new(c))))
+        if self.listener.is_none() && self.tcp_listener.is_none() {
+            return Err(ConnectError::Config("endpoint is not listening"));
+        }
+        if let Some(l) = &self.listener {
+            if let Some(c) = l.try_accept(&self.config.shm)? {
+                return Ok(Some(self.add_channel(Box::new(c))));
+            }
+        }
+        if let Some(l) = &self.tcp_listener {
+            if let Some(c) = l.try_accept(&self.config.tcp)? {
+                return Ok(Some(self.add_channel(Box::new(c))));
+            }
+        }
+        Ok(None)
     }
 
     /// Opens a shared-memory channel to the endpoint listening under `name`, retrying until
@@ -425,6 +473,9 @@ impl Endpoint {
                 }
             }
             if let Some(l) = &self.listener {
+                fds.push(rustix::event::PollFd::from_borrowed_fd(l.as_fd(), rustix::event::PollFlags::IN));
+            }
+            if let Some(l) = &self.tcp_listener {
                 fds.push(rustix::event::PollFd::from_borrowed_fd(l.as_fd(), rustix::event::PollFlags::IN));
             }
             let ms = match timeout {

@@ -5,6 +5,7 @@
 //! A [`Transport`] value is one side of one channel.
 
 pub mod shm;
+pub mod tcp;
 
 use crate::error::{ChannelError, SendError};
 use crate::Delivery;
@@ -15,12 +16,15 @@ use std::os::fd::BorrowedFd;
 pub enum TransportKind {
     /// Shared memory between processes on one host.
     Shm,
+    /// One TCP connection per channel.
+    Tcp,
 }
 
 impl std::fmt::Display for TransportKind {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
             TransportKind::Shm => "shm",
+            TransportKind::Tcp => "tcp",
         })
     }
 }

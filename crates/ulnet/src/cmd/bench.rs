@@ -52,6 +52,17 @@ impl Test {
 pub enum TransportArg {
     /// Shared memory between processes on this host.
     Shm,
+    /// TCP, one connection.
+    Tcp,
+}
+
+impl TransportArg {
+    fn name(self) -> &'static str {
+        match self {
+            TransportArg::Shm => "shm",
+            TransportArg::Tcp => "tcp",
+        }
+    }
 }
 
 /// Arguments of `ulnet bench`.
@@ -78,10 +89,11 @@ pub struct BenchArgs {
     /// Be the passive side and wait for a peer.
     #[arg(long)]
     server: bool,
-    /// Where the server listens (shm: a name).
+    /// Where the server listens (shm: a name; tcp: HOST:PORT, port 0 picks one). The
+    /// server prints `listening ADDR` on stdout once it does.
     #[arg(long)]
     listen: Option<String>,
-    /// Connect to a server (shm: its name).
+    /// Connect to a server (shm: its name; tcp: HOST:PORT).
     #[arg(long, conflicts_with = "server")]
     connect: Option<String>,
     /// Receiving side of stream tests copies every delivery into its own buffer, as a
@@ -110,6 +122,7 @@ struct Report {
 
 struct Params {
     test: Test,
+    transport: TransportArg,
     size: usize,
     iters: u64,
     warmup: u64,
@@ -121,6 +134,7 @@ impl Params {
         let iters = a.iters.unwrap_or(a.test.default_iters());
         Params {
             test: a.test,
+            transport: a.transport,
             size: a.size.unwrap_or(a.test.default_size()),
             iters,
             warmup: a.warmup.unwrap_or((iters / 10).max(1)),
@@ -141,22 +155,37 @@ pub fn run(args: BenchArgs) -> Result<i32> {
     let config = EndpointConfig::default();
     let mut ep = Endpoint::new(config);
     if args.server {
-        let name = args.listen.clone().context("--server needs --listen NAME")?;
-        ep.listen_shm(&name)?;
+        let listen = args.listen.clone().context("--server needs --listen")?;
+        let bound = match params.transport {
+            TransportArg::Shm => {
+                ep.listen_shm(&listen)?;
+                listen
+            }
+            TransportArg::Tcp => ep.listen_tcp(&listen)?.to_string(),
+        };
+        println!("listening {bound}");
+        std::io::Write::flush(&mut std::io::stdout())?;
         let ch = ep.accept(CONNECT_TIMEOUT)?;
         serve(&mut ep, ch, &params)?;
         return Ok(0);
     }
     let mut child: Option<Child> = None;
-    let name = match &args.connect {
-        Some(name) => name.clone(),
+    let addr = match &args.connect {
+        Some(addr) => addr.clone(),
         None => {
-            let name = format!("bench-{}-{}", std::process::id(), params.test.name());
-            child = Some(spawn_server(&args, &name, &params)?);
-            name
+            let listen = match params.transport {
+                TransportArg::Shm => format!("bench-{}-{}", std::process::id(), params.test.name()),
+                TransportArg::Tcp => "127.0.0.1:0".to_string(),
+            };
+            let (c, bound) = spawn_server(&args, &listen, &params)?;
+            child = Some(c);
+            bound
         }
     };
-    let ch = ep.connect_shm(&name, CONNECT_TIMEOUT)?;
+    let ch = match params.transport {
+        TransportArg::Shm => ep.connect_shm(&addr, CONNECT_TIMEOUT)?,
+        TransportArg::Tcp => ep.connect_tcp(&addr, CONNECT_TIMEOUT)?,
+    };
     let report = match params.test {
         Test::AmLat => latency(&mut ep, ch, &params)?,
         Test::AmBw | Test::MsgRate => stream(&mut ep, ch, &params)?,
@@ -172,24 +201,22 @@ pub fn run(args: BenchArgs) -> Result<i32> {
     Ok(0)
 }
 
-fn spawn_server(args: &BenchArgs, name: &str, p: &Params) -> Result<Child> {
+/// Starts the passive side as a child process and reads the address it listens on.
+fn spawn_server(args: &BenchArgs, listen: &str, p: &Params) -> Result<(Child, String)> {
     let exe = std::env::current_exe()?;
-    Command::new(exe)
-        .args(["bench", p.test.name(), "--server", "--listen", name])
-        .args([
-            "--transport",
-            "shm",
-            "--size",
-            &p.size.to_string(),
-            "--iters",
-            &p.iters.to_string(),
-            "--warmup",
-            &p.warmup.to_string(),
-        ])
+    let mut child = Command::new(exe)
+        .args(["bench", p.test.name(), "--server", "--listen", listen, "--transport", p.transport.name()])
+        .args(["--size", &p.size.to_string(), "--iters", &p.iters.to_string(), "--warmup", &p.warmup.to_string()])
+        .args(p.recv_copy.then_some("--recv-copy"))
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .spawn()
-        .with_context(|| format!("starting the peer process for {:?}", args.test))
+        .with_context(|| format!("starting the peer process for {:?}", args.test))?;
+    let out = child.stdout.take().context("peer stdout")?;
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line)?;
+    let bound = line.trim().strip_prefix("listening ").context("the peer process did not start listening")?.to_string();
+    Ok((child, bound))
 }
 
 fn print_report(r: &Report, json: bool) -> Result<()> {
@@ -275,7 +302,7 @@ fn latency(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<Report> {
     let s = stats::one_way(samples.into_iter().map(|t| clock.ns(t)).collect());
     Ok(Report {
         test: p.test.name(),
-        transport: "shm",
+        transport: p.transport.name(),
         size: p.size,
         iters: p.iters,
         p50_us: Some(s.p50_us),
@@ -301,7 +328,7 @@ fn stream(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<Report> {
     let rate = p.iters as f64 / secs;
     Ok(Report {
         test: p.test.name(),
-        transport: "shm",
+        transport: p.transport.name(),
         size: p.size,
         iters: p.iters,
         p50_us: None,

@@ -1,0 +1,109 @@
+//! The TCP transport: one connection per channel, for networks where UDP is blocked or for
+//! peers on other hosts when a stream is wanted.
+
+mod channel;
+pub mod handshake;
+
+pub use channel::TcpChannel;
+
+use crate::error::ConnectError;
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// Settings of TCP channels.
+#[derive(Clone, Debug, Default)]
+pub struct TcpConfig {
+    /// The cluster secret both sides must prove in the handshake. Empty is a valid (weak)
+    /// secret, for development on one host.
+    pub secret: Vec<u8>,
+}
+
+/// Longest a connection handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn handshake_error(e: handshake::HandshakeError) -> ConnectError {
+    match e {
+        handshake::HandshakeError::Io(io) => ConnectError::Io(io),
+        handshake::HandshakeError::NotUlnet => ConnectError::Handshake("peer is not a ulnet endpoint"),
+        handshake::HandshakeError::Version(_) => ConnectError::Handshake("peer speaks another protocol version"),
+        handshake::HandshakeError::BadSecret => ConnectError::Handshake("peer failed to prove the cluster secret"),
+    }
+}
+
+fn random_tag() -> u32 {
+    let mut b = [0u8; 4];
+    let _ = rustix::rand::getrandom(&mut b, rustix::rand::GetRandomFlags::empty());
+    u32::from_le_bytes(b) | 1
+}
+
+/// Connects to `addr`, retrying refused connections until `timeout`.
+pub fn connect(addr: &str, config: &TcpConfig, timeout: Duration) -> Result<TcpChannel, ConnectError> {
+    let deadline = Instant::now() + timeout;
+    let target: SocketAddr = addr
+        .to_socket_addrs()
+        .map_err(ConnectError::Io)?
+        .next()
+        .ok_or(ConnectError::Config("address resolves to nothing"))?;
+    let mut stream = loop {
+        match TcpStream::connect_timeout(
+            &target,
+            deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)),
+        ) {
+            Ok(s) => break s,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                return Err(ConnectError::NoListener(addr.into()))
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    let rx_tag = random_tag();
+    let tx_tag = handshake::client(&mut stream, &config.secret, rx_tag).map_err(handshake_error)?;
+    stream.set_read_timeout(None)?;
+    Ok(TcpChannel::new(stream, rx_tag, tx_tag)?)
+}
+
+/// A listening TCP socket for channels.
+#[derive(Debug)]
+pub struct TcpChannelListener {
+    listener: TcpListener,
+}
+
+impl TcpChannelListener {
+    /// Listens on `addr` (port 0 picks a free port).
+    pub fn bind(addr: &str) -> Result<Self, ConnectError> {
+        let listener = TcpListener::bind(addr)?;
+        listener.set_nonblocking(true)?;
+        Ok(Self { listener })
+    }
+
+    /// The address peers connect to.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Accepts one pending connection, if any, and runs the handshake. A peer that fails it
+    /// is dropped and reported.
+    pub fn try_accept(&self, config: &TcpConfig) -> Result<Option<TcpChannel>, ConnectError> {
+        let mut stream = match self.listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        stream.set_nonblocking(false)?;
+        stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+        let rx_tag = random_tag();
+        let tx_tag = handshake::server(&mut stream, &config.secret, rx_tag).map_err(handshake_error)?;
+        stream.set_read_timeout(None)?;
+        Ok(Some(TcpChannel::new(stream, rx_tag, tx_tag)?))
+    }
+}
+
+impl std::os::fd::AsFd for TcpChannelListener {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.listener.as_fd()
+    }
+}

@@ -1,0 +1,127 @@
+//! TCP channels: handshake with the cluster secret, gather, whole and streamed messages,
+//! clean close and peer failure, forged frames.
+
+mod util;
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+use ulnet_core::transport::tcp::TcpConfig;
+use ulnet_core::{ChannelError, ConnectError, Endpoint, EndpointConfig, Event, SendOutcome};
+
+fn config(secret: &[u8]) -> EndpointConfig {
+    EndpointConfig { tcp: TcpConfig { secret: secret.to_vec() }, ..Default::default() }
+}
+
+/// Receives until `n` whole messages arrived (reassembling fragments) or the channel went down.
+fn receive(ep: &mut Endpoint, n: usize) -> (Vec<Vec<u8>>, Option<ChannelError>) {
+    let mut whole = Vec::new();
+    let mut partial = Vec::new();
+    let mut down = None;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while whole.len() < n && down.is_none() && Instant::now() < deadline {
+        ep.poll(64, |e| match e {
+            Event::Message { data, message_len, offset, .. } => {
+                assert_eq!(offset, partial.len() as u64, "fragments in order");
+                partial.extend_from_slice(data);
+                if partial.len() as u64 == message_len {
+                    whole.push(std::mem::take(&mut partial));
+                }
+            }
+            Event::ChannelDown { error, .. } => down = Some(error),
+            Event::SendComplete { .. } => {}
+        });
+    }
+    (whole, down)
+}
+
+#[test]
+fn messages_of_every_size_arrive_whole_in_order_then_closed() {
+    let mut server = Endpoint::new(config(b"s3cret"));
+    let addr = server.listen_tcp("127.0.0.1:0").unwrap().to_string();
+    let sizes = [0usize, 1, 64, 1000, 100_000, 250_000, 3_000_000];
+    let client = std::thread::spawn(move || {
+        let mut ep = Endpoint::new(config(b"s3cret"));
+        let ch = ep.connect_tcp(&addr, Duration::from_secs(5)).unwrap();
+        for (i, &len) in sizes.iter().enumerate() {
+            let m: Vec<u8> = (0..len).map(|k| (k + i) as u8).collect();
+            let (a, b) = m.split_at(len / 3);
+            while ep.send(ch, &[b"", a, b]).unwrap() == SendOutcome::NoResource {
+                ep.poll(16, |_| {});
+            }
+        }
+        let big: Vec<u8> = (0..20_000_000u32).map(|k| (k % 251) as u8).collect();
+        assert!(matches!(ep.post_send(ch, big, 9).unwrap(), SendOutcome::InProgress(9)));
+        ep.flush(ch, Duration::from_secs(30)).unwrap();
+        ep.close(ch);
+    });
+    server.accept(Duration::from_secs(5)).unwrap();
+    let (got, down) = receive(&mut server, sizes.len() + 1);
+    client.join().unwrap();
+    for (i, &len) in sizes.iter().enumerate() {
+        let want: Vec<u8> = (0..len).map(|k| (k + i) as u8).collect();
+        assert_eq!(got[i], want, "message {i}");
+    }
+    assert!(got[sizes.len()].iter().enumerate().all(|(k, &b)| b == (k % 251) as u8));
+    assert_eq!(got[sizes.len()].len(), 20_000_000);
+    let (_, down) = if down.is_none() { receive(&mut server, 1) } else { (vec![], down) };
+    assert_eq!(down, Some(ChannelError::Closed));
+}
+
+#[test]
+fn wrong_secret_cannot_connect() {
+    let mut server = Endpoint::new(config(b"right"));
+    let addr = server.listen_tcp("127.0.0.1:0").unwrap().to_string();
+    let client = std::thread::spawn(move || {
+        Endpoint::new(config(b"wrong")).connect_tcp(&addr, Duration::from_secs(5)).map(|_| ())
+    });
+    let accepted = server.accept(Duration::from_secs(5));
+    assert!(matches!(client.join().unwrap(), Err(ConnectError::Handshake(_))));
+    assert!(matches!(accepted, Err(ConnectError::Handshake(_)) | Err(ConnectError::Io(_))), "{accepted:?}");
+}
+
+#[test]
+fn vanished_peer_is_a_failure() {
+    if let Some(addr) = util::child_role() {
+        // Child: one good message, then exit without closing (no goodbye frame).
+        let mut ep = Endpoint::new(config(b""));
+        let ch = ep.connect_tcp(&addr, Duration::from_secs(5)).unwrap();
+        assert_eq!(ep.send(ch, &[b"last words"]).unwrap(), SendOutcome::Done);
+        std::process::exit(0);
+    }
+    let mut server = Endpoint::new(config(b""));
+    let addr = server.listen_tcp("127.0.0.1:0").unwrap().to_string();
+    let mut child = util::spawn_child("vanished_peer_is_a_failure", &addr, &[]);
+    server.accept(Duration::from_secs(5)).unwrap();
+    let (got, down) = receive(&mut server, 2);
+    child.wait().unwrap();
+    assert_eq!(got, vec![b"last words".to_vec()]);
+    assert!(matches!(down, Some(ChannelError::PeerFailed(_))), "{down:?}");
+}
+
+#[test]
+fn forged_frames_fail_the_channel_and_strangers_never_connect() {
+    let mut server = Endpoint::new(config(b"k"));
+    let addr = server.listen_tcp("127.0.0.1:0").unwrap().to_string();
+    let a2 = addr.clone();
+    let t = std::thread::spawn(move || {
+        let mut raw = std::net::TcpStream::connect(&a2).unwrap();
+        let server_tag = ulnet_core::transport::tcp::handshake::client(&mut raw, b"k", 5).unwrap();
+        // A frame with the right tag but a length beyond any limit.
+        let mut frame = Vec::new();
+        frame.extend_from_slice(&server_tag.to_le_bytes());
+        frame.extend_from_slice(&0u32.to_le_bytes());
+        frame.extend_from_slice(&u64::MAX.to_le_bytes());
+        raw.write_all(&frame).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+    });
+    server.accept(Duration::from_secs(5)).unwrap();
+    let (got, down) = receive(&mut server, 1);
+    t.join().unwrap();
+    assert!(got.is_empty());
+    assert!(matches!(down, Some(ChannelError::Protocol(_))), "{down:?}");
+
+    // A raw client that speaks garbage never becomes a channel.
+    let mut raw = std::net::TcpStream::connect(&addr).unwrap();
+    raw.write_all(&[0xAB; 64]).unwrap();
+    assert!(server.accept(Duration::from_secs(5)).is_err());
+}
