@@ -4,7 +4,7 @@ use crate::cq::{CompletionKind, CompletionQueue};
 use crate::error::{ChannelError, ConnectError, SendError};
 use crate::transport::shm::{self, ShmConfig, ShmListener};
 use crate::transport::tcp::{self, TcpChannelListener, TcpConfig};
-use crate::transport::{Capabilities, ReadyProbe, SendOutcome, Transport};
+use crate::transport::{Capabilities, ReadyProbe, Responder, SendOutcome, Transport};
 use std::collections::VecDeque;
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -53,6 +53,8 @@ pub enum Event<'a> {
         message_len: u64,
         /// Offset of `data` in the message.
         offset: u64,
+        /// Sends on the same channel now, while `data` is still held in place.
+        reply: ReplyTo<'a>,
     },
     /// A posted send finished; its buffer was handed back.
     SendComplete {
@@ -68,6 +70,27 @@ pub enum Event<'a> {
         /// Why.
         error: ChannelError,
     },
+}
+
+/// Sends on the channel a message came from, during its delivery: a server answers a
+/// request it reads in place, with no copy of the request and no queueing.
+pub struct ReplyTo<'a> {
+    responder: &'a mut dyn Responder,
+}
+
+impl ReplyTo<'_> {
+    /// Sends one message (a gather list of up to [`crate::GATHER_MAX`] buffers) whole, or
+    /// not at all (`NoResource`).
+    #[inline]
+    pub fn send(&mut self, gather: &[&[u8]]) -> Result<SendOutcome, SendError> {
+        self.responder.send(gather)
+    }
+}
+
+impl std::fmt::Debug for ReplyTo<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ReplyTo")
+    }
 }
 
 /// The conditions an endpoint can raise upcalls for (U-Net's two).
@@ -388,10 +411,11 @@ impl Endpoint {
         }
         let channel = ChannelId(i as u32);
         let counters = &mut self.counters;
-        let result = slot.transport.poll_recv(max, &mut |d| {
+        let result = slot.transport.poll_recv(max, &mut |d, responder| {
             counters.deliveries_received += 1;
             counters.bytes_received += d.data.len() as u64;
-            handle(Event::Message { channel, data: d.data, message_len: d.message_len, offset: d.offset });
+            let reply = ReplyTo { responder };
+            handle(Event::Message { channel, data: d.data, message_len: d.message_len, offset: d.offset, reply });
         });
         match result {
             Ok(got) => got,

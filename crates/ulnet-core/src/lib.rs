@@ -37,9 +37,9 @@ mod sys;
 pub mod transport;
 
 pub use cq::{Completion, CompletionKind, CompletionQueue};
-pub use endpoint::{ChannelId, Endpoint, EndpointConfig, EndpointCounters, EndpointId, Event, Upcall};
+pub use endpoint::{ChannelId, Endpoint, EndpointConfig, EndpointCounters, EndpointId, Event, ReplyTo, Upcall};
 pub use error::{ChannelError, ConnectError, SendError};
-pub use transport::{Capabilities, SendOutcome, Transport, TransportKind};
+pub use transport::{Capabilities, Responder, SendOutcome, Transport, TransportKind};
 
 /// Most buffers in one gather list.
 pub const GATHER_MAX: usize = 4;

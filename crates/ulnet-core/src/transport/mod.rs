@@ -81,6 +81,13 @@ pub trait ReadyProbe: Send + Sync {
     fn wait_fds(&self) -> Vec<BorrowedFd<'_>>;
 }
 
+/// Sends on the channel a delivery came from, while that delivery is still borrowed: a
+/// server answers a request it reads in place, with no copy of the request and no queue.
+pub trait Responder {
+    /// Sends one message whole, or not at all (`NoResource`), like [`Transport::send`].
+    fn send(&mut self, gather: &[&[u8]]) -> Result<SendOutcome, SendError>;
+}
+
 /// One side of one channel.
 pub trait Transport: Send {
     /// What this transport can do.
@@ -96,10 +103,15 @@ pub trait Transport: Send {
     /// with other sends on the channel.
     fn send_fragments(&mut self, message_len: u64, offset: u64, data: &[u8]) -> Result<usize, SendError>;
 
-    /// Delivers up to `max` received messages or fragments to `deliver`, in order.
+    /// Delivers up to `max` received messages or fragments to `deliver`, in order, with a
+    /// [`Responder`] that sends on this channel while the delivery is still held in place.
     /// Returns how many were delivered; `Err` once the channel has failed or closed and
     /// everything published before that has been delivered.
-    fn poll_recv(&mut self, max: usize, deliver: &mut dyn FnMut(Delivery<'_>)) -> Result<usize, ChannelError>;
+    fn poll_recv(
+        &mut self,
+        max: usize,
+        deliver: &mut dyn FnMut(Delivery<'_>, &mut dyn Responder),
+    ) -> Result<usize, ChannelError>;
 
     /// The channel's readiness probe, shared with completion queues and waiters.
     fn probe(&self) -> std::sync::Arc<dyn ReadyProbe>;

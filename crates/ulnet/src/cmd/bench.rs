@@ -350,13 +350,20 @@ fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
     loop {
         let mut closed = None;
         ep.poll(batch, |e| match e {
-            Event::Message { data, message_len, offset, .. } => {
+            Event::Message { data, message_len, offset, mut reply, .. } => {
                 if !user_buffer.is_empty() {
                     let at = offset as usize;
                     user_buffer[at..at + data.len()].copy_from_slice(data);
                 }
                 if offset + data.len() as u64 == message_len {
                     whole += 1;
+                    // Latency: answer from the handler, as an active-message handler does.
+                    if p.test == Test::AmLat
+                        && answered + 1 == whole
+                        && matches!(reply.send(&[&echo]), Ok(SendOutcome::Done))
+                    {
+                        answered += 1;
+                    }
                 }
             }
             Event::ChannelDown { error, .. } => closed = Some(error),

@@ -211,7 +211,7 @@ fn node(run: &str, index: usize, nodes: usize, messages: u64) -> Result<NodeRepo
                     bad += 1;
                 }
             }
-            Event::Message { channel, data, message_len, offset } => {
+            Event::Message { channel, data, message_len, offset, .. } => {
                 let j = node_of(channel);
                 if offset == 0 {
                     partial[j].clear();

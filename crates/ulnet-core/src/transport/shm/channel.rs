@@ -10,7 +10,7 @@ use crate::descriptor::{
 };
 use crate::error::{ChannelError, SendError};
 use crate::sys::doorbell::Doorbell;
-use crate::transport::{Capabilities, ReadyProbe, SendOutcome, Transport, TransportKind};
+use crate::transport::{Capabilities, ReadyProbe, Responder, SendOutcome, Transport, TransportKind};
 use crate::{Delivery, GATHER_MAX};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -96,6 +96,174 @@ struct TxHalf {
     /// Buffers taken from the peer's free ring, most recently freed on top (warm in cache).
     free_stack: Vec<u32>,
     doorbell: Doorbell,
+    tail_hint: u64,
+    inline_max: usize,
+}
+
+impl TxHalf {
+    /// Tells the receiver roughly how far we have written, an eighth of a ring at a time,
+    /// so it can see its backlog without a shared tail on every send.
+    #[inline(always)]
+    fn publish_tail_hint(&mut self) {
+        let tail = self.ring.tail();
+        if tail - self.tail_hint >= (self.layout.geometry.ring_bytes / 8) as u64 {
+            self.tail_hint = tail;
+            self.mem.store_u64(OFF_PEER_TAIL_HINT, tail, Ordering::Relaxed);
+        }
+    }
+
+    /// Rings the peer's doorbell if it sleeps. The barrier orders our publication before
+    /// the load of its flag, pairing with the sleeper's barrier in `arm` (see `sys::barrier`).
+    #[inline(always)]
+    fn wake_peer(&self) {
+        crate::sys::barrier::sender_barrier(self.layout.owner_uses_membarrier);
+        if self.mem.load_u64(OFF_OWNER_SLEEPING, Ordering::Relaxed) != 0 {
+            self.mem.store_u64(OFF_OWNER_SLEEPING, 0, Ordering::Relaxed);
+            self.doorbell.ring();
+        }
+    }
+
+    /// Moves every buffer the peer has freed onto our stack.
+    fn refill_free_stack(&mut self) {
+        while let Some(index) = self.free.pop(&*self.mem) {
+            if (index as usize) < self.layout.geometry.buffer_count
+                && self.free_stack.len() < self.layout.geometry.buffer_count
+            {
+                self.free_stack.push(index);
+            } else {
+                tracing::warn!(index, "peer returned an invalid buffer index; ignored");
+            }
+        }
+    }
+
+    /// Room in the ring for `records` buffer records, padding included.
+    fn ring_has_room_for(&mut self, records: usize) -> bool {
+        let per = crate::descriptor::record_len(BUFFER_REF_LEN);
+        let needed = (records * per + per) as u64;
+        let cap = self.layout.geometry.ring_bytes as u64;
+        if self.ring.in_flight() + needed <= cap {
+            return true;
+        }
+        // Refresh our view of the consumer head through a zero-length probe.
+        self.ring.in_flight_refresh(&*self.mem) + needed <= cap
+    }
+
+    /// Copies `len` bytes starting at `from` of the concatenated gather list into `dst_off`.
+    fn copy_gather(mem: &MappedMem, mut dst_off: usize, gather: &[&[u8]], mut from: usize, mut len: usize) {
+        for piece in gather {
+            if len == 0 {
+                break;
+            }
+            if from >= piece.len() {
+                from -= piece.len();
+                continue;
+            }
+            let take = (piece.len() - from).min(len);
+            mem.write_bytes(dst_off, &piece[from..from + take]);
+            dst_off += take;
+            len -= take;
+            from = 0;
+        }
+        debug_assert_eq!(len, 0, "gather list shorter than the message");
+    }
+
+    /// Sends fragments `[offset, offset + len)` of a message held in `gather`, each in one
+    /// buffer, stopping when buffers or ring space run out. Returns bytes sent.
+    fn send_buffered(&mut self, gather: &[&[u8]], message_len: u64, offset: u64, len: usize) -> usize {
+        let buffer_size = self.layout.geometry.buffer_size;
+        let mut sent = 0usize;
+        while sent < len {
+            if self.free_stack.is_empty() {
+                self.refill_free_stack();
+            }
+            if self.free_stack.is_empty() || !self.ring_has_room_for(1) {
+                break;
+            }
+            let index = self.free_stack.pop().expect("checked non-empty");
+            let fragment_offset = offset + sent as u64;
+            let fragment_len = (len - sent).min(buffer_size);
+            Self::copy_gather(&self.mem, self.layout.buffer_off(index), gather, sent, fragment_len);
+            let reservation = self.ring.reserve(&*self.mem, BUFFER_REF_LEN).expect("room checked above");
+            let reference =
+                BufferRef { buffer_index: index, fragment_len: fragment_len as u32, message_len, fragment_offset };
+            for (i, w) in reference.encode().into_iter().enumerate() {
+                self.mem.store_u64(reservation.record_off + HEADER_LEN + 8 * i, w, Ordering::Relaxed);
+            }
+            let mut f = 0;
+            if fragment_offset == 0 {
+                f |= flags::FIRST;
+            }
+            if fragment_offset + fragment_len as u64 == message_len {
+                f |= flags::LAST;
+            }
+            let header = RecordHeader {
+                stamp: stamp_for(reservation.position),
+                payload_len: BUFFER_REF_LEN as u32,
+                tag: self.layout.tag,
+                kind: RecordKind::Buffer,
+                flags: f,
+            };
+            self.ring.commit(&*self.mem, reservation, header);
+            sent += fragment_len;
+        }
+        if sent > 0 {
+            self.publish_tail_hint();
+            self.wake_peer();
+        }
+        sent
+    }
+
+    /// Sends one whole message (inline, or in buffers when it fits them all now).
+    #[inline]
+    fn send_message(&mut self, gather: &[&[u8]]) -> Result<SendOutcome, SendError> {
+        let total: usize = gather.iter().map(|b| b.len()).sum();
+        if total <= self.inline_max {
+            let Some(r) = self.ring.reserve(&*self.mem, total) else {
+                return Ok(SendOutcome::NoResource);
+            };
+            let mut off = r.record_off + HEADER_LEN;
+            for piece in gather {
+                self.mem.write_bytes(off, piece);
+                off += piece.len();
+            }
+            let header = RecordHeader {
+                stamp: stamp_for(r.position),
+                payload_len: total as u32,
+                tag: self.layout.tag,
+                kind: RecordKind::Inline,
+                flags: 0,
+            };
+            self.ring.commit(&*self.mem, r, header);
+            self.publish_tail_hint();
+            self.wake_peer();
+            return Ok(SendOutcome::Done);
+        }
+        let g = self.layout.geometry;
+        let max = g.buffer_size * g.buffer_count;
+        if total > max {
+            return Err(SendError::TooLarge { len: total as u64, max: max as u64 });
+        }
+        let fragments = total.div_ceil(g.buffer_size);
+        if self.free_stack.len() < fragments {
+            self.refill_free_stack();
+        }
+        if self.free_stack.len() < fragments || !self.ring_has_room_for(fragments) {
+            return Ok(SendOutcome::NoResource);
+        }
+        let sent = self.send_buffered(gather, total as u64, 0, total);
+        assert_eq!(sent, total, "resources were reserved for the whole message");
+        Ok(SendOutcome::Done)
+    }
+}
+
+impl Responder for TxHalf {
+    #[inline]
+    fn send(&mut self, gather: &[&[u8]]) -> Result<SendOutcome, SendError> {
+        if gather.len() > GATHER_MAX {
+            return Err(SendError::TooManyBuffers(gather.len(), GATHER_MAX));
+        }
+        self.send_message(gather)
+    }
 }
 
 /// One side of a shared-memory channel.
@@ -104,8 +272,6 @@ pub struct ShmChannel {
     tx: TxHalf,
     socket: UnixStream,
     probe: Arc<ShmProbe>,
-    tail_hint: u64,
-    inline_max: usize,
     failure: Option<ChannelError>,
     empty_polls: u32,
     peer_gone: bool,
@@ -151,26 +317,15 @@ impl ShmChannel {
                 mem: tx_mem,
                 layout: tx_layout,
                 doorbell: tx_doorbell,
+                tail_hint: 0,
+                inline_max,
             },
             socket,
             probe,
-            tail_hint: 0,
-            inline_max,
             failure: None,
             empty_polls: 0,
             peer_gone: false,
         })
-    }
-
-    /// Tells the receiver roughly how far we have written, an eighth of a ring at a time,
-    /// so it can see its backlog without a shared tail on every send.
-    #[inline(always)]
-    fn publish_tail_hint(&mut self) {
-        let tail = self.tx.ring.tail();
-        if tail - self.tail_hint >= (self.tx.layout.geometry.ring_bytes / 8) as u64 {
-            self.tail_hint = tail;
-            self.tx.mem.store_u64(OFF_PEER_TAIL_HINT, tail, Ordering::Relaxed);
-        }
     }
 
     fn check_open(&self) -> Result<(), SendError> {
@@ -179,107 +334,6 @@ impl ShmChannel {
             None if self.peer_gone => Err(SendError::ChannelDown(ChannelError::PeerFailed("peer hung up"))),
             None => Ok(()),
         }
-    }
-
-    /// Rings the peer's doorbell if it sleeps. The barrier orders our publication before
-    /// the load of its flag, pairing with the sleeper's barrier in `arm` (see `sys::barrier`).
-    #[inline(always)]
-    fn wake_peer(&self) {
-        crate::sys::barrier::sender_barrier(self.tx.layout.owner_uses_membarrier);
-        if self.tx.mem.load_u64(OFF_OWNER_SLEEPING, Ordering::Relaxed) != 0 {
-            self.tx.mem.store_u64(OFF_OWNER_SLEEPING, 0, Ordering::Relaxed);
-            self.tx.doorbell.ring();
-        }
-    }
-
-    /// Moves every buffer the peer has freed onto our stack.
-    fn refill_free_stack(&mut self) {
-        while let Some(index) = self.tx.free.pop(&*self.tx.mem) {
-            if (index as usize) < self.tx.layout.geometry.buffer_count
-                && self.tx.free_stack.len() < self.tx.layout.geometry.buffer_count
-            {
-                self.tx.free_stack.push(index);
-            } else {
-                tracing::warn!(index, "peer returned an invalid buffer index; ignored");
-            }
-        }
-    }
-
-    /// Room in the ring for `records` buffer records, padding included.
-    fn ring_has_room_for(&mut self, records: usize) -> bool {
-        let per = crate::descriptor::record_len(BUFFER_REF_LEN);
-        let needed = (records * per + per) as u64;
-        let cap = self.tx.layout.geometry.ring_bytes as u64;
-        if self.tx.ring.in_flight() + needed <= cap {
-            return true;
-        }
-        // Refresh our view of the consumer head through a zero-length probe.
-        self.tx.ring.in_flight_refresh(&*self.tx.mem) + needed <= cap
-    }
-
-    /// Copies `len` bytes starting at `from` of the concatenated gather list into `dst_off`.
-    fn copy_gather(mem: &MappedMem, mut dst_off: usize, gather: &[&[u8]], mut from: usize, mut len: usize) {
-        for piece in gather {
-            if len == 0 {
-                break;
-            }
-            if from >= piece.len() {
-                from -= piece.len();
-                continue;
-            }
-            let take = (piece.len() - from).min(len);
-            mem.write_bytes(dst_off, &piece[from..from + take]);
-            dst_off += take;
-            len -= take;
-            from = 0;
-        }
-        debug_assert_eq!(len, 0, "gather list shorter than the message");
-    }
-
-    /// Sends fragments `[offset, offset + len)` of a message held in `gather`, each in one
-    /// buffer, stopping when buffers or ring space run out. Returns bytes sent.
-    fn send_buffered(&mut self, gather: &[&[u8]], message_len: u64, offset: u64, len: usize) -> usize {
-        let buffer_size = self.tx.layout.geometry.buffer_size;
-        let mut sent = 0usize;
-        while sent < len {
-            if self.tx.free_stack.is_empty() {
-                self.refill_free_stack();
-            }
-            if self.tx.free_stack.is_empty() || !self.ring_has_room_for(1) {
-                break;
-            }
-            let index = self.tx.free_stack.pop().expect("checked non-empty");
-            let fragment_offset = offset + sent as u64;
-            let fragment_len = (len - sent).min(buffer_size);
-            Self::copy_gather(&self.tx.mem, self.tx.layout.buffer_off(index), gather, sent, fragment_len);
-            let reservation = self.tx.ring.reserve(&*self.tx.mem, BUFFER_REF_LEN).expect("room checked above");
-            let reference =
-                BufferRef { buffer_index: index, fragment_len: fragment_len as u32, message_len, fragment_offset };
-            for (i, w) in reference.encode().into_iter().enumerate() {
-                self.tx.mem.store_u64(reservation.record_off + HEADER_LEN + 8 * i, w, Ordering::Relaxed);
-            }
-            let mut f = 0;
-            if fragment_offset == 0 {
-                f |= flags::FIRST;
-            }
-            if fragment_offset + fragment_len as u64 == message_len {
-                f |= flags::LAST;
-            }
-            let header = RecordHeader {
-                stamp: stamp_for(reservation.position),
-                payload_len: BUFFER_REF_LEN as u32,
-                tag: self.tx.layout.tag,
-                kind: RecordKind::Buffer,
-                flags: f,
-            };
-            self.tx.ring.commit(&*self.tx.mem, reservation, header);
-            sent += fragment_len;
-        }
-        if sent > 0 {
-            self.publish_tail_hint();
-            self.wake_peer();
-        }
-        sent
     }
 
     fn fail(&mut self, e: ChannelError) -> ChannelError {
@@ -311,8 +365,9 @@ impl ShmChannel {
     /// Delivers one record found at the head, validating everything the peer wrote.
     fn deliver_record(
         rx: &mut RxHalf,
+        tx: &mut TxHalf,
         record: super::ring::Record,
-        deliver: &mut dyn FnMut(Delivery<'_>),
+        deliver: &mut dyn FnMut(Delivery<'_>, &mut dyn Responder),
     ) -> Result<(), ChannelError> {
         let header = record.header;
         if header.tag != rx.layout.tag {
@@ -322,7 +377,7 @@ impl ShmChannel {
             RecordKind::Inline => {
                 let len = header.payload_len as usize;
                 let data = rx.mem.slice(record.record_off + HEADER_LEN, len);
-                deliver(Delivery { data, message_len: len as u64, offset: 0 });
+                deliver(Delivery { data, message_len: len as u64, offset: 0 }, tx);
                 rx.ring.consume(record);
             }
             RecordKind::Buffer => {
@@ -349,7 +404,7 @@ impl ShmChannel {
                     return Err(ChannelError::Protocol(format!("invalid buffer reference {r:?}")));
                 }
                 let data = rx.mem.slice(rx.layout.buffer_off(r.buffer_index), r.fragment_len as usize);
-                deliver(Delivery { data, message_len: r.message_len, offset: r.fragment_offset });
+                deliver(Delivery { data, message_len: r.message_len, offset: r.fragment_offset }, tx);
                 rx.next_fragment_offset =
                     if header.flags & flags::LAST != 0 { 0 } else { r.fragment_offset + u64::from(r.fragment_len) };
                 rx.ring.consume(record);
@@ -374,7 +429,7 @@ impl Transport for ShmChannel {
         let g = self.tx.layout.geometry;
         Capabilities {
             kind: TransportKind::Shm,
-            inline_max: self.inline_max,
+            inline_max: self.tx.inline_max,
             fragment_max: g.buffer_size,
             send_max: g.buffer_size * g.buffer_count,
             message_max: MESSAGE_MAX,
@@ -390,43 +445,7 @@ impl Transport for ShmChannel {
             return Err(SendError::TooManyBuffers(gather.len(), GATHER_MAX));
         }
         self.check_open()?;
-        let total: usize = gather.iter().map(|b| b.len()).sum();
-        if total <= self.inline_max {
-            let Some(r) = self.tx.ring.reserve(&*self.tx.mem, total) else {
-                return Ok(SendOutcome::NoResource);
-            };
-            let mut off = r.record_off + HEADER_LEN;
-            for piece in gather {
-                self.tx.mem.write_bytes(off, piece);
-                off += piece.len();
-            }
-            let header = RecordHeader {
-                stamp: stamp_for(r.position),
-                payload_len: total as u32,
-                tag: self.tx.layout.tag,
-                kind: RecordKind::Inline,
-                flags: 0,
-            };
-            self.tx.ring.commit(&*self.tx.mem, r, header);
-            self.publish_tail_hint();
-            self.wake_peer();
-            return Ok(SendOutcome::Done);
-        }
-        let g = self.tx.layout.geometry;
-        let max = g.buffer_size * g.buffer_count;
-        if total > max {
-            return Err(SendError::TooLarge { len: total as u64, max: max as u64 });
-        }
-        let fragments = total.div_ceil(g.buffer_size);
-        if self.tx.free_stack.len() < fragments {
-            self.refill_free_stack();
-        }
-        if self.tx.free_stack.len() < fragments || !self.ring_has_room_for(fragments) {
-            return Ok(SendOutcome::NoResource);
-        }
-        let sent = self.send_buffered(gather, total as u64, 0, total);
-        assert_eq!(sent, total, "resources were reserved for the whole message");
-        Ok(SendOutcome::Done)
+        self.tx.send_message(gather)
     }
 
     fn send_fragments(&mut self, message_len: u64, offset: u64, data: &[u8]) -> Result<usize, SendError> {
@@ -435,11 +454,15 @@ impl Transport for ShmChannel {
             return Err(SendError::TooLarge { len: message_len, max: MESSAGE_MAX });
         }
         assert!(offset + data.len() as u64 <= message_len, "fragment beyond the message");
-        Ok(self.send_buffered(&[data], message_len, offset, data.len()))
+        Ok(self.tx.send_buffered(&[data], message_len, offset, data.len()))
     }
 
     #[inline]
-    fn poll_recv(&mut self, max: usize, deliver: &mut dyn FnMut(Delivery<'_>)) -> Result<usize, ChannelError> {
+    fn poll_recv(
+        &mut self,
+        max: usize,
+        deliver: &mut dyn FnMut(Delivery<'_>, &mut dyn Responder),
+    ) -> Result<usize, ChannelError> {
         if let Some(e) = &self.failure {
             return Err(e.clone());
         }
@@ -450,7 +473,7 @@ impl Transport for ShmChannel {
                 Ok(None) => break,
                 Err(e) => return Err(self.fail(e.into())),
             };
-            if let Err(e) = Self::deliver_record(&mut self.rx, record, deliver) {
+            if let Err(e) = Self::deliver_record(&mut self.rx, &mut self.tx, record, deliver) {
                 return Err(self.fail(e));
             }
             delivered += 1;
@@ -506,7 +529,7 @@ impl Transport for ShmChannel {
     fn close(&mut self) {
         if self.failure.is_none() {
             self.tx.mem.store_u64(OFF_PEER_CLOSED, 1, Ordering::Release);
-            self.wake_peer();
+            self.tx.wake_peer();
             let _ = self.socket.shutdown(std::net::Shutdown::Both);
             self.failure = Some(ChannelError::Closed);
         }
@@ -538,7 +561,7 @@ mod tests {
 
     fn drain(ch: &mut ShmChannel) -> (usize, Result<usize, ChannelError>) {
         let mut got = 0;
-        let r = ch.poll_recv(16, &mut |_| got += 1);
+        let r = ch.poll_recv(16, &mut |_, _| got += 1);
         (got, r)
     }
 
@@ -560,7 +583,7 @@ mod tests {
         assert_eq!(b.send(&[&big[..5], &big[5..]]).unwrap(), SendOutcome::Done);
         let mut got = Vec::new();
         while got.len() < 5 {
-            a.poll_recv(16, &mut |d| got.push((d.offset, d.message_len, d.data.to_vec()))).unwrap();
+            a.poll_recv(16, &mut |d, _| got.push((d.offset, d.message_len, d.data.to_vec()))).unwrap();
         }
         assert_eq!(got[0], (0, 7, b"header!".to_vec()));
         let joined: Vec<u8> = got[1..].iter().flat_map(|(_, _, d)| d.clone()).collect();
@@ -625,7 +648,7 @@ mod tests {
             }
             b.tx.mem.store_u64(base, w0, Ordering::Release);
             for _ in 0..4 {
-                match a.poll_recv(16, &mut |d| assert!(d.data.len() as u64 <= d.message_len)) {
+                match a.poll_recv(16, &mut |d, _| assert!(d.data.len() as u64 <= d.message_len)) {
                     Ok(_) | Err(ChannelError::Protocol(_)) => {}
                     Err(e) => panic!("unexpected {e}"),
                 }
@@ -644,10 +667,10 @@ mod tests {
         assert!(sent > 100);
         let mut got = 0;
         while got < sent {
-            got += a.poll_recv(usize::MAX, &mut |_| {}).unwrap();
+            got += a.poll_recv(usize::MAX, &mut |_, _| {}).unwrap();
         }
         // The receiver releases consumed space when idle.
-        assert_eq!(a.poll_recv(1, &mut |_| {}).unwrap(), 0);
+        assert_eq!(a.poll_recv(1, &mut |_, _| {}).unwrap(), 0);
         assert_eq!(b.send(&[&msg]).unwrap(), SendOutcome::Done);
     }
 }

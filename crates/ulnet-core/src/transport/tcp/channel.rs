@@ -9,7 +9,7 @@
 //! buffer are delivered whole and in place; larger ones as fragments in order.
 
 use crate::error::{ChannelError, SendError};
-use crate::transport::{Capabilities, ReadyProbe, SendOutcome, Transport, TransportKind};
+use crate::transport::{Capabilities, ReadyProbe, Responder, SendOutcome, Transport, TransportKind};
 use crate::{Delivery, GATHER_MAX};
 use std::io::{self, IoSlice, Read};
 use std::net::TcpStream;
@@ -52,22 +52,227 @@ impl ReadyProbe for TcpProbe {
     }
 }
 
+/// The receiving state: a buffer and where we are in the frame stream.
+struct TcpRx {
+    tag: u32,
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    state: RxState,
+    peer_said_goodbye: bool,
+}
+
+/// The sending state: our peer's tag and what the socket has not taken yet.
+struct TcpTx {
+    tag: u32,
+    backlog: Vec<u8>,
+    backlog_pos: usize,
+    /// Length and bytes sent of the message being streamed by `send_fragments`.
+    streaming: Option<(u64, u64)>,
+}
+
+/// [`TcpTx`] with the socket, for sending from inside a delivery.
+struct TcpSender<'a> {
+    stream: &'a TcpStream,
+    tx: &'a mut TcpTx,
+}
+
 /// One side of a TCP channel.
 pub struct TcpChannel {
     stream: TcpStream,
     probe: Arc<TcpProbe>,
-    rx_tag: u32,
-    tx_tag: u32,
-    rx: Vec<u8>,
-    rx_start: usize,
-    rx_end: usize,
-    rx_state: RxState,
-    peer_said_goodbye: bool,
-    tx_backlog: Vec<u8>,
-    tx_backlog_pos: usize,
-    /// Length and bytes sent of the message being streamed by `send_fragments`.
-    streaming: Option<(u64, u64)>,
+    rx: TcpRx,
+    tx: TcpTx,
     failure: Option<ChannelError>,
+}
+
+fn io_failure(e: &io::Error) -> ChannelError {
+    tracing::debug!("tcp channel I/O error: {e}");
+    ChannelError::PeerFailed("connection reset or broken")
+}
+
+impl TcpTx {
+    fn header(&self, message_len: u64, flags: u32) -> [u8; FRAME_HEADER_LEN] {
+        let mut h = [0u8; FRAME_HEADER_LEN];
+        h[..4].copy_from_slice(&self.tag.to_le_bytes());
+        h[4..8].copy_from_slice(&flags.to_le_bytes());
+        h[8..].copy_from_slice(&message_len.to_le_bytes());
+        h
+    }
+
+    /// Writes as much of the backlog as the socket takes. `true` when it is empty.
+    fn flush_backlog(&mut self, stream: &TcpStream) -> Result<bool, ChannelError> {
+        while self.backlog_pos < self.backlog.len() {
+            match rustix::io::write(stream, &self.backlog[self.backlog_pos..]) {
+                Ok(n) => self.backlog_pos += n,
+                Err(rustix::io::Errno::AGAIN) => return Ok(false),
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(io_failure(&e.into())),
+            }
+        }
+        self.backlog.clear();
+        self.backlog_pos = 0;
+        Ok(true)
+    }
+
+    /// Sends one whole message: what the socket does not take now waits in the backlog.
+    fn send_message(&mut self, stream: &TcpStream, gather: &[&[u8]]) -> Result<SendOutcome, SendError> {
+        if gather.len() > GATHER_MAX {
+            return Err(SendError::TooManyBuffers(gather.len(), GATHER_MAX));
+        }
+        let total: usize = gather.iter().map(|b| b.len()).sum();
+        if total > TX_BACKLOG_MAX {
+            return Err(SendError::TooLarge { len: total as u64, max: TX_BACKLOG_MAX as u64 });
+        }
+        if self.streaming.is_some() || !self.flush_backlog(stream)? {
+            return Ok(SendOutcome::NoResource);
+        }
+        let header = self.header(total as u64, 0);
+        let mut pieces: [&[u8]; GATHER_MAX + 1] = [&[]; GATHER_MAX + 1];
+        pieces[0] = &header;
+        pieces[1..=gather.len()].copy_from_slice(gather);
+        let written = write_gather(stream, &pieces[..=gather.len()])?;
+        if written == 0 {
+            return Ok(SendOutcome::NoResource);
+        }
+        let mut skip = written;
+        for piece in &pieces[..=gather.len()] {
+            if skip >= piece.len() {
+                skip -= piece.len();
+            } else {
+                self.backlog.extend_from_slice(&piece[skip..]);
+                skip = 0;
+            }
+        }
+        Ok(SendOutcome::Done)
+    }
+}
+
+/// `writev` of `pieces`; returns bytes written (0 when the socket is full).
+fn write_gather(stream: &TcpStream, pieces: &[&[u8]]) -> Result<usize, ChannelError> {
+    let mut iov = [IoSlice::new(&[]); GATHER_MAX + 1];
+    let mut n = 0;
+    for p in pieces.iter().filter(|p| !p.is_empty()) {
+        iov[n] = IoSlice::new(p);
+        n += 1;
+    }
+    loop {
+        match rustix::io::writev(stream, &iov[..n]) {
+            Ok(n) => return Ok(n),
+            Err(rustix::io::Errno::AGAIN) => return Ok(0),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(io_failure(&e.into())),
+        }
+    }
+}
+
+impl Responder for TcpSender<'_> {
+    fn send(&mut self, gather: &[&[u8]]) -> Result<SendOutcome, SendError> {
+        self.tx.send_message(self.stream, gather)
+    }
+}
+
+impl TcpRx {
+    /// Reads what the socket has into the free end of the buffer.
+    fn fill(&mut self, stream: &TcpStream) -> Result<(), ChannelError> {
+        if self.start > 0 && (self.end == self.buf.len() || self.start == self.end) {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        if self.end == self.buf.len() {
+            return Ok(());
+        }
+        match (&mut &*stream).read(&mut self.buf[self.end..]) {
+            Ok(0) => Err(if self.peer_said_goodbye {
+                ChannelError::Closed
+            } else {
+                ChannelError::PeerFailed("connection closed without goodbye")
+            }),
+            Ok(n) => {
+                self.end += n;
+                Ok(())
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => Ok(()),
+            Err(e) => Err(io_failure(&e)),
+        }
+    }
+
+    /// Parses and delivers up to `max` frames or fragments, reading once when short.
+    fn deliver(
+        &mut self,
+        stream: &TcpStream,
+        tx: &mut TcpTx,
+        max: usize,
+        deliver: &mut dyn FnMut(Delivery<'_>, &mut dyn Responder),
+    ) -> Result<usize, ChannelError> {
+        let mut delivered = 0;
+        let mut filled = false;
+        while delivered < max {
+            let available = self.end - self.start;
+            match self.state {
+                RxState::Header => {
+                    if available < FRAME_HEADER_LEN {
+                        if filled {
+                            break;
+                        }
+                        self.fill(stream)?;
+                        filled = true;
+                        continue;
+                    }
+                    let h = &self.buf[self.start..self.start + FRAME_HEADER_LEN];
+                    let tag = u32::from_le_bytes(h[..4].try_into().expect("4 bytes"));
+                    let flags = u32::from_le_bytes(h[4..8].try_into().expect("4 bytes"));
+                    let message_len = u64::from_le_bytes(h[8..].try_into().expect("8 bytes"));
+                    if tag != self.tag || flags & !FLAG_GOODBYE != 0 || message_len > MESSAGE_MAX {
+                        let why = format!("bad frame header (tag {tag:#x}, flags {flags:#x}, length {message_len})");
+                        return Err(ChannelError::Protocol(why));
+                    }
+                    self.start += FRAME_HEADER_LEN;
+                    if flags & FLAG_GOODBYE != 0 {
+                        self.peer_said_goodbye = true;
+                        continue;
+                    }
+                    if message_len == 0 {
+                        deliver(Delivery { data: &[], message_len: 0, offset: 0 }, &mut TcpSender { stream, tx });
+                        delivered += 1;
+                        continue;
+                    }
+                    self.state = RxState::Body { message_len, delivered: 0 };
+                }
+                RxState::Body { message_len, delivered: done } => {
+                    let left = message_len - done;
+                    let fits_whole = done == 0 && message_len <= (RX_BUFFER - FRAME_HEADER_LEN) as u64;
+                    let ready = if fits_whole { available as u64 >= message_len } else { available > 0 };
+                    if !ready {
+                        if filled {
+                            break;
+                        }
+                        if fits_whole && self.buf.len() - self.start < message_len as usize {
+                            self.buf.copy_within(self.start..self.end, 0);
+                            self.end -= self.start;
+                            self.start = 0;
+                        }
+                        self.fill(stream)?;
+                        filled = true;
+                        continue;
+                    }
+                    let take = (available as u64).min(left) as usize;
+                    let data = &self.buf[self.start..self.start + take];
+                    deliver(Delivery { data, message_len, offset: done }, &mut TcpSender { stream, tx });
+                    delivered += 1;
+                    self.start += take;
+                    let done = done + take as u64;
+                    self.state = if done == message_len {
+                        RxState::Header
+                    } else {
+                        RxState::Body { message_len, delivered: done }
+                    };
+                }
+            }
+        }
+        Ok(delivered)
+    }
 }
 
 impl TcpChannel {
@@ -78,26 +283,17 @@ impl TcpChannel {
         Ok(Self {
             stream,
             probe,
-            rx_tag,
-            tx_tag,
-            rx: vec![0; RX_BUFFER],
-            rx_start: 0,
-            rx_end: 0,
-            rx_state: RxState::Header,
-            peer_said_goodbye: false,
-            tx_backlog: Vec::new(),
-            tx_backlog_pos: 0,
-            streaming: None,
+            rx: TcpRx {
+                tag: rx_tag,
+                buf: vec![0; RX_BUFFER],
+                start: 0,
+                end: 0,
+                state: RxState::Header,
+                peer_said_goodbye: false,
+            },
+            tx: TcpTx { tag: tx_tag, backlog: Vec::new(), backlog_pos: 0, streaming: None },
             failure: None,
         })
-    }
-
-    fn header(&self, message_len: u64, flags: u32) -> [u8; FRAME_HEADER_LEN] {
-        let mut h = [0u8; FRAME_HEADER_LEN];
-        h[..4].copy_from_slice(&self.tx_tag.to_le_bytes());
-        h[4..8].copy_from_slice(&flags.to_le_bytes());
-        h[8..].copy_from_slice(&message_len.to_le_bytes());
-        h
     }
 
     fn fail(&mut self, e: ChannelError) -> ChannelError {
@@ -109,68 +305,10 @@ impl TcpChannel {
         e
     }
 
-    fn io_failure(e: &io::Error) -> ChannelError {
-        tracing::debug!("tcp channel I/O error: {e}");
-        ChannelError::PeerFailed("connection reset or broken")
-    }
-
-    /// Writes as much of the backlog as the socket takes. `true` when it is empty.
-    fn flush_backlog(&mut self) -> Result<bool, ChannelError> {
-        while self.tx_backlog_pos < self.tx_backlog.len() {
-            match rustix::io::write(&self.stream, &self.tx_backlog[self.tx_backlog_pos..]) {
-                Ok(n) => self.tx_backlog_pos += n,
-                Err(rustix::io::Errno::AGAIN) => return Ok(false),
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(Self::io_failure(&e.into())),
-            }
-        }
-        self.tx_backlog.clear();
-        self.tx_backlog_pos = 0;
-        Ok(true)
-    }
-
-    /// `writev` of `pieces`; returns bytes written (0 when the socket is full).
-    fn write_gather(&self, pieces: &[&[u8]]) -> Result<usize, ChannelError> {
-        let iov: Vec<IoSlice<'_>> = pieces.iter().filter(|p| !p.is_empty()).map(|p| IoSlice::new(p)).collect();
-        loop {
-            match rustix::io::writev(&self.stream, &iov) {
-                Ok(n) => return Ok(n),
-                Err(rustix::io::Errno::AGAIN) => return Ok(0),
-                Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(Self::io_failure(&e.into())),
-            }
-        }
-    }
-
-    fn check_open(&mut self) -> Result<(), SendError> {
+    fn check_open(&self) -> Result<(), SendError> {
         match &self.failure {
             Some(e) => Err(SendError::ChannelDown(e.clone())),
             None => Ok(()),
-        }
-    }
-
-    /// Reads what the socket has into the free end of the receive buffer.
-    fn fill(&mut self) -> Result<(), ChannelError> {
-        if self.rx_start > 0 && (self.rx_end == self.rx.len() || self.rx_start == self.rx_end) {
-            self.rx.copy_within(self.rx_start..self.rx_end, 0);
-            self.rx_end -= self.rx_start;
-            self.rx_start = 0;
-        }
-        if self.rx_end == self.rx.len() {
-            return Ok(());
-        }
-        match self.stream.read(&mut self.rx[self.rx_end..]) {
-            Ok(0) => Err(if self.peer_said_goodbye {
-                ChannelError::Closed
-            } else {
-                ChannelError::PeerFailed("connection closed without goodbye")
-            }),
-            Ok(n) => {
-                self.rx_end += n;
-                Ok(())
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => Ok(()),
-            Err(e) => Err(Self::io_failure(&e)),
         }
     }
 }
@@ -190,36 +328,11 @@ impl Transport for TcpChannel {
     }
 
     fn send(&mut self, gather: &[&[u8]]) -> Result<SendOutcome, SendError> {
-        if gather.len() > GATHER_MAX {
-            return Err(SendError::TooManyBuffers(gather.len(), GATHER_MAX));
-        }
         self.check_open()?;
-        let total: usize = gather.iter().map(|b| b.len()).sum();
-        if total > TX_BACKLOG_MAX {
-            return Err(SendError::TooLarge { len: total as u64, max: TX_BACKLOG_MAX as u64 });
+        match self.tx.send_message(&self.stream, gather) {
+            Err(SendError::ChannelDown(e)) => Err(SendError::ChannelDown(self.fail(e))),
+            other => other,
         }
-        if self.streaming.is_some() || !self.flush_backlog().map_err(|e| self.fail(e))? {
-            return Ok(SendOutcome::NoResource);
-        }
-        let header = self.header(total as u64, 0);
-        let mut pieces: [&[u8]; GATHER_MAX + 1] = [&[]; GATHER_MAX + 1];
-        pieces[0] = &header;
-        pieces[1..=gather.len()].copy_from_slice(gather);
-        let written = self.write_gather(&pieces[..=gather.len()]).map_err(|e| self.fail(e))?;
-        if written == 0 {
-            return Ok(SendOutcome::NoResource);
-        }
-        // Keep what the socket did not take: the message is sent whole or not at all.
-        let mut skip = written;
-        for piece in &pieces[..=gather.len()] {
-            if skip >= piece.len() {
-                skip -= piece.len();
-            } else {
-                self.tx_backlog.extend_from_slice(&piece[skip..]);
-                skip = 0;
-            }
-        }
-        Ok(SendOutcome::Done)
     }
 
     fn send_fragments(&mut self, message_len: u64, offset: u64, data: &[u8]) -> Result<usize, SendError> {
@@ -227,106 +340,41 @@ impl Transport for TcpChannel {
         if message_len > MESSAGE_MAX {
             return Err(SendError::TooLarge { len: message_len, max: MESSAGE_MAX });
         }
-        if !self.flush_backlog().map_err(|e| self.fail(e))? {
+        if !self.tx.flush_backlog(&self.stream).map_err(|e| self.fail(e))? {
             return Ok(0);
         }
-        if self.streaming.is_none() {
+        if self.tx.streaming.is_none() {
             assert_eq!(offset, 0, "a streamed message starts at offset 0");
-            let header = self.header(message_len, 0);
-            self.tx_backlog.extend_from_slice(&header);
-            self.streaming = Some((message_len, 0));
-            if !self.flush_backlog().map_err(|e| self.fail(e))? {
+            let header = self.tx.header(message_len, 0);
+            self.tx.backlog.extend_from_slice(&header);
+            self.tx.streaming = Some((message_len, 0));
+            if !self.tx.flush_backlog(&self.stream).map_err(|e| self.fail(e))? {
                 return Ok(0);
             }
         }
-        let (len, sent) = self.streaming.expect("set above");
+        let (len, sent) = self.tx.streaming.expect("set above");
         assert_eq!((len, sent), (message_len, offset), "fragments of one message, in order");
-        let n = self.write_gather(&[data]).map_err(|e| self.fail(e))?;
+        let n = write_gather(&self.stream, &[data]).map_err(|e| self.fail(e))?;
         let sent = sent + n as u64;
-        self.streaming = if sent == message_len { None } else { Some((message_len, sent)) };
+        self.tx.streaming = if sent == message_len { None } else { Some((message_len, sent)) };
         Ok(n)
     }
 
-    fn poll_recv(&mut self, max: usize, deliver: &mut dyn FnMut(Delivery<'_>)) -> Result<usize, ChannelError> {
+    fn poll_recv(
+        &mut self,
+        max: usize,
+        deliver: &mut dyn FnMut(Delivery<'_>, &mut dyn Responder),
+    ) -> Result<usize, ChannelError> {
         if let Some(e) = &self.failure {
             return Err(e.clone());
         }
-        if !self.tx_backlog.is_empty() {
-            self.flush_backlog().map_err(|e| self.fail(e))?;
+        if !self.tx.backlog.is_empty() {
+            self.tx.flush_backlog(&self.stream).map_err(|e| self.fail(e))?;
         }
-        let mut delivered = 0;
-        let mut filled = false;
-        while delivered < max {
-            let available = self.rx_end - self.rx_start;
-            match self.rx_state {
-                RxState::Header => {
-                    if available < FRAME_HEADER_LEN {
-                        if filled {
-                            break;
-                        }
-                        if let Err(e) = self.fill() {
-                            return Err(self.fail(e));
-                        }
-                        filled = true;
-                        continue;
-                    }
-                    let h = &self.rx[self.rx_start..self.rx_start + FRAME_HEADER_LEN];
-                    let tag = u32::from_le_bytes(h[..4].try_into().expect("4 bytes"));
-                    let flags = u32::from_le_bytes(h[4..8].try_into().expect("4 bytes"));
-                    let message_len = u64::from_le_bytes(h[8..].try_into().expect("8 bytes"));
-                    if tag != self.rx_tag || flags & !FLAG_GOODBYE != 0 || message_len > MESSAGE_MAX {
-                        let why = format!("bad frame header (tag {tag:#x}, flags {flags:#x}, length {message_len})");
-                        return Err(self.fail(ChannelError::Protocol(why)));
-                    }
-                    self.rx_start += FRAME_HEADER_LEN;
-                    if flags & FLAG_GOODBYE != 0 {
-                        self.peer_said_goodbye = true;
-                        continue;
-                    }
-                    if message_len == 0 {
-                        deliver(Delivery { data: &[], message_len: 0, offset: 0 });
-                        delivered += 1;
-                        continue;
-                    }
-                    self.rx_state = RxState::Body { message_len, delivered: 0 };
-                }
-                RxState::Body { message_len, delivered: done } => {
-                    let left = message_len - done;
-                    let fits_whole = done == 0 && message_len <= (RX_BUFFER - FRAME_HEADER_LEN) as u64;
-                    let ready = if fits_whole { available as u64 >= message_len } else { available > 0 };
-                    if !ready {
-                        if filled {
-                            break;
-                        }
-                        if fits_whole && self.rx.len() - self.rx_start < message_len as usize {
-                            self.rx.copy_within(self.rx_start..self.rx_end, 0);
-                            self.rx_end -= self.rx_start;
-                            self.rx_start = 0;
-                        }
-                        if let Err(e) = self.fill() {
-                            return Err(self.fail(e));
-                        }
-                        filled = true;
-                        continue;
-                    }
-                    let take = (available as u64).min(left) as usize;
-                    deliver(Delivery {
-                        data: &self.rx[self.rx_start..self.rx_start + take],
-                        message_len,
-                        offset: done,
-                    });
-                    delivered += 1;
-                    self.rx_start += take;
-                    let done = done + take as u64;
-                    self.rx_state = if done == message_len {
-                        RxState::Header
-                    } else {
-                        RxState::Body { message_len, delivered: done }
-                    };
-                }
-            }
+        match self.rx.deliver(&self.stream, &mut self.tx, max, deliver) {
+            Ok(n) => Ok(n),
+            Err(e) => Err(self.fail(e)),
         }
-        Ok(delivered)
     }
 
     fn probe(&self) -> Arc<dyn ReadyProbe> {
@@ -334,15 +382,15 @@ impl Transport for TcpChannel {
     }
 
     fn receive_backlog(&self) -> (u64, u64) {
-        ((self.rx_end - self.rx_start) as u64, RX_BUFFER as u64)
+        ((self.rx.end - self.rx.start) as u64, RX_BUFFER as u64)
     }
 
     fn close(&mut self) {
         if self.failure.is_none() {
-            let goodbye = self.header(0, FLAG_GOODBYE);
+            let goodbye = self.tx.header(0, FLAG_GOODBYE);
             let _ = self.stream.set_nonblocking(false);
             let _ = self.stream.set_write_timeout(Some(std::time::Duration::from_secs(1)));
-            let _ = io::Write::write_all(&mut self.stream, &self.tx_backlog[self.tx_backlog_pos..]);
+            let _ = io::Write::write_all(&mut self.stream, &self.tx.backlog[self.tx.backlog_pos..]);
             let _ = io::Write::write_all(&mut self.stream, &goodbye);
             let _ = self.stream.shutdown(std::net::Shutdown::Write);
             self.failure = Some(ChannelError::Closed);
