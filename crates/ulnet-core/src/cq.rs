@@ -3,10 +3,8 @@
 
 use crate::endpoint::{ChannelId, EndpointId};
 use crate::transport::ReadyProbe;
-use std::cell::RefCell;
 use std::collections::VecDeque;
-use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// What completed.
@@ -44,7 +42,8 @@ struct Inner {
     watches: Vec<Watch>,
 }
 
-/// A completion queue shared by endpoints of one thread (cloning shares it).
+/// A completion queue shared by endpoints (cloning shares it; endpoints on other threads
+/// may report into it too).
 ///
 /// Receive readiness is found by probing every registered channel's ring (a load each);
 /// send completions and channel failures are queued by the endpoints. The queue is bounded:
@@ -52,14 +51,14 @@ struct Inner {
 /// so nothing is lost but the notification).
 #[derive(Clone)]
 pub struct CompletionQueue {
-    inner: Rc<RefCell<Inner>>,
+    inner: Arc<Mutex<Inner>>,
 }
 
 impl CompletionQueue {
     /// A queue that holds up to `capacity` queued entries.
     pub fn new(capacity: usize) -> Self {
         Self {
-            inner: Rc::new(RefCell::new(Inner {
+            inner: Arc::new(Mutex::new(Inner {
                 entries: VecDeque::with_capacity(capacity),
                 capacity,
                 overflows: 0,
@@ -68,16 +67,21 @@ impl CompletionQueue {
         }
     }
 
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves plain data behind; keep using it.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     pub(crate) fn register(&self, endpoint: EndpointId, channel: ChannelId, probe: Arc<dyn ReadyProbe>) {
-        self.inner.borrow_mut().watches.push(Watch { endpoint, channel, probe });
+        self.lock().watches.push(Watch { endpoint, channel, probe });
     }
 
     pub(crate) fn unregister(&self, endpoint: EndpointId, channel: ChannelId) {
-        self.inner.borrow_mut().watches.retain(|w| !(w.endpoint == endpoint && w.channel == channel));
+        self.lock().watches.retain(|w| !(w.endpoint == endpoint && w.channel == channel));
     }
 
     pub(crate) fn push(&self, endpoint: EndpointId, channel: ChannelId, kind: CompletionKind) {
-        let mut inner = self.inner.borrow_mut();
+        let mut inner = self.lock();
         if inner.entries.len() >= inner.capacity {
             inner.overflows += 1;
             return;
@@ -87,13 +91,13 @@ impl CompletionQueue {
 
     /// Entries dropped because the queue was full.
     pub fn overflows(&self) -> u64 {
-        self.inner.borrow().overflows
+        self.lock().overflows
     }
 
     /// Appends up to `max` completions to `out`: queued ones first, then one `Receive` per
     /// channel with something waiting. Returns how many were added. Never blocks.
     pub fn poll(&self, out: &mut Vec<Completion>, max: usize) -> usize {
-        let mut inner = self.inner.borrow_mut();
+        let mut inner = self.lock();
         let mut n = 0;
         while n < max {
             let Some(c) = inner.entries.pop_front() else {
@@ -118,7 +122,7 @@ impl CompletionQueue {
     /// endpoint's next poll reports), an entry is queued, or `timeout` passes.
     pub fn wait(&self, timeout: Option<Duration>) -> std::io::Result<()> {
         let probes: Vec<Arc<dyn ReadyProbe>> = {
-            let inner = self.inner.borrow();
+            let inner = self.lock();
             if !inner.entries.is_empty() {
                 return Ok(());
             }

@@ -283,16 +283,13 @@ impl ShmChannel {
         rx_mem: Arc<MappedMem>,
         rx_layout: Layout,
         rx_doorbell: Doorbell,
+        free: FreeRingProducer,
         tx_mem: Arc<MappedMem>,
         tx_layout: Layout,
         tx_doorbell: Doorbell,
         socket: UnixStream,
         inline_max: usize,
     ) -> std::io::Result<Self> {
-        let mut free = FreeRingProducer::new(rx_layout.free);
-        for index in 0..rx_layout.geometry.buffer_count as u32 {
-            free.push(&*rx_mem, index);
-        }
         let tx_ring = RingProducer::new(tx_layout.ring);
         let inline_max = inline_max.min(tx_ring.max_payload());
         let probe = Arc::new(ShmProbe {

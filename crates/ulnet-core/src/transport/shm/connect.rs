@@ -12,6 +12,7 @@
 //! closes it, and the survivor sees a hang-up instead of waiting forever.
 
 use super::channel::ShmChannel;
+use super::free_ring::FreeRingProducer;
 use super::layout::{Layout, ShmGeometry};
 use super::mem::{MappedMem, RingMem};
 use crate::error::ConnectError;
@@ -68,6 +69,7 @@ struct OwnMapping {
     mem: Arc<MappedMem>,
     layout: Layout,
     doorbell: Doorbell,
+    free: FreeRingProducer,
 }
 
 fn create_own(config: &ShmConfig) -> Result<OwnMapping, ConnectError> {
@@ -76,7 +78,12 @@ fn create_own(config: &ShmConfig) -> Result<OwnMapping, ConnectError> {
     let file = memfd::create_sealed("ulnet-shm", layout.total_len)?;
     let mem = Arc::new(MappedMem::map(&file)?);
     layout.write_control(&*mem);
-    Ok(OwnMapping { file, mem, layout, doorbell: Doorbell::new()? })
+    // Every buffer is free before the peer ever sees the mapping, so its first send finds them.
+    let mut free = FreeRingProducer::new(layout.free);
+    for index in 0..layout.geometry.buffer_count as u32 {
+        free.push(&*mem, index);
+    }
+    Ok(OwnMapping { file, mem, layout, doorbell: Doorbell::new()?, free })
 }
 
 fn encode(magic: u64) -> [u8; 16] {
@@ -116,7 +123,17 @@ fn finish(
     sock.set_read_timeout(None)?;
     sock.set_nonblocking(true)?;
     let (tx_mem, tx_layout, tx_doorbell) = peer;
-    Ok(ShmChannel::new(own.mem, own.layout, own.doorbell, tx_mem, tx_layout, tx_doorbell, sock, config.inline_max)?)
+    Ok(ShmChannel::new(
+        own.mem,
+        own.layout,
+        own.doorbell,
+        own.free,
+        tx_mem,
+        tx_layout,
+        tx_doorbell,
+        sock,
+        config.inline_max,
+    )?)
 }
 
 /// Connects to the endpoint listening under `name` on this host.

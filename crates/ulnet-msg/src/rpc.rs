@@ -1,0 +1,610 @@
+//! Request/response RPC over a ulnet endpoint.
+//!
+//! One [`Rpc`] owns an [`Endpoint`] and is both client and server on all its channels:
+//! [`Rpc::call`] sends a request and the reply arrives as an [`RpcEvent::Reply`] from
+//! [`Rpc::poll`]; handlers registered with [`Rpc::register_inline`] run on the polling
+//! thread and answer in place (the request is read from the receive queue and the reply
+//! written into the channel without an intermediate buffer), handlers registered with
+//! [`Rpc::register_pooled`] get a copy of the request on a worker thread.
+//!
+//! Bounded by construction: outstanding calls live in a slab sized at creation
+//! ([`RpcConfig::max_outstanding`]); a call beyond it is refused with
+//! [`CallError::TooManyOutstanding`]. The raw-bytes path allocates nothing per call.
+
+use crate::pool::WorkerPool;
+use crate::wire::{Header, Kind, Status, HEADER_LEN};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use ulnet_core::{ChannelError, ChannelId, Endpoint, Event, ReplyTo, SendError, SendOutcome};
+
+/// Most buffers of a request or reply payload (one more, the header, makes the gather list).
+pub const PAYLOAD_GATHER_MAX: usize = ulnet_core::GATHER_MAX - 1;
+
+/// Settings of an [`Rpc`].
+#[derive(Clone, Debug)]
+pub struct RpcConfig {
+    /// Calls that may be outstanding at once (the slab size). 4,096: enough to keep every
+    /// channel of a 32-node cluster 128 calls deep.
+    pub max_outstanding: usize,
+    /// Largest request payload a server accepts; larger ones get `PayloadTooLarge`.
+    /// 16 MiB: bulk data belongs in RMA or streams, not in one call.
+    pub max_request_len: u64,
+    /// Worker threads for pooled handlers (0: pooled handlers cannot be registered).
+    pub workers: usize,
+}
+
+impl Default for RpcConfig {
+    fn default() -> Self {
+        Self { max_outstanding: 4096, max_request_len: 16 << 20, workers: 2 }
+    }
+}
+
+/// Identifies an outstanding call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CallId(pub u64);
+
+/// Why a call failed. One enum for the call family (STYLE §12).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// The server has no handler for the method.
+    #[error("unknown method")]
+    UnknownMethod,
+    /// No reply before the deadline (at the client), or the server saw the deadline pass.
+    #[error("deadline exceeded")]
+    DeadlineExceeded,
+    /// The channel to the server failed before the reply arrived.
+    #[error("peer failed: {0}")]
+    PeerFailed(ChannelError),
+    /// The request was larger than the server or the transport accepts.
+    #[error("payload too large")]
+    PayloadTooLarge,
+    /// The server could not decode the request.
+    #[error("malformed request")]
+    Malformed,
+    /// The server's handler failed.
+    #[error("handler failed")]
+    HandlerFailed,
+    /// More calls are outstanding than the configured maximum.
+    #[error("too many outstanding calls")]
+    TooManyOutstanding,
+    /// The request could not be sent.
+    #[error("send failed: {0}")]
+    Send(String),
+}
+
+impl From<Status> for CallError {
+    fn from(s: Status) -> Self {
+        match s {
+            Status::UnknownMethod => CallError::UnknownMethod,
+            Status::DeadlineExceeded => CallError::DeadlineExceeded,
+            Status::PayloadTooLarge => CallError::PayloadTooLarge,
+            Status::Malformed => CallError::Malformed,
+            Status::HandlerFailed => CallError::HandlerFailed,
+        }
+    }
+}
+
+/// Outcome of [`Rpc::call`] that did not fail: back-pressure is an outcome, not an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "NoResource means the request was not sent"]
+pub enum CallOutcome {
+    /// The request is on its way.
+    Sent(CallId),
+    /// The channel has no room now; nothing was sent. Poll and retry.
+    NoResource,
+}
+
+/// What [`Rpc::poll`] reports.
+#[derive(Debug)]
+pub enum RpcEvent<'a> {
+    /// The reply to a call, in place.
+    Reply {
+        /// The call.
+        call: CallId,
+        /// Its channel.
+        channel: ChannelId,
+        /// The reply payload, valid during the callback.
+        data: &'a [u8],
+    },
+    /// A call failed.
+    Failed {
+        /// The call.
+        call: CallId,
+        /// Its channel.
+        channel: ChannelId,
+        /// Why.
+        error: CallError,
+    },
+    /// A channel went down (its outstanding calls were failed first).
+    ChannelDown {
+        /// The channel.
+        channel: ChannelId,
+        /// Why.
+        error: ChannelError,
+    },
+}
+
+/// A request as an inline handler sees it.
+#[derive(Debug)]
+pub struct Request<'a> {
+    /// The channel it came on.
+    pub channel: ChannelId,
+    /// Its method.
+    pub method: u16,
+    /// The payload, in place.
+    pub payload: &'a [u8],
+}
+
+/// The way an inline handler answers: once, with a gather list, from inside the handler.
+/// One-way requests get a `Replier` that sends nothing.
+pub struct Replier<'a, 'b> {
+    reply: Option<&'a mut ReplyTo<'b>>,
+    header: Header,
+    deferred: &'a mut VecDeque<(ChannelId, Vec<u8>)>,
+    channel: ChannelId,
+    replied: bool,
+}
+
+impl Replier<'_, '_> {
+    /// Sends the reply. If the channel has no room at this instant, the reply is copied and
+    /// sent at the next poll (it is never lost).
+    pub fn reply(&mut self, payload: &[&[u8]]) {
+        assert!(payload.len() <= PAYLOAD_GATHER_MAX, "a reply payload has at most {PAYLOAD_GATHER_MAX} buffers");
+        assert!(!self.replied, "a request is answered once");
+        self.replied = true;
+        let Some(reply) = self.reply.as_deref_mut() else { return };
+        let header = self.header.encode();
+        let mut gather: [&[u8]; ulnet_core::GATHER_MAX] = [&[]; ulnet_core::GATHER_MAX];
+        gather[0] = &header;
+        gather[1..=payload.len()].copy_from_slice(payload);
+        match reply.send(&gather[..=payload.len()]) {
+            Ok(SendOutcome::Done) => {}
+            Ok(_) => self.deferred.push_back((self.channel, gather[..=payload.len()].concat())),
+            Err(e) => tracing::debug!("reply not sent: {e}"),
+        }
+    }
+
+    /// Answers with an error status instead of a payload.
+    pub fn fail(&mut self, status: Status) {
+        self.header.kind = Kind::ErrorReply;
+        self.header.status = Some(status);
+        self.reply(&[]);
+    }
+}
+
+type InlineHandler = Box<dyn FnMut(&Request<'_>, &mut Replier<'_, '_>) + Send>;
+type PooledHandler = Arc<dyn Fn(&[u8]) -> Result<Vec<u8>, Status> + Send + Sync>;
+
+enum Handler {
+    Inline(InlineHandler),
+    Pooled(PooledHandler),
+}
+
+/// A finished pooled request waiting to be answered by the polling thread.
+struct PooledDone {
+    channel: ChannelId,
+    header: Header,
+    result: Result<Vec<u8>, Status>,
+}
+
+struct CallSlot {
+    /// Generation in the high 32 bits of the request id; a stale reply never matches.
+    generation: u32,
+    channel: Option<ChannelId>,
+}
+
+/// Counters of an [`Rpc`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RpcCounters {
+    /// Requests sent.
+    pub calls: u64,
+    /// Replies received for outstanding calls.
+    pub replies: u64,
+    /// Requests served (answered or one-way).
+    pub served: u64,
+    /// Messages that could not be decoded (dropped, answered with `Malformed` when possible).
+    pub malformed: u64,
+    /// Requests refused with an error reply.
+    pub refused: u64,
+    /// Replies for calls no longer outstanding (timed out, cancelled, forged).
+    pub stale_replies: u64,
+}
+
+/// Reassembly of one fragmented message per channel.
+#[derive(Default)]
+struct Partial {
+    data: Vec<u8>,
+    message_len: u64,
+    skip: bool,
+}
+
+/// Request/response RPC over an endpoint. See the module documentation.
+pub struct Rpc {
+    ep: Endpoint,
+    config: RpcConfig,
+    handlers: Vec<Option<Handler>>,
+    slots: Vec<CallSlot>,
+    free_slots: Vec<u32>,
+    deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
+    partial: Vec<Partial>,
+    deferred: VecDeque<(ChannelId, Vec<u8>)>,
+    pool: Option<WorkerPool>,
+    done_tx: mpsc::Sender<PooledDone>,
+    done_rx: mpsc::Receiver<PooledDone>,
+    counters: RpcCounters,
+}
+
+impl Rpc {
+    /// Wraps an endpoint (with its channels, present and future).
+    pub fn new(ep: Endpoint, config: RpcConfig) -> Self {
+        let slots = (0..config.max_outstanding).map(|_| CallSlot { generation: 1, channel: None }).collect();
+        let free_slots = (0..config.max_outstanding as u32).rev().collect();
+        let (done_tx, done_rx) = mpsc::channel();
+        let pool = (config.workers > 0).then(|| WorkerPool::new(config.workers));
+        Self {
+            ep,
+            deadlines: BinaryHeap::with_capacity(config.max_outstanding),
+            config,
+            handlers: Vec::new(),
+            slots,
+            free_slots,
+            partial: Vec::new(),
+            deferred: VecDeque::new(),
+            pool,
+            done_tx,
+            done_rx,
+            counters: RpcCounters::default(),
+        }
+    }
+
+    /// The endpoint, to open channels or poll it directly.
+    pub fn endpoint(&mut self) -> &mut Endpoint {
+        &mut self.ep
+    }
+
+    /// Counters so far.
+    pub fn counters(&self) -> RpcCounters {
+        self.counters
+    }
+
+    /// Calls currently outstanding.
+    pub fn outstanding(&self) -> usize {
+        self.config.max_outstanding - self.free_slots.len()
+    }
+
+    fn set_handler(&mut self, method: u16, handler: Handler) {
+        let i = method as usize;
+        if self.handlers.len() <= i {
+            self.handlers.resize_with(i + 1, || None);
+        }
+        self.handlers[i] = Some(handler);
+    }
+
+    /// Registers a handler that runs on the polling thread and answers in place.
+    pub fn register_inline(
+        &mut self,
+        method: u16,
+        handler: impl FnMut(&Request<'_>, &mut Replier<'_, '_>) + Send + 'static,
+    ) {
+        self.set_handler(method, Handler::Inline(Box::new(handler)));
+    }
+
+    /// Registers a handler that runs on the worker pool with a copy of the request; its
+    /// result is sent by the polling thread. For handlers that block or take long.
+    pub fn register_pooled(
+        &mut self,
+        method: u16,
+        handler: impl Fn(&[u8]) -> Result<Vec<u8>, Status> + Send + Sync + 'static,
+    ) {
+        assert!(self.pool.is_some(), "pooled handlers need RpcConfig::workers > 0");
+        self.set_handler(method, Handler::Pooled(Arc::new(handler)));
+    }
+
+    /// Sends a request; the reply or failure comes from [`Rpc::poll`]. `payload` is a gather
+    /// list of up to [`PAYLOAD_GATHER_MAX`] buffers sent behind the header without a copy.
+    pub fn call(
+        &mut self,
+        channel: ChannelId,
+        method: u16,
+        payload: &[&[u8]],
+        timeout: Option<Duration>,
+    ) -> Result<CallOutcome, CallError> {
+        assert!(payload.len() <= PAYLOAD_GATHER_MAX, "a request payload has at most {PAYLOAD_GATHER_MAX} buffers");
+        let Some(&slot) = self.free_slots.last() else { return Err(CallError::TooManyOutstanding) };
+        let request_id = (u64::from(self.slots[slot as usize].generation) << 32) | u64::from(slot);
+        let deadline_us = timeout.map_or(0, |t| t.as_micros().clamp(1, u32::MAX as u128) as u32);
+        let header = Header { kind: Kind::Request, method, status: None, request_id, deadline_us }.encode();
+        match self.send_with_header(channel, &header, payload)? {
+            SendOutcome::Done => {}
+            _ => return Ok(CallOutcome::NoResource),
+        }
+        self.free_slots.pop();
+        self.slots[slot as usize].channel = Some(channel);
+        if let Some(t) = timeout {
+            self.deadlines.push(Reverse((Instant::now() + t, request_id)));
+        }
+        self.counters.calls += 1;
+        Ok(CallOutcome::Sent(CallId(request_id)))
+    }
+
+    /// Sends a request that gets no reply.
+    pub fn one_way(&mut self, channel: ChannelId, method: u16, payload: &[&[u8]]) -> Result<SendOutcome, CallError> {
+        let header = Header { kind: Kind::OneWay, method, status: None, request_id: 0, deadline_us: 0 }.encode();
+        self.send_with_header(channel, &header, payload)
+    }
+
+    /// Gives up on a call: no event follows for it, and a late reply is dropped.
+    pub fn cancel(&mut self, call: CallId) {
+        if let Some(channel) = self.release(call.0) {
+            let header =
+                Header { kind: Kind::Cancel, method: 0, status: None, request_id: call.0, deadline_us: 0 }.encode();
+            let _ = self.ep.send(channel, &[&header]);
+        }
+    }
+
+    fn send_with_header(
+        &mut self,
+        channel: ChannelId,
+        header: &[u8; HEADER_LEN],
+        payload: &[&[u8]],
+    ) -> Result<SendOutcome, CallError> {
+        let mut gather: [&[u8]; ulnet_core::GATHER_MAX] = [&[]; ulnet_core::GATHER_MAX];
+        gather[0] = header;
+        gather[1..=payload.len()].copy_from_slice(payload);
+        match self.ep.send(channel, &gather[..=payload.len()]) {
+            Ok(outcome) => Ok(outcome),
+            Err(SendError::TooLarge { .. }) => Err(CallError::PayloadTooLarge),
+            Err(SendError::ChannelDown(e)) => Err(CallError::PeerFailed(e)),
+            Err(e) => Err(CallError::Send(e.to_string())),
+        }
+    }
+
+    /// Frees the slot of an outstanding call; returns its channel, or `None` if the id does
+    /// not name an outstanding call (stale or forged).
+    fn release(&mut self, request_id: u64) -> Option<ChannelId> {
+        let (generation, index) = ((request_id >> 32) as u32, request_id as u32 as usize);
+        let slot = self.slots.get_mut(index)?;
+        if slot.generation != generation {
+            return None;
+        }
+        let channel = slot.channel.take()?;
+        slot.generation = slot.generation.wrapping_add(1).max(1);
+        self.free_slots.push(index as u32);
+        Some(channel)
+    }
+
+    /// Receives and dispatches: runs handlers for requests, reports replies and failures to
+    /// `handle`, fires deadlines, sends pooled results. Returns the number of messages
+    /// and events processed. Never blocks.
+    pub fn poll(&mut self, max: usize, mut handle: impl FnMut(RpcEvent<'_>)) -> usize {
+        let mut work = self.send_deferred() + self.send_pooled_results();
+        work += self.fire_deadlines(&mut handle);
+        let Rpc { ep, handlers, slots, free_slots, partial, deferred, pool, done_tx, counters, config, .. } = self;
+        let mut down = Vec::new();
+        work += ep.poll(max, |event| match event {
+            Event::Message { channel, data, message_len, offset, mut reply } => {
+                let i = channel.0 as usize;
+                if partial.len() <= i {
+                    partial.resize_with(i + 1, Partial::default);
+                }
+                let whole = offset == 0 && data.len() as u64 == message_len;
+                let p = &mut partial[i];
+                let msg: &[u8] = if whole {
+                    data
+                } else {
+                    if offset == 0 {
+                        p.data.clear();
+                        p.message_len = message_len;
+                        // Refuse oversize requests from their first fragment, without buffering.
+                        let header = Header::decode(data).ok();
+                        let is_request = header.is_some_and(|h| matches!(h.kind, Kind::Request | Kind::OneWay));
+                        p.skip = is_request && message_len > config.max_request_len + HEADER_LEN as u64;
+                        if let (true, Some(h)) = (p.skip, header) {
+                            counters.refused += 1;
+                            let reply = (h.kind == Kind::Request).then_some(&mut reply);
+                            let mut r = Replier { reply, header: reply_header(&h), deferred, channel, replied: false };
+                            r.fail(Status::PayloadTooLarge);
+                        }
+                    }
+                    if !p.skip {
+                        p.data.extend_from_slice(data);
+                    }
+                    if offset + data.len() as u64 != message_len || p.skip {
+                        return;
+                    }
+                    &p.data
+                };
+                let ctx = Dispatch { handlers, slots, free_slots, deferred, pool, done_tx, counters, config };
+                ctx.dispatch(channel, msg, &mut reply, &mut handle);
+            }
+            Event::ChannelDown { channel, error } => down.push((channel, error)),
+            Event::SendComplete { .. } => {}
+        });
+        for (channel, error) in down {
+            self.fail_channel(channel, error, &mut handle);
+        }
+        work
+    }
+
+    fn fail_channel(&mut self, channel: ChannelId, error: ChannelError, handle: &mut impl FnMut(RpcEvent<'_>)) {
+        for index in 0..self.slots.len() {
+            if self.slots[index].channel == Some(channel) {
+                let id = (u64::from(self.slots[index].generation) << 32) | index as u64;
+                self.release(id);
+                handle(RpcEvent::Failed { call: CallId(id), channel, error: CallError::PeerFailed(error.clone()) });
+            }
+        }
+        handle(RpcEvent::ChannelDown { channel, error });
+    }
+
+    fn fire_deadlines(&mut self, handle: &mut impl FnMut(RpcEvent<'_>)) -> usize {
+        let Some(Reverse((first, _))) = self.deadlines.peek() else { return 0 };
+        let now = Instant::now();
+        if *first > now {
+            return 0;
+        }
+        let mut fired = 0;
+        while let Some(&Reverse((at, id))) = self.deadlines.peek() {
+            if at > now {
+                break;
+            }
+            self.deadlines.pop();
+            if let Some(channel) = self.release(id) {
+                handle(RpcEvent::Failed { call: CallId(id), channel, error: CallError::DeadlineExceeded });
+                fired += 1;
+            }
+        }
+        fired
+    }
+
+    fn send_deferred(&mut self) -> usize {
+        let mut sent = 0;
+        while let Some((channel, bytes)) = self.deferred.front() {
+            match self.ep.send(*channel, &[bytes]) {
+                Ok(SendOutcome::NoResource) => break,
+                Ok(_) | Err(_) => {
+                    self.deferred.pop_front();
+                    sent += 1;
+                }
+            }
+        }
+        sent
+    }
+
+    fn send_pooled_results(&mut self) -> usize {
+        let mut n = 0;
+        while let Ok(done) = self.done_rx.try_recv() {
+            let (header, body) = match done.result {
+                Ok(body) => (Header { kind: Kind::Reply, ..done.header }, body),
+                Err(status) => (Header { kind: Kind::ErrorReply, status: Some(status), ..done.header }, Vec::new()),
+            };
+            let mut bytes = header.encode().to_vec();
+            bytes.extend_from_slice(&body);
+            self.deferred.push_back((done.channel, bytes));
+            n += 1;
+        }
+        if n > 0 {
+            self.send_deferred();
+        }
+        n
+    }
+}
+
+/// The reply header for a request header (same method and id).
+fn reply_header(request: &Header) -> Header {
+    Header { kind: Kind::Reply, method: request.method, status: None, request_id: request.request_id, deadline_us: 0 }
+}
+
+/// The parts of an [`Rpc`] a delivery needs, borrowed apart from its endpoint.
+struct Dispatch<'a> {
+    handlers: &'a mut Vec<Option<Handler>>,
+    slots: &'a mut Vec<CallSlot>,
+    free_slots: &'a mut Vec<u32>,
+    deferred: &'a mut VecDeque<(ChannelId, Vec<u8>)>,
+    pool: &'a Option<WorkerPool>,
+    done_tx: &'a mpsc::Sender<PooledDone>,
+    counters: &'a mut RpcCounters,
+    config: &'a RpcConfig,
+}
+
+impl Dispatch<'_> {
+    fn dispatch(self, channel: ChannelId, msg: &[u8], reply: &mut ReplyTo<'_>, handle: &mut impl FnMut(RpcEvent<'_>)) {
+        let header = match Header::decode(msg) {
+            Ok(h) => h,
+            Err(e) => {
+                self.counters.malformed += 1;
+                tracing::debug!(?channel, "malformed message: {e}");
+                // Answer a request whose id can be read, so its caller does not wait.
+                if msg.len() >= HEADER_LEN && msg[0] == Kind::Request as u8 {
+                    let request_id = u64::from_le_bytes(msg[8..16].try_into().expect("8 bytes"));
+                    let h = Header {
+                        kind: Kind::ErrorReply,
+                        method: 0,
+                        status: Some(Status::Malformed),
+                        request_id,
+                        deadline_us: 0,
+                    };
+                    let _ = reply.send(&[&h.encode()]);
+                }
+                return;
+            }
+        };
+        let payload = &msg[HEADER_LEN..];
+        match header.kind {
+            Kind::Reply | Kind::ErrorReply => {
+                let (generation, index) = ((header.request_id >> 32) as u32, header.request_id as u32 as usize);
+                let matches =
+                    self.slots.get(index).is_some_and(|s| s.generation == generation && s.channel == Some(channel));
+                if !matches {
+                    self.counters.stale_replies += 1;
+                    return;
+                }
+                let slot = &mut self.slots[index];
+                slot.channel = None;
+                slot.generation = slot.generation.wrapping_add(1).max(1);
+                self.free_slots.push(index as u32);
+                self.counters.replies += 1;
+                let call = CallId(header.request_id);
+                match header.status {
+                    None => handle(RpcEvent::Reply { call, channel, data: payload }),
+                    Some(status) => handle(RpcEvent::Failed { call, channel, error: status.into() }),
+                }
+            }
+            Kind::Request | Kind::OneWay => self.serve(channel, header, payload, reply),
+            Kind::Cancel => {}
+        }
+    }
+
+    fn serve(self, channel: ChannelId, header: Header, payload: &[u8], reply: &mut ReplyTo<'_>) {
+        let answer = header.kind == Kind::Request;
+        let mut replier = Replier {
+            reply: answer.then_some(reply),
+            header: Header { kind: Kind::Reply, deadline_us: 0, ..header },
+            deferred: self.deferred,
+            channel,
+            replied: false,
+        };
+        if payload.len() as u64 > self.config.max_request_len {
+            self.counters.refused += 1;
+            return replier.fail(Status::PayloadTooLarge);
+        }
+        match self.handlers.get_mut(header.method as usize).and_then(Option::as_mut) {
+            None => {
+                self.counters.refused += 1;
+                replier.fail(Status::UnknownMethod);
+            }
+            Some(Handler::Inline(h)) => {
+                self.counters.served += 1;
+                h(&Request { channel, method: header.method, payload }, &mut replier);
+                if answer && !replier.replied {
+                    replier.fail(Status::HandlerFailed);
+                }
+            }
+            Some(Handler::Pooled(h)) => {
+                self.counters.served += 1;
+                let (h, owned, done_tx) = (h.clone(), payload.to_vec(), self.done_tx.clone());
+                let budget =
+                    (header.deadline_us > 0).then(|| Instant::now() + Duration::from_micros(header.deadline_us.into()));
+                let reply_header = replier.header;
+                let job = Box::new(move || {
+                    if budget.is_some_and(|b| Instant::now() > b) {
+                        let _ = done_tx.send(PooledDone {
+                            channel,
+                            header: reply_header,
+                            result: Err(Status::DeadlineExceeded),
+                        });
+                        return;
+                    }
+                    let result = h(&owned);
+                    if answer {
+                        let _ = done_tx.send(PooledDone { channel, header: reply_header, result });
+                    }
+                });
+                self.pool.as_ref().expect("pooled handlers exist only with a pool").submit(job);
+            }
+        }
+    }
+}
