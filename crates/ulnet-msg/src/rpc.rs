@@ -188,6 +188,8 @@ struct PooledDone {
     channel: ChannelId,
     header: Header,
     result: Result<Vec<u8>, Status>,
+    /// Whether the caller waits for an answer (not for one-way calls).
+    answer: bool,
 }
 
 struct CallSlot {
@@ -234,6 +236,8 @@ pub struct Rpc {
     pool: Option<WorkerPool>,
     done_tx: mpsc::Sender<PooledDone>,
     done_rx: mpsc::Receiver<PooledDone>,
+    /// Pooled requests handed to workers and not yet collected (skips the queue check).
+    pooled_in_flight: usize,
     counters: RpcCounters,
 }
 
@@ -256,6 +260,7 @@ impl Rpc {
             pool,
             done_tx,
             done_rx,
+            pooled_in_flight: 0,
             counters: RpcCounters::default(),
         }
     }
@@ -382,7 +387,20 @@ impl Rpc {
     pub fn poll(&mut self, max: usize, mut handle: impl FnMut(RpcEvent<'_>)) -> usize {
         let mut work = self.send_deferred() + self.send_pooled_results();
         work += self.fire_deadlines(&mut handle);
-        let Rpc { ep, handlers, slots, free_slots, partial, deferred, pool, done_tx, counters, config, .. } = self;
+        let Rpc {
+            ep,
+            handlers,
+            slots,
+            free_slots,
+            partial,
+            deferred,
+            pool,
+            done_tx,
+            counters,
+            config,
+            pooled_in_flight,
+            ..
+        } = self;
         let mut down = Vec::new();
         work += ep.poll(max, |event| match event {
             Event::Message { channel, data, message_len, offset, mut reply } => {
@@ -417,7 +435,17 @@ impl Rpc {
                     }
                     &p.data
                 };
-                let ctx = Dispatch { handlers, slots, free_slots, deferred, pool, done_tx, counters, config };
+                let ctx = Dispatch {
+                    handlers,
+                    slots,
+                    free_slots,
+                    deferred,
+                    pool,
+                    done_tx,
+                    counters,
+                    config,
+                    pooled_in_flight,
+                };
                 ctx.dispatch(channel, msg, &mut reply, &mut handle);
             }
             Event::ChannelDown { channel, error } => down.push((channel, error)),
@@ -475,8 +503,15 @@ impl Rpc {
     }
 
     fn send_pooled_results(&mut self) -> usize {
+        if self.pooled_in_flight == 0 {
+            return 0;
+        }
         let mut n = 0;
         while let Ok(done) = self.done_rx.try_recv() {
+            self.pooled_in_flight -= 1;
+            if !done.answer {
+                continue;
+            }
             let (header, body) = match done.result {
                 Ok(body) => (Header { kind: Kind::Reply, ..done.header }, body),
                 Err(status) => (Header { kind: Kind::ErrorReply, status: Some(status), ..done.header }, Vec::new()),
@@ -508,6 +543,7 @@ struct Dispatch<'a> {
     done_tx: &'a mpsc::Sender<PooledDone>,
     counters: &'a mut RpcCounters,
     config: &'a RpcConfig,
+    pooled_in_flight: &'a mut usize,
 }
 
 impl Dispatch<'_> {
@@ -589,20 +625,13 @@ impl Dispatch<'_> {
                 let budget =
                     (header.deadline_us > 0).then(|| Instant::now() + Duration::from_micros(header.deadline_us.into()));
                 let reply_header = replier.header;
+                // Every job reports back (one-way ones too), so the in-flight count stays exact.
                 let job = Box::new(move || {
-                    if budget.is_some_and(|b| Instant::now() > b) {
-                        let _ = done_tx.send(PooledDone {
-                            channel,
-                            header: reply_header,
-                            result: Err(Status::DeadlineExceeded),
-                        });
-                        return;
-                    }
-                    let result = h(&owned);
-                    if answer {
-                        let _ = done_tx.send(PooledDone { channel, header: reply_header, result });
-                    }
+                    let late = budget.is_some_and(|b| Instant::now() > b);
+                    let result = if late { Err(Status::DeadlineExceeded) } else { h(&owned) };
+                    let _ = done_tx.send(PooledDone { channel, header: reply_header, result, answer });
                 });
+                *self.pooled_in_flight += 1;
                 self.pool.as_ref().expect("pooled handlers exist only with a pool").submit(job);
             }
         }

@@ -11,6 +11,7 @@ use serde::Serialize;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use ulnet_core::{ChannelId, Endpoint, EndpointConfig, Event, SendOutcome};
+use ulnet_msg::rpc::{CallOutcome, Rpc, RpcConfig, RpcEvent};
 
 /// Which benchmark.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -21,6 +22,10 @@ pub enum Test {
     AmBw,
     /// Message rate: stream of small messages, messages/s.
     MsgRate,
+    /// RPC round trip through the message layer, one call at a time (one-way = RTT / 2).
+    RpcLat,
+    /// RPC rate: calls/s with `--outstanding` calls in flight.
+    RpcRate,
 }
 
 impl Test {
@@ -29,6 +34,8 @@ impl Test {
             Test::AmLat => "am-lat",
             Test::AmBw => "am-bw",
             Test::MsgRate => "msg-rate",
+            Test::RpcLat => "rpc-lat",
+            Test::RpcRate => "rpc-rate",
         }
     }
     fn default_size(self) -> usize {
@@ -36,6 +43,7 @@ impl Test {
             Test::AmLat => 64,
             Test::AmBw => 1 << 20,
             Test::MsgRate => 8,
+            Test::RpcLat | Test::RpcRate => 128,
         }
     }
     fn default_iters(self) -> u64 {
@@ -43,6 +51,8 @@ impl Test {
             Test::AmLat => 100_000,
             Test::AmBw => 20_000,
             Test::MsgRate => 5_000_000,
+            Test::RpcLat => 100_000,
+            Test::RpcRate => 2_000_000,
         }
     }
 }
@@ -96,6 +106,9 @@ pub struct BenchArgs {
     /// Connect to a server (shm: its name; tcp: HOST:PORT).
     #[arg(long, conflicts_with = "server")]
     connect: Option<String>,
+    /// Calls in flight for `rpc-rate`.
+    #[arg(long, default_value_t = 32)]
+    outstanding: usize,
     /// Receiving side of stream tests copies every delivery into its own buffer, as a
     /// tag-matching receive into a user buffer does (default: consume in place).
     #[arg(long)]
@@ -127,6 +140,7 @@ struct Params {
     iters: u64,
     warmup: u64,
     recv_copy: bool,
+    outstanding: usize,
 }
 
 impl Params {
@@ -139,6 +153,7 @@ impl Params {
             iters,
             warmup: a.warmup.unwrap_or((iters / 10).max(1)),
             recv_copy: a.recv_copy,
+            outstanding: a.outstanding.max(1),
         }
     }
 }
@@ -166,7 +181,10 @@ pub fn run(args: BenchArgs) -> Result<i32> {
         println!("listening {bound}");
         std::io::Write::flush(&mut std::io::stdout())?;
         let ch = ep.accept(CONNECT_TIMEOUT)?;
-        serve(&mut ep, ch, &params)?;
+        match params.test {
+            Test::RpcLat | Test::RpcRate => serve_rpc(ep, &params),
+            _ => serve(&mut ep, ch, &params)?,
+        }
         return Ok(0);
     }
     let mut child: Option<Child> = None;
@@ -187,10 +205,19 @@ pub fn run(args: BenchArgs) -> Result<i32> {
         TransportArg::Tcp => ep.connect_tcp(&addr, CONNECT_TIMEOUT)?,
     };
     let report = match params.test {
-        Test::AmLat => latency(&mut ep, ch, &params)?,
-        Test::AmBw | Test::MsgRate => stream(&mut ep, ch, &params)?,
+        Test::AmLat | Test::AmBw | Test::MsgRate => {
+            let report =
+                if params.test == Test::AmLat { latency(&mut ep, ch, &params)? } else { stream(&mut ep, ch, &params)? };
+            ep.close(ch);
+            report
+        }
+        Test::RpcLat | Test::RpcRate => {
+            let mut rpc = Rpc::new(ep, RpcConfig { workers: 0, ..Default::default() });
+            let report = rpc_client(&mut rpc, ch, &params)?;
+            rpc.endpoint().close(ch);
+            report
+        }
     };
-    ep.close(ch);
     if let Some(mut c) = child {
         let status = c.wait()?;
         if !status.success() {
@@ -208,6 +235,7 @@ fn spawn_server(args: &BenchArgs, listen: &str, p: &Params) -> Result<(Child, St
         .args(["bench", p.test.name(), "--server", "--listen", listen, "--transport", p.transport.name()])
         .args(["--size", &p.size.to_string(), "--iters", &p.iters.to_string(), "--warmup", &p.warmup.to_string()])
         .args(p.recv_copy.then_some("--recv-copy"))
+        .args(["--outstanding", &p.outstanding.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -376,6 +404,7 @@ fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
                     answered += 1;
                 }
             }
+            Test::RpcLat | Test::RpcRate => unreachable!("RPC tests are served by serve_rpc"),
             Test::AmBw | Test::MsgRate => {
                 if answered == 0 && whole >= p.warmup {
                     send_blocking(ep, ch, ACK)?;
@@ -393,4 +422,99 @@ fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
             None => {}
         }
     }
+}
+
+/// The method the RPC benchmarks call: answers with a payload of the request's size.
+const RPC_ECHO: u16 = 1;
+
+/// The passive side of the RPC tests: an inline handler that echoes, until the client leaves.
+fn serve_rpc(ep: Endpoint, p: &Params) {
+    let mut rpc = Rpc::new(ep, RpcConfig { workers: 0, ..Default::default() });
+    let echo = vec![0x3cu8; p.size];
+    rpc.register_inline(RPC_ECHO, move |req, replier| replier.reply(&[&echo[..req.payload.len().min(echo.len())]]));
+    let mut down = false;
+    while !down {
+        rpc.poll(256, |e| down |= matches!(e, RpcEvent::ChannelDown { .. }));
+    }
+}
+
+/// Replies counted and the first failure, for the RPC client loops.
+#[derive(Default)]
+struct Tally {
+    done: u64,
+    failure: Option<String>,
+}
+
+impl Tally {
+    fn count(&mut self, e: RpcEvent<'_>) {
+        match e {
+            RpcEvent::Reply { .. } => self.done += 1,
+            RpcEvent::Failed { error, .. } => self.failure = Some(error.to_string()),
+            RpcEvent::ChannelDown { error, .. } => self.failure = Some(error.to_string()),
+        }
+    }
+
+    fn check(&mut self) -> Result<()> {
+        match self.failure.take() {
+            Some(f) => bail!("call failed: {f}"),
+            None => Ok(()),
+        }
+    }
+}
+
+fn rpc_client(rpc: &mut Rpc, ch: ChannelId, p: &Params) -> Result<Report> {
+    let request = vec![0xa5u8; p.size];
+    let mut report = Report {
+        test: p.test.name(),
+        transport: p.transport.name(),
+        size: p.size,
+        iters: p.iters,
+        p50_us: None,
+        p99_us: None,
+        avg_us: None,
+        msgs_per_s: None,
+        mb_per_s: None,
+    };
+    let mut tally = Tally::default();
+    if p.test == Test::RpcLat {
+        let clock = CycleClock::calibrate(Duration::from_millis(50));
+        let mut samples = Vec::with_capacity(p.iters as usize);
+        for i in 0..p.warmup + p.iters {
+            let t0 = ticks();
+            while rpc.call(ch, RPC_ECHO, &[&request], None)? == CallOutcome::NoResource {
+                rpc.poll(1, |e| tally.count(e));
+            }
+            let want = tally.done + 1;
+            while tally.done < want && tally.failure.is_none() {
+                rpc.poll(1, |e| tally.count(e));
+            }
+            tally.check()?;
+            if i >= p.warmup {
+                samples.push(ticks() - t0);
+            }
+        }
+        let s = stats::one_way(samples.into_iter().map(|t| clock.ns(t)).collect());
+        (report.p50_us, report.p99_us, report.avg_us) = (Some(s.p50_us), Some(s.p99_us), Some(s.avg_us));
+        return Ok(report);
+    }
+    let total = p.warmup + p.iters;
+    let mut sent = 0u64;
+    let mut t0 = Instant::now();
+    while tally.done < total {
+        while sent < total && sent - tally.done < p.outstanding as u64 {
+            match rpc.call(ch, RPC_ECHO, &[&request], None)? {
+                CallOutcome::Sent(_) => sent += 1,
+                CallOutcome::NoResource => break,
+            }
+        }
+        let before = tally.done;
+        rpc.poll(256, |e| tally.count(e));
+        tally.check()?;
+        if before < p.warmup && tally.done >= p.warmup {
+            t0 = Instant::now();
+        }
+    }
+    let rate = (tally.done - p.warmup) as f64 / t0.elapsed().as_secs_f64();
+    (report.msgs_per_s, report.mb_per_s) = (Some(rate), Some(rate * p.size as f64 / 1e6));
+    Ok(report)
 }
