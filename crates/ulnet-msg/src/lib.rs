@@ -1,6 +1,7 @@
 //! # ulnet-msg: the message layer
 //!
-//! Request/response RPC and one-way calls over ulnet endpoints (any transport), built for
+//! Request/response RPC, one-way calls and active messages ([`am`]) over ulnet endpoints
+//! (any transport), built for
 //! the messages cluster software actually sends: 68–256 bytes, a header and a payload or
 //! two. A request is a 24-byte header ([`wire`]) followed by the caller's buffers in one
 //! gather send, so nothing is copied to put them together; the server reads it in the
@@ -22,6 +23,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod am;
 mod pool;
 pub mod rpc;
 pub mod wire;

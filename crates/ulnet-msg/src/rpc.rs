@@ -11,6 +11,7 @@
 //! ([`RpcConfig::max_outstanding`]); a call beyond it is refused with
 //! [`CallError::TooManyOutstanding`]. The raw-bytes path allocates nothing per call.
 
+use crate::am::{self, AmMessage, AmReplier, AmReplyHandler, AmRequestHandler, AM_ARGS};
 use crate::pool::WorkerPool;
 use crate::wire::{Header, Kind, Status, HEADER_LEN};
 use std::cmp::Reverse;
@@ -198,6 +199,21 @@ struct CallSlot {
     channel: Option<ChannelId>,
 }
 
+/// Active-message handler tables, indexed by handler id.
+#[derive(Default)]
+struct AmHandlers {
+    requests: Vec<Option<AmRequestHandler>>,
+    replies: Vec<Option<AmReplyHandler>>,
+}
+
+fn table_set<T>(table: &mut Vec<Option<T>>, id: u16, value: T) {
+    let i = id as usize;
+    if table.len() <= i {
+        table.resize_with(i + 1, || None);
+    }
+    table[i] = Some(value);
+}
+
 /// Counters of an [`Rpc`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RpcCounters {
@@ -228,6 +244,7 @@ pub struct Rpc {
     ep: Endpoint,
     config: RpcConfig,
     handlers: Vec<Option<Handler>>,
+    am: AmHandlers,
     slots: Vec<CallSlot>,
     free_slots: Vec<u32>,
     deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
@@ -253,6 +270,7 @@ impl Rpc {
             deadlines: BinaryHeap::with_capacity(config.max_outstanding),
             config,
             handlers: Vec::new(),
+            am: AmHandlers::default(),
             slots,
             free_slots,
             partial: Vec::new(),
@@ -306,6 +324,42 @@ impl Rpc {
     ) {
         assert!(self.pool.is_some(), "pooled handlers need RpcConfig::workers > 0");
         self.set_handler(method, Handler::Pooled(Arc::new(handler)));
+    }
+
+    /// Registers an active-message request handler; it may answer once with its
+    /// [`AmReplier`], which runs a reply handler at the requester.
+    pub fn register_am_request(
+        &mut self,
+        handler: u16,
+        f: impl FnMut(&AmMessage<'_>, &mut AmReplier<'_, '_>) + Send + 'static,
+    ) {
+        table_set(&mut self.am.requests, handler, Box::new(f));
+    }
+
+    /// Registers an active-message reply handler. It is given no way to send: reply
+    /// handlers cannot reply (the livelock rule of active messages).
+    pub fn register_am_reply(&mut self, handler: u16, f: impl FnMut(&AmMessage<'_>) + Send + 'static) {
+        table_set(&mut self.am.replies, handler, Box::new(f));
+    }
+
+    /// Sends an active-message request: runs request handler `handler` at the receiver with
+    /// `args` and the payload (up to [`am::AM_PAYLOAD_GATHER_MAX`] buffers, not copied).
+    pub fn am_request(
+        &mut self,
+        channel: ChannelId,
+        handler: u16,
+        args: [u64; AM_ARGS],
+        payload: &[&[u8]],
+    ) -> Result<SendOutcome, CallError> {
+        let mut header = [0u8; HEADER_LEN];
+        let args = am::encode_args(&args);
+        let gather = am::frame(Kind::AmRequest, handler, &mut header, &args, payload);
+        match self.ep.send(channel, &gather[..2 + payload.len()]) {
+            Ok(outcome) => Ok(outcome),
+            Err(SendError::TooLarge { .. }) => Err(CallError::PayloadTooLarge),
+            Err(SendError::ChannelDown(e)) => Err(CallError::PeerFailed(e)),
+            Err(e) => Err(CallError::Send(e.to_string())),
+        }
     }
 
     /// Sends a request; the reply or failure comes from [`Rpc::poll`]. `payload` is a gather
@@ -390,6 +444,7 @@ impl Rpc {
         let Rpc {
             ep,
             handlers,
+            am,
             slots,
             free_slots,
             partial,
@@ -437,6 +492,7 @@ impl Rpc {
                 };
                 let ctx = Dispatch {
                     handlers,
+                    am,
                     slots,
                     free_slots,
                     deferred,
@@ -536,6 +592,7 @@ fn reply_header(request: &Header) -> Header {
 /// The parts of an [`Rpc`] a delivery needs, borrowed apart from its endpoint.
 struct Dispatch<'a> {
     handlers: &'a mut Vec<Option<Handler>>,
+    am: &'a mut AmHandlers,
     slots: &'a mut Vec<CallSlot>,
     free_slots: &'a mut Vec<u32>,
     deferred: &'a mut VecDeque<(ChannelId, Vec<u8>)>,
@@ -591,6 +648,33 @@ impl Dispatch<'_> {
             }
             Kind::Request | Kind::OneWay => self.serve(channel, header, payload, reply),
             Kind::Cancel => {}
+            Kind::AmRequest | Kind::AmReply => self.run_am(channel, header, payload, reply),
+        }
+    }
+
+    fn run_am(self, channel: ChannelId, header: Header, body: &[u8], reply: &mut ReplyTo<'_>) {
+        let Some((args, payload)) = am::decode_body(body) else {
+            self.counters.malformed += 1;
+            return;
+        };
+        let msg = AmMessage { channel, handler: header.method, args, payload };
+        let id = header.method as usize;
+        if header.kind == Kind::AmRequest {
+            match self.am.requests.get_mut(id).and_then(Option::as_mut) {
+                Some(h) => {
+                    self.counters.served += 1;
+                    h(&msg, &mut AmReplier { reply, deferred: self.deferred, channel, replied: false });
+                }
+                None => self.counters.refused += 1,
+            }
+        } else {
+            match self.am.replies.get_mut(id).and_then(Option::as_mut) {
+                Some(h) => {
+                    self.counters.replies += 1;
+                    h(&msg);
+                }
+                None => self.counters.refused += 1,
+            }
         }
     }
 

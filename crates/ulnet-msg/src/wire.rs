@@ -13,7 +13,7 @@
 //!
 //! 24 bytes, sent as the first buffer of a gather list so the payload is never copied to
 //! sit behind it. Discriminants are wire format: never renumber, only append. History:
-//! version 1 — this layout.
+//! version 1 — this layout; kinds 6 and 7 (active messages) appended.
 
 /// Bytes of the header.
 pub const HEADER_LEN: usize = 24;
@@ -32,6 +32,10 @@ pub enum Kind {
     Cancel = 4,
     /// The request failed at the server; `status` says why.
     ErrorReply = 5,
+    /// An active-message request: `method` names the handler, 32 bytes of arguments follow.
+    AmRequest = 6,
+    /// An active-message reply: runs a reply handler, which cannot reply.
+    AmReply = 7,
 }
 
 /// Why a server refused a request (the `status` of an `ErrorReply`). Wire format.
@@ -120,6 +124,8 @@ impl Header {
             3 => Kind::OneWay,
             4 => Kind::Cancel,
             5 => Kind::ErrorReply,
+            6 => Kind::AmRequest,
+            7 => Kind::AmReply,
             k => return Err(DecodeError::UnknownKind(k)),
         };
         if msg[1] != 0 || msg[6..8] != [0, 0] || msg[20..24] != [0, 0, 0, 0] {
