@@ -315,7 +315,9 @@ impl Endpoint {
 
     /// Sends one message, given as a gather list of up to [`crate::GATHER_MAX`] buffers,
     /// copying it once (or not at all when it goes inline). `NoResource` when the channel
-    /// has no room now, or when posted sends are still queued ahead of it.
+    /// has no room now, or when posted sends are still queued ahead of it. Over TCP, small
+    /// messages are coalesced and written at the next poll, wait, [`Endpoint::flush_sends`]
+    /// or close.
     #[inline]
     pub fn send(&mut self, channel: ChannelId, gather: &[&[u8]]) -> Result<SendOutcome, SendError> {
         let slot = self.slot_mut(channel)?;
@@ -479,7 +481,18 @@ impl Endpoint {
         Ok(self.run_upcalls())
     }
 
+    /// Writes every channel's queued sends (TCP coalesces small messages until the next
+    /// poll, wait, flush or close). Returns `true` when nothing is left queued.
+    pub fn flush_sends(&mut self) -> bool {
+        let mut all = true;
+        for slot in self.channels.iter_mut().flatten().filter(|s| !s.down) {
+            all &= slot.transport.flush().unwrap_or(true);
+        }
+        all
+    }
+
     fn sleep(&mut self, timeout: Option<Duration>) -> std::io::Result<()> {
+        self.flush_sends();
         let probes: Vec<Arc<dyn ReadyProbe>> =
             self.channels.iter().flatten().filter(|s| !s.down).map(|s| s.probe.clone()).collect();
         let mut armed = 0;

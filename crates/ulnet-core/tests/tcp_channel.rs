@@ -86,6 +86,7 @@ fn vanished_peer_is_a_failure() {
         let mut ep = Endpoint::new(config(b""));
         let ch = ep.connect_tcp(&addr, Duration::from_secs(5)).unwrap();
         assert_eq!(ep.send(ch, &[b"last words"]).unwrap(), SendOutcome::Done);
+        assert!(ep.flush_sends());
         std::process::exit(0);
     }
     let mut server = Endpoint::new(config(b""));

@@ -113,6 +113,12 @@ pub trait Transport: Send {
         deliver: &mut dyn FnMut(Delivery<'_>, &mut dyn Responder),
     ) -> Result<usize, ChannelError>;
 
+    /// Writes what earlier sends left queued in user space (TCP coalesces small messages
+    /// and writes them at the next poll). `Ok(true)` when nothing is left.
+    fn flush(&mut self) -> Result<bool, ChannelError> {
+        Ok(true)
+    }
+
     /// The channel's readiness probe, shared with completion queues and waiters.
     fn probe(&self) -> std::sync::Arc<dyn ReadyProbe>;
 

@@ -27,6 +27,11 @@ const FLAG_GOODBYE: u32 = 1;
 const RX_BUFFER: usize = 256 << 10;
 /// Bytes of a partly written send kept for later: the rest of one large message at most.
 const TX_BACKLOG_MAX: usize = 4 << 20;
+/// Messages up to this size are coalesced with their neighbours into one write (at the
+/// next poll, wait, flush or close): a burst of small messages costs one system call.
+const COALESCE_MESSAGE_MAX: usize = 4 << 10;
+/// A coalesced batch is written as soon as it reaches this size.
+const COALESCE_FLUSH_BYTES: usize = 32 << 10;
 
 enum RxState {
     Header,
@@ -105,7 +110,14 @@ impl TcpTx {
         while self.backlog_pos < self.backlog.len() {
             match rustix::io::write(stream, &self.backlog[self.backlog_pos..]) {
                 Ok(n) => self.backlog_pos += n,
-                Err(rustix::io::Errno::AGAIN) => return Ok(false),
+                Err(rustix::io::Errno::AGAIN) => {
+                    // Keep the buffer from growing behind a slow reader.
+                    if self.backlog_pos > self.backlog.len() / 2 {
+                        self.backlog.drain(..self.backlog_pos);
+                        self.backlog_pos = 0;
+                    }
+                    return Ok(false);
+                }
                 Err(rustix::io::Errno::INTR) => {}
                 Err(e) => return Err(io_failure(&e.into())),
             }
@@ -124,10 +136,27 @@ impl TcpTx {
         if total > TX_BACKLOG_MAX {
             return Err(SendError::TooLarge { len: total as u64, max: TX_BACKLOG_MAX as u64 });
         }
-        if self.streaming.is_some() || !self.flush_backlog(stream)? {
+        if self.streaming.is_some() {
             return Ok(SendOutcome::NoResource);
         }
         let header = self.header(total as u64, 0);
+        if total <= COALESCE_MESSAGE_MAX {
+            let pending = self.backlog.len() - self.backlog_pos;
+            if pending + FRAME_HEADER_LEN + total > TX_BACKLOG_MAX && !self.flush_backlog(stream)? {
+                return Ok(SendOutcome::NoResource);
+            }
+            self.backlog.extend_from_slice(&header);
+            for piece in gather {
+                self.backlog.extend_from_slice(piece);
+            }
+            if self.backlog.len() - self.backlog_pos >= COALESCE_FLUSH_BYTES {
+                self.flush_backlog(stream)?;
+            }
+            return Ok(SendOutcome::Done);
+        }
+        if !self.flush_backlog(stream)? {
+            return Ok(SendOutcome::NoResource);
+        }
         let mut pieces: [&[u8]; GATHER_MAX + 1] = [&[]; GATHER_MAX + 1];
         pieces[0] = &header;
         pieces[1..=gather.len()].copy_from_slice(gather);
@@ -371,10 +400,22 @@ impl Transport for TcpChannel {
         if !self.tx.backlog.is_empty() {
             self.tx.flush_backlog(&self.stream).map_err(|e| self.fail(e))?;
         }
-        match self.rx.deliver(&self.stream, &mut self.tx, max, deliver) {
-            Ok(n) => Ok(n),
-            Err(e) => Err(self.fail(e)),
+        let delivered = match self.rx.deliver(&self.stream, &mut self.tx, max, deliver) {
+            Ok(n) => n,
+            Err(e) => return Err(self.fail(e)),
+        };
+        // Replies sent from the handlers of this batch go out together.
+        if !self.tx.backlog.is_empty() {
+            self.tx.flush_backlog(&self.stream).map_err(|e| self.fail(e))?;
         }
+        Ok(delivered)
+    }
+
+    fn flush(&mut self) -> Result<bool, ChannelError> {
+        if self.failure.is_some() || self.tx.backlog.is_empty() {
+            return Ok(true);
+        }
+        self.tx.flush_backlog(&self.stream).map_err(|e| self.fail(e))
     }
 
     fn probe(&self) -> Arc<dyn ReadyProbe> {
