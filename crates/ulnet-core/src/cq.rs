@@ -128,29 +128,6 @@ impl CompletionQueue {
             }
             inner.watches.iter().map(|w| w.probe.clone()).collect()
         };
-        let mut armed = 0;
-        for p in &probes {
-            if !p.arm() {
-                break;
-            }
-            armed += 1;
-        }
-        if armed == probes.len() {
-            let mut fds: Vec<rustix::event::PollFd<'_>> = Vec::new();
-            for p in &probes {
-                for fd in p.wait_fds() {
-                    fds.push(rustix::event::PollFd::from_borrowed_fd(fd, rustix::event::PollFlags::IN));
-                }
-            }
-            let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
-            match rustix::event::poll(&mut fds, ms) {
-                Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        for p in &probes[..armed] {
-            p.disarm();
-        }
-        Ok(())
+        crate::wait::sleep_on(&probes, &[], timeout).map(|_| ())
     }
 }

@@ -495,38 +495,15 @@ impl Endpoint {
         self.flush_sends();
         let probes: Vec<Arc<dyn ReadyProbe>> =
             self.channels.iter().flatten().filter(|s| !s.down).map(|s| s.probe.clone()).collect();
-        let mut armed = 0;
-        for p in &probes {
-            if !p.arm() {
-                break;
-            }
-            armed += 1;
+        let mut extra = Vec::new();
+        if let Some(l) = &self.listener {
+            extra.push(l.as_fd());
         }
-        if armed == probes.len() {
-            let mut fds: Vec<rustix::event::PollFd<'_>> = Vec::new();
-            for p in &probes {
-                for fd in p.wait_fds() {
-                    fds.push(rustix::event::PollFd::from_borrowed_fd(fd, rustix::event::PollFlags::IN));
-                }
-            }
-            if let Some(l) = &self.listener {
-                fds.push(rustix::event::PollFd::from_borrowed_fd(l.as_fd(), rustix::event::PollFlags::IN));
-            }
-            if let Some(l) = &self.tcp_listener {
-                fds.push(rustix::event::PollFd::from_borrowed_fd(l.as_fd(), rustix::event::PollFlags::IN));
-            }
-            let ms = match timeout {
-                None => -1,
-                Some(t) => t.as_millis().min(i32::MAX as u128) as i32,
-            };
+        if let Some(l) = &self.tcp_listener {
+            extra.push(l.as_fd());
+        }
+        if crate::wait::sleep_on(&probes, &extra, timeout)? {
             self.counters.sleeps += 1;
-            match rustix::event::poll(&mut fds, ms) {
-                Ok(_) | Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        for p in &probes[..armed] {
-            p.disarm();
         }
         Ok(())
     }

@@ -35,6 +35,7 @@ mod endpoint;
 pub mod error;
 mod sys;
 pub mod transport;
+mod wait;
 
 pub use cq::{Completion, CompletionKind, CompletionQueue};
 pub use endpoint::{ChannelId, Endpoint, EndpointConfig, EndpointCounters, EndpointId, Event, ReplyTo, Upcall};

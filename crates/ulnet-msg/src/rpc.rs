@@ -76,6 +76,16 @@ pub enum CallError {
     Send(String),
 }
 
+impl From<SendError> for CallError {
+    fn from(e: SendError) -> Self {
+        match e {
+            SendError::TooLarge { .. } => CallError::PayloadTooLarge,
+            SendError::ChannelDown(e) => CallError::PeerFailed(e),
+            e => CallError::Send(e.to_string()),
+        }
+    }
+}
+
 impl From<Status> for CallError {
     fn from(s: Status) -> Self {
         match s {
@@ -354,12 +364,7 @@ impl Rpc {
         let mut header = [0u8; HEADER_LEN];
         let args = am::encode_args(&args);
         let gather = am::frame(Kind::AmRequest, handler, &mut header, &args, payload);
-        match self.ep.send(channel, &gather[..2 + payload.len()]) {
-            Ok(outcome) => Ok(outcome),
-            Err(SendError::TooLarge { .. }) => Err(CallError::PayloadTooLarge),
-            Err(SendError::ChannelDown(e)) => Err(CallError::PeerFailed(e)),
-            Err(e) => Err(CallError::Send(e.to_string())),
-        }
+        self.ep.send(channel, &gather[..2 + payload.len()]).map_err(CallError::from)
     }
 
     /// Sends a request; the reply or failure comes from [`Rpc::poll`]. `payload` is a gather
@@ -413,12 +418,7 @@ impl Rpc {
         let mut gather: [&[u8]; ulnet_core::GATHER_MAX] = [&[]; ulnet_core::GATHER_MAX];
         gather[0] = header;
         gather[1..=payload.len()].copy_from_slice(payload);
-        match self.ep.send(channel, &gather[..=payload.len()]) {
-            Ok(outcome) => Ok(outcome),
-            Err(SendError::TooLarge { .. }) => Err(CallError::PayloadTooLarge),
-            Err(SendError::ChannelDown(e)) => Err(CallError::PeerFailed(e)),
-            Err(e) => Err(CallError::Send(e.to_string())),
-        }
+        self.ep.send(channel, &gather[..=payload.len()]).map_err(CallError::from)
     }
 
     /// Frees the slot of an outstanding call; returns its channel, or `None` if the id does

@@ -133,6 +133,23 @@ struct Report {
     mb_per_s: Option<f64>,
 }
 
+impl Report {
+    /// A report of `p`'s test with no figures yet.
+    fn of(p: &Params) -> Self {
+        Report {
+            test: p.test.name(),
+            transport: p.transport.name(),
+            size: p.size,
+            iters: p.iters,
+            p50_us: None,
+            p99_us: None,
+            avg_us: None,
+            msgs_per_s: None,
+            mb_per_s: None,
+        }
+    }
+}
+
 struct Params {
     test: Test,
     transport: TransportArg,
@@ -328,17 +345,7 @@ fn latency(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<Report> {
         }
     }
     let s = stats::one_way(samples.into_iter().map(|t| clock.ns(t)).collect());
-    Ok(Report {
-        test: p.test.name(),
-        transport: p.transport.name(),
-        size: p.size,
-        iters: p.iters,
-        p50_us: Some(s.p50_us),
-        p99_us: Some(s.p99_us),
-        avg_us: Some(s.avg_us),
-        msgs_per_s: None,
-        mb_per_s: None,
-    })
+    Ok(Report { p50_us: Some(s.p50_us), p99_us: Some(s.p99_us), avg_us: Some(s.avg_us), ..Report::of(p) })
 }
 
 fn stream(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<Report> {
@@ -354,17 +361,7 @@ fn stream(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<Report> {
     receive_messages(ep, 1, 256)?;
     let secs = t0.elapsed().as_secs_f64();
     let rate = p.iters as f64 / secs;
-    Ok(Report {
-        test: p.test.name(),
-        transport: p.transport.name(),
-        size: p.size,
-        iters: p.iters,
-        p50_us: None,
-        p99_us: None,
-        avg_us: None,
-        msgs_per_s: Some(rate),
-        mb_per_s: Some(rate * p.size as f64 / 1e6),
-    })
+    Ok(Report { msgs_per_s: Some(rate), mb_per_s: Some(rate * p.size as f64 / 1e6), ..Report::of(p) })
 }
 
 /// The passive side: echoes for latency tests, counts and acknowledges for streams.
@@ -464,17 +461,7 @@ impl Tally {
 
 fn rpc_client(rpc: &mut Rpc, ch: ChannelId, p: &Params) -> Result<Report> {
     let request = vec![0xa5u8; p.size];
-    let mut report = Report {
-        test: p.test.name(),
-        transport: p.transport.name(),
-        size: p.size,
-        iters: p.iters,
-        p50_us: None,
-        p99_us: None,
-        avg_us: None,
-        msgs_per_s: None,
-        mb_per_s: None,
-    };
+    let mut report = Report::of(p);
     let mut tally = Tally::default();
     if p.test == Test::RpcLat {
         let clock = CycleClock::calibrate(Duration::from_millis(50));
