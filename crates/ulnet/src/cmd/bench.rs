@@ -96,7 +96,8 @@ pub struct BenchArgs {
     /// Print one JSON object on stdout.
     #[arg(long)]
     json: bool,
-    /// Be the passive side and wait for a peer.
+    /// Be the passive side and wait for a peer. Give it the same TEST, --size, --iters and
+    /// --warmup as the active side: stream tests acknowledge by count.
     #[arg(long)]
     server: bool,
     /// Where the server listens (shm: a name; tcp: HOST:PORT, port 0 picks one). The
