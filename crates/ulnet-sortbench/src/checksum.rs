@@ -23,9 +23,7 @@ impl Checksum {
     /// The checksum of a run of whole 100-byte records; a trailing partial
     /// record, if any, is left out.
     pub fn of_records(records: &[u8]) -> Checksum {
-        records
-            .chunks_exact(RECORD_SIZE)
-            .fold(Checksum::default(), |sum, rec| sum + Checksum::of_record(rec))
+        records.chunks_exact(RECORD_SIZE).fold(Checksum::default(), |sum, rec| sum + Checksum::of_record(rec))
     }
 
     /// The 128-bit value.
@@ -73,10 +71,7 @@ mod tests {
     fn display() {
         assert_eq!(Checksum(0).to_string(), "0");
         assert_eq!(Checksum(0x1ea6370b955).to_string(), "1ea6370b955");
-        assert_eq!(
-            Checksum((1u128 << 64) | 0xab).to_string(),
-            "100000000000000ab"
-        );
+        assert_eq!(Checksum((1u128 << 64) | 0xab).to_string(), "100000000000000ab");
     }
 
     #[test]

@@ -23,10 +23,7 @@ use crate::valsort::{parse_summaries, KeyOrder, Summary, Validator, ValsortError
 
 /// Arguments of `gensort`: generate Sort Benchmark input records.
 #[derive(Debug, Clone, PartialEq, Eq, Parser)]
-#[command(
-    name = "gensort",
-    about = "Generate Sort Benchmark input records (gensort 1.5 compatible)"
-)]
+#[command(name = "gensort", about = "Generate Sort Benchmark input records (gensort 1.5 compatible)")]
 pub struct GensortArgs {
     /// Generate ascii records (required for PennySort or JouleSort) instead of
     /// binary records.
@@ -58,19 +55,13 @@ pub struct GensortArgs {
 impl GensortArgs {
     /// The record format these flags select.
     pub fn format(&self) -> RecordFormat {
-        RecordFormat {
-            ascii: self.ascii,
-            skewed: self.skew,
-        }
+        RecordFormat { ascii: self.ascii, skewed: self.skew }
     }
 }
 
 /// Arguments of `valsort`: validate sorted records or partition summaries.
 #[derive(Debug, Clone, PartialEq, Eq, Parser)]
-#[command(
-    name = "valsort",
-    about = "Validate Sort Benchmark output (valsort 1.5 compatible)"
-)]
+#[command(name = "valsort", about = "Validate Sort Benchmark output (valsort 1.5 compatible)")]
 pub struct ValsortArgs {
     /// Write the 280-byte summary of the validated records to this file, to be
     /// concatenated with other partitions' summaries and checked with `-s`.
@@ -92,8 +83,7 @@ pub struct ValsortArgs {
 }
 
 fn parse_u128(s: &str) -> Result<u128, String> {
-    s.parse::<u128>()
-        .map_err(|e| format!("`{s}` is not a record number (0 to 2^128-1): {e}"))
+    s.parse::<u128>().map_err(|e| format!("`{s}` is not a record number (0 to 2^128-1): {e}"))
 }
 
 /// `perror`'s line for a file that could not be opened: the name, a colon and
@@ -125,21 +115,9 @@ pub fn run_gensort_to(args: &GensortArgs, messages: &mut dyn Write) -> anyhow::R
     };
     let skip_output = args.file.as_os_str() == "/dev/null";
     let sum = if skip_output {
-        write_records(
-            &mut io::sink(),
-            args.starting_rec,
-            args.num_records,
-            args.format(),
-            args.checksum,
-        )
+        write_records(&mut io::sink(), args.starting_rec, args.num_records, args.format(), args.checksum)
     } else {
-        write_records(
-            &mut file,
-            args.starting_rec,
-            args.num_records,
-            args.format(),
-            args.checksum,
-        )
+        write_records(&mut file, args.starting_rec, args.num_records, args.format(), args.checksum)
     }
     .with_context(|| format!("writing records to {}", args.file.display()))?;
     if let Some(sum) = sum {
@@ -175,11 +153,7 @@ const READ_SIZE: usize = 40_000 * crate::RECORD_SIZE;
 /// is out of order or the input is unusable, else 0. An error is returned for
 /// failures the original does not report (a read error, a failed write).
 pub fn run_valsort_to(args: &ValsortArgs, messages: &mut dyn Write) -> anyhow::Result<i32> {
-    let order = if args.case_insensitive {
-        KeyOrder::CaseInsensitive
-    } else {
-        KeyOrder::Bytes
-    };
+    let order = if args.case_insensitive { KeyOrder::CaseInsensitive } else { KeyOrder::Bytes };
     // The original creates the summary file before reading anything.
     let mut summary_out = match &args.summary_out {
         None => None,
@@ -205,6 +179,8 @@ pub fn run_valsort_to(args: &ValsortArgs, messages: &mut dyn Write) -> anyhow::R
         input.read_to_end(&mut bytes).with_context(read_context)?;
         let whole = bytes.len() / crate::SUMMARY_SIZE * crate::SUMMARY_SIZE;
         match parse_summaries(&bytes[..whole]) {
+            // Less than one summary: the first read is already partial.
+            Err(ValsortError::Empty) if !bytes.is_empty() => Err(ValsortError::PartialSummary),
             Err(e) => Err(e),
             Ok(parts) => {
                 let mut acc: Option<Summary> = None;
@@ -256,8 +232,7 @@ pub fn run_valsort_to(args: &ValsortArgs, messages: &mut dyn Write) -> anyhow::R
         }
     };
     if let Some((path, file)) = summary_out.as_mut() {
-        file.write_all(&summary.to_bytes())
-            .with_context(|| format!("writing summary to {}", path.display()))?;
+        file.write_all(&summary.to_bytes()).with_context(|| format!("writing summary to {}", path.display()))?;
     }
     if !args.quiet {
         messages.write_all(summary.totals_lines().as_bytes())?;
@@ -301,9 +276,6 @@ mod tests {
     #[test]
     fn perror_text() {
         let e = io::Error::from_raw_os_error(2);
-        assert_eq!(
-            perror_line(Path::new("nope"), &e),
-            "nope: No such file or directory\n"
-        );
+        assert_eq!(perror_line(Path::new("nope"), &e), "nope: No such file or directory\n");
     }
 }

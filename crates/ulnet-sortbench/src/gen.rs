@@ -32,15 +32,9 @@ pub struct RecordFormat {
 
 impl RecordFormat {
     /// Binary records with uniform keys (gensort's default).
-    pub const BINARY: RecordFormat = RecordFormat {
-        ascii: false,
-        skewed: false,
-    };
+    pub const BINARY: RecordFormat = RecordFormat { ascii: false, skewed: false };
     /// Ascii records with uniform keys (`gensort -a`).
-    pub const ASCII: RecordFormat = RecordFormat {
-        ascii: true,
-        skewed: false,
-    };
+    pub const ASCII: RecordFormat = RecordFormat { ascii: true, skewed: false };
 }
 
 /// The constants xored into the random numbers that make bytes 10 to 99 of a
@@ -88,9 +82,7 @@ const fn skew_table(ascii: bool) -> [[u8; SKEW_BYTES]; SKEW_ENTRIES] {
     let mut x: u128 = 0;
     let mut k = 0;
     while k < SKEW_ENTRIES {
-        x = x
-            .wrapping_mul(rand16::MULTIPLIER)
-            .wrapping_add(rand16::INCREMENT);
+        x = x.wrapping_mul(rand16::MULTIPLIER).wrapping_add(rand16::INCREMENT);
         let key = if ascii {
             ascii_key(x)
         } else {
@@ -212,11 +204,7 @@ pub struct RecordGenerator {
 impl RecordGenerator {
     /// A generator whose first record is number `first_record`.
     pub fn new(first_record: u128, format: RecordFormat) -> Self {
-        RecordGenerator {
-            format,
-            next_record: first_record,
-            head: rand16::next(rand16::skip_ahead(first_record)),
-        }
+        RecordGenerator { format, next_record: first_record, head: rand16::next(rand16::skip_ahead(first_record)) }
     }
 
     /// The number of the record that the next call will make first.
@@ -235,11 +223,7 @@ impl RecordGenerator {
     ///
     /// If `buf.len()` is not a multiple of 100.
     pub fn fill(&mut self, buf: &mut [u8]) {
-        assert!(
-            buf.len() % RECORD_SIZE == 0,
-            "buffer length {} is not a multiple of the record size",
-            buf.len()
-        );
+        assert!(buf.len() % RECORD_SIZE == 0, "buffer length {} is not a multiple of the record size", buf.len());
         let mut xs = [0u128; BATCH + 9];
         for batch in buf.chunks_mut(BATCH * RECORD_SIZE) {
             let n = batch.len() / RECORD_SIZE;
@@ -300,9 +284,7 @@ pub fn write_records<W: Write>(
     format: RecordFormat,
     checksum: bool,
 ) -> io::Result<Option<Checksum>> {
-    generate_with(first_record, count, format, checksum, |chunk| {
-        out.write_all(chunk)
-    })
+    generate_with(first_record, count, format, checksum, |chunk| out.write_all(chunk))
 }
 
 /// Generates `count` records starting at `first_record` in chunks of at most
@@ -394,14 +376,8 @@ mod tests {
         for format in [
             RecordFormat::BINARY,
             RecordFormat::ASCII,
-            RecordFormat {
-                ascii: false,
-                skewed: true,
-            },
-            RecordFormat {
-                ascii: true,
-                skewed: true,
-            },
+            RecordFormat { ascii: false, skewed: true },
+            RecordFormat { ascii: true, skewed: true },
         ] {
             let mut whole = vec![0u8; 1500 * RECORD_SIZE];
             generate_records(7, format, &mut whole);

@@ -39,10 +39,7 @@ pub mod valsort;
 
 pub use checksum::Checksum;
 pub use gen::{generate_records, generate_with, write_records, RecordFormat, RecordGenerator};
-pub use valsort::{
-    combine, combine_with, parse_summaries, KeyOrder, Summary, Validator, ValsortError,
-    SUMMARY_SIZE,
-};
+pub use valsort::{combine, combine_with, parse_summaries, KeyOrder, Summary, Validator, ValsortError, SUMMARY_SIZE};
 
 /// Size of a record in bytes.
 pub const RECORD_SIZE: usize = 100;

@@ -146,13 +146,7 @@ impl Summary {
     /// x86-64), then the first and the last record.
     pub fn to_bytes(&self) -> [u8; SUMMARY_SIZE] {
         let mut out = [0u8; SUMMARY_SIZE];
-        let counters = [
-            self.first_unordered,
-            self.unordered_count,
-            self.records,
-            self.duplicates,
-            self.checksum.0,
-        ];
+        let counters = [self.first_unordered, self.unordered_count, self.records, self.duplicates, self.checksum.0];
         for (slot, v) in out.chunks_exact_mut(16).zip(counters) {
             slot[..8].copy_from_slice(&((v >> 64) as u64).to_le_bytes());
             slot[8..].copy_from_slice(&(v as u64).to_le_bytes());
@@ -190,8 +184,7 @@ impl Summary {
     /// The line valsort prints when it finds the first unordered record, if
     /// there is one (with its newline).
     pub fn first_unordered_line(&self) -> Option<String> {
-        self.first_unordered()
-            .map(|i| format!("First unordered record is record {i}\n"))
+        self.first_unordered().map(|i| format!("First unordered record is record {i}\n"))
     }
 
     /// The lines valsort prints once it has read everything: the record count,
@@ -200,10 +193,7 @@ impl Summary {
     pub fn totals_lines(&self) -> String {
         let mut s = format!("Records: {}\nChecksum: {}\n", self.records, self.checksum);
         if self.unordered_count != 0 {
-            s += &format!(
-                "ERROR - there are {} unordered records\n",
-                self.unordered_count
-            );
+            s += &format!("ERROR - there are {} unordered records\n", self.unordered_count);
         } else {
             s += &format!("Duplicate keys: {}\n", self.duplicates);
             s += "SUCCESS - all records are in order\n";
@@ -234,10 +224,7 @@ pub fn combine(summaries: &[Summary]) -> Option<Summary> {
 /// [`combine`] with keys compared by `order`.
 pub fn combine_with(summaries: &[Summary], order: KeyOrder) -> Option<Summary> {
     let (first, rest) = summaries.split_first()?;
-    Some(
-        rest.iter()
-            .fold(first.clone(), |acc, next| acc.then_with(next, order)),
-    )
+    Some(rest.iter().fold(first.clone(), |acc, next| acc.then_with(next, order)))
 }
 
 /// Splits a concatenation of 280-byte summary records (a `valsort -s` input).
@@ -420,15 +407,9 @@ mod tests {
     #[test]
     fn errors() {
         assert_eq!(Summary::of_records(&[]), Err(ValsortError::Empty));
-        assert_eq!(
-            Summary::of_records(&[0u8; 150]),
-            Err(ValsortError::PartialRecord)
-        );
+        assert_eq!(Summary::of_records(&[0u8; 150]), Err(ValsortError::PartialRecord));
         assert_eq!(parse_summaries(&[]), Err(ValsortError::Empty));
-        assert_eq!(
-            parse_summaries(&[0u8; 300]),
-            Err(ValsortError::PartialSummary)
-        );
+        assert_eq!(parse_summaries(&[0u8; 300]), Err(ValsortError::PartialSummary));
     }
 
     #[test]
@@ -444,10 +425,7 @@ mod tests {
         let o = KeyOrder::CaseInsensitive;
         assert_eq!(o.compare(&rec(b"ABC"), &rec(b"abc")), Ordering::Equal);
         assert_eq!(o.compare(&rec(b"abD"), &rec(b"ABc")), Ordering::Greater);
-        assert_eq!(
-            KeyOrder::Bytes.compare(&rec(b"ABC"), &rec(b"abc")),
-            Ordering::Less
-        );
+        assert_eq!(KeyOrder::Bytes.compare(&rec(b"ABC"), &rec(b"abc")), Ordering::Less);
     }
 
     #[test]
@@ -456,10 +434,7 @@ mod tests {
         assert_eq!(s.exit_code(), 0);
         assert_eq!(
             s.report(),
-            format!(
-                "Records: 2\nChecksum: {}\nDuplicate keys: 1\nSUCCESS - all records are in order\n",
-                s.checksum
-            )
+            format!("Records: 2\nChecksum: {}\nDuplicate keys: 1\nSUCCESS - all records are in order\n", s.checksum)
         );
     }
 }
