@@ -17,6 +17,10 @@ enum Command {
     Demo(cmd::demo::DemoArgs),
     /// Micro-benchmarks between two processes (mirrors ucx_perftest).
     Bench(cmd::bench::BenchArgs),
+    /// Generate Sort Benchmark records (compatible with gensort 1.5).
+    Gensort(ulnet_sortbench::cli::GensortArgs),
+    /// Validate sorted Sort Benchmark records (compatible with valsort 1.5).
+    Valsort(ulnet_sortbench::cli::ValsortArgs),
     /// One process of `ulnet demo` (started by it).
     #[command(hide = true)]
     DemoNode(cmd::demo::DemoNodeArgs),
@@ -30,6 +34,8 @@ fn main() {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::DemoNode(a) => cmd::demo::run_node(a),
+        Command::Gensort(a) => ulnet_sortbench::cli::run_gensort(&a),
+        Command::Valsort(a) => ulnet_sortbench::cli::run_valsort(&a),
     };
     match result {
         Ok(code) => std::process::exit(code),
