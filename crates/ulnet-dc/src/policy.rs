@@ -234,10 +234,11 @@ impl Helper {
             return None;
         }
         let proposal = self.decide(now, &tiers, loads)?;
-        debug_assert!(proposal.proposed.validate().is_ok(), "proposals keep the table valid");
-        if proposal.proposed.validate().is_err() {
-            return None;
-        }
+        assert!(
+            proposal.proposed.validate().is_ok(),
+            "invariant: a proposal keeps every tier populated and every node in one role ({:?})",
+            proposal.proposed
+        );
         self.counters.proposals += 1;
         Some(proposal)
     }
