@@ -132,7 +132,7 @@ fn concurrent_cas_decisions_from_every_helper_keep_tiers_populated() {
                 round += 1;
                 let table = state.read_roles().unwrap();
                 // Loads that flip between "proxies overloaded" and "apps overloaded".
-                let hot = if (round / 50 + u64::from(me)) % 2 == 0 { Tier::Proxy } else { Tier::App };
+                let hot = if (round / 50 + u64::from(me)).is_multiple_of(2) { Tier::Proxy } else { Tier::App };
                 let loads: Vec<Option<NodeLoad>> = (0..16u8)
                     .map(|i| {
                         table.role(NodeIndex(i)).map(|r| {
