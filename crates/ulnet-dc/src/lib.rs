@@ -12,9 +12,24 @@
 //!   with compare-and-swap, and a failed CAS hands it the configuration another helper made.
 //! - The decision ([`policy::Helper`]) is a pure state machine: history window T,
 //!   sensitivity S, donors, and priorities between websites.
+//! - [`node`] is the one program every node runs; [`lb`] the front load balancer;
+//!   [`loadgen`] the closed-loop clients replaying a [`trace`]; [`run`] puts a center
+//!   together and measures it ([`report`], [`plot`]); [`nginx`] drives Debian's nginx in
+//!   either role for centers built from servers people already run.
 #![deny(missing_docs)]
 
+pub mod cache;
+pub mod capacity;
+pub mod http;
+pub mod lb;
 pub mod load;
+pub mod loadgen;
+pub mod node;
+pub mod plot;
 pub mod policy;
+pub mod report;
 pub mod role;
+pub mod run;
 pub mod state;
+pub mod trace;
+pub mod upstream;

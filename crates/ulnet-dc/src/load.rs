@@ -232,7 +232,7 @@ pub enum Rejection {
 }
 
 /// What a reader counted while validating records.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ValidatorCounters {
     /// Records accepted.
     pub accepted: u64,

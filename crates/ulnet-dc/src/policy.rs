@@ -31,12 +31,12 @@
 use crate::load::LoadRecord;
 use crate::role::{NodeIndex, Role, RoleTable, Tier, SITES_MAX, TIER_NODES_MIN};
 use crate::state::CasOutcome;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
 
 /// Settings of a helper module. Profiles: [`HelperConfig::lab`] (the default),
 /// [`HelperConfig::cluster`].
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
 pub struct HelperConfig {
     /// S, the sensitivity: time between two looks at the shared state. Smaller reacts to
     /// short bursts, larger costs fewer reads (thesis figure 5.12: 0.2–1.8 s).
@@ -133,7 +133,7 @@ pub struct Proposal {
 }
 
 /// What a helper counted.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HelperCounters {
     /// Looks at the shared state.
     pub observations: u64,
