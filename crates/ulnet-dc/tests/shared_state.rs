@@ -201,3 +201,30 @@ proptest! {
         prop_assert!(r.is_err(), "random bytes pass the MAC: {r:?}");
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// A node's HTTP parser given arbitrary bytes answers or closes; it never panics.
+    #[test]
+    fn random_bytes_on_an_http_connection_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..2048), head in any::<bool>()) {
+        use std::io::Write;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let mut c = ulnet_dc::http::Conn::new(l.accept().unwrap().0).unwrap();
+            let mut n = 0;
+            while let Ok(Some(_)) = c.read_request() {
+                n += 1;
+            }
+            n
+        });
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        if head {
+            s.write_all(b"GET /0/s/1 HTTP/1.1\r\n").unwrap();
+        }
+        s.write_all(&bytes).unwrap();
+        drop(s);
+        let _requests = server.join().unwrap();
+    }
+}
