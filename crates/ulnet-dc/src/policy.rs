@@ -23,8 +23,9 @@
 //!   stay under [`HelperConfig::donor_utilization_max`]; the least busy node goes first.
 //! - *Priorities.* Site 0 has the highest priority. An overloaded site with no donor of its
 //!   own pulls from the lowest-priority site that has nodes above the floor, whatever that
-//!   site's load; a lower-priority site gets a node back from a higher one only when the
-//!   higher one stays under [`HelperConfig::release_utilization_max`] without it.
+//!   site's load (as many as one change may move); a lower-priority site gets a node back
+//!   from a higher one, one per change, only when the higher one stays under
+//!   [`HelperConfig::release_utilization_max`] without it and has no overloaded tier.
 //! - *Floor.* No proposal leaves a site's tier with fewer than
 //!   [`crate::role::TIER_NODES_MIN`] nodes; every proposal passes [`RoleTable::validate`].
 
@@ -344,7 +345,7 @@ impl Helper {
                 for low in (site + 1..SITES_MAX as u8).rev() {
                     for donor_tier in self.by_utilization(tiers, low) {
                         let donor = Role::new(low, donor_tier);
-                        let spare = self.spare(donor, tiers[usize::from(low)][donor_tier as usize], loads, None, 1);
+                        let spare = self.spare(donor, tiers[usize::from(low)][donor_tier as usize], loads, None, limit);
                         if !spare.is_empty() {
                             return Some(self.propose(to, &spare));
                         }

@@ -389,3 +389,45 @@ fn print_table(o: &Output<'_>) {
         );
     }
 }
+
+/// The data-center step of `ulnet demo`: 7 node processes under alternating bursts of
+/// 4,096 static and 4,096 dynamic requests; prints the tier changes and the throughput.
+pub fn demo() -> Result<()> {
+    eprintln!("ulnet demo: data center of 7 node processes, bursts of 4,096 static then dynamic requests");
+    let trace = Arc::new(Trace::generate(TraceKind::Burst, 4096, 4 * 4096, 1));
+    let config = RunConfig {
+        sites: vec![SiteSpec { split: (3, 4), guarantee_tps: None }],
+        trace,
+        burst: Some(4096),
+        clients: 64,
+        policy: Policy::Reconf,
+        capacity: CapacityConfig::lab(),
+        helper: HelperConfig::lab(),
+        duration: Duration::from_secs(30),
+        snapshot: Duration::from_secs(1),
+        launch: Launch::Processes { exe: std::env::current_exe()? },
+    };
+    let r = ulnet_dc::run::run(&config)?;
+    let mut last = None;
+    for t in &r.tiers {
+        if last != Some(t.split[0]) {
+            println!("{:>6.1} s  proxy tier {} nodes, application tier {} nodes", t.t_s, t.split[0].0, t.split[0].1);
+            last = Some(t.split[0]);
+        }
+    }
+    let s = &r.sites[0];
+    println!(
+        "{} requests in {:.1} s ({:.0} TPS; static bursts {} TPS, dynamic bursts {} TPS), {} reconfigurations, {} failed",
+        s.ok,
+        r.elapsed_s,
+        r.tps,
+        opt(s.tps_static_bursts),
+        opt(s.tps_dynamic_bursts),
+        r.reconfigurations,
+        r.failed
+    );
+    if r.failed > 0 {
+        bail!("{} data-center requests failed", r.failed);
+    }
+    Ok(())
+}
