@@ -24,6 +24,7 @@ pub mod http;
 pub mod lb;
 pub mod load;
 pub mod loadgen;
+pub mod nginx;
 pub mod node;
 pub mod plot;
 pub mod policy;

@@ -11,8 +11,9 @@
 //!   [`WORLDCUP_DYNAMIC_IN_MATCH`] of requests are dynamic (score pages); in a *quiet*
 //!   period [`WORLDCUP_DYNAMIC_IN_QUIET`]. Period lengths are Pareto(α =
 //!   [`WORLDCUP_PARETO_ALPHA`]) with means [`WORLDCUP_MATCH_MEAN`] and
-//!   [`WORLDCUP_QUIET_MEAN`] requests, so about two thirds of the requests are dynamic,
-//!   in bursts, with static requests (Zipf over [`ZIPF_DOCUMENTS`] documents) spread out.
+//!   [`WORLDCUP_QUIET_MEAN`] requests at `burst` = [`WORLDCUP_REFERENCE_BURST`] (the means
+//!   scale with `burst`), so about two thirds of the requests are dynamic, in bursts, with
+//!   static requests (Zipf over [`ZIPF_DOCUMENTS`] documents) spread out.
 //! - **two websites** ([`Trace::two_sites`], thesis figure 6.4): bursts of the two sites
 //!   alternate (high, low, high, ...), each site's bursts alternating static and dynamic as
 //!   in the trace kind, so each site is idle while the other bursts.
@@ -37,6 +38,8 @@ pub const WORLDCUP_DYNAMIC_IN_QUIET: f64 = 0.10;
 pub const WORLDCUP_MATCH_MEAN: f64 = 12_288.0;
 /// Mean quiet-period length, requests.
 pub const WORLDCUP_QUIET_MEAN: f64 = 6_144.0;
+/// The `burst` at which the worldcup period means are the ones above.
+pub const WORLDCUP_REFERENCE_BURST: usize = 65_536;
 /// Tail of period lengths: Pareto with α = 1.5 (heavy-tailed bursts, finite mean).
 pub const WORLDCUP_PARETO_ALPHA: f64 = 1.5;
 
@@ -154,12 +157,13 @@ impl Trace {
             }
             TraceKind::Worldcup => {
                 let docs = Zipf::new(ZIPF_DOCUMENTS, ZIPF_ALPHA);
+                let scale = burst as f64 / WORLDCUP_REFERENCE_BURST as f64;
                 let mut in_match = true;
                 while requests.len() < len {
                     let (mean, p) = if in_match {
-                        (WORLDCUP_MATCH_MEAN, WORLDCUP_DYNAMIC_IN_MATCH)
+                        (WORLDCUP_MATCH_MEAN * scale, WORLDCUP_DYNAMIC_IN_MATCH)
                     } else {
-                        (WORLDCUP_QUIET_MEAN, WORLDCUP_DYNAMIC_IN_QUIET)
+                        (WORLDCUP_QUIET_MEAN * scale, WORLDCUP_DYNAMIC_IN_QUIET)
                     };
                     let period = pareto(&mut rng, mean, WORLDCUP_PARETO_ALPHA).min(len - requests.len());
                     for _ in 0..period {
@@ -270,7 +274,7 @@ mod tests {
 
     #[test]
     fn worldcup_is_about_two_thirds_dynamic() {
-        let t = Trace::generate(TraceKind::Worldcup, 1, 2_000_000, 7);
+        let t = Trace::generate(TraceKind::Worldcup, WORLDCUP_REFERENCE_BURST, 2_000_000, 7);
         let f = t.dynamic_fraction();
         assert!((0.6..0.75).contains(&f), "dynamic fraction {f}");
     }

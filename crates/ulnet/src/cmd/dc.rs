@@ -64,7 +64,8 @@ pub struct RunArgs {
     /// Trace to replay.
     #[arg(long, value_enum)]
     trace: TraceArg,
-    /// Burst length of the burst and zipf traces (thesis: 512 to 65,536).
+    /// Burst length of the burst and zipf traces (thesis: 512 to 65,536); for worldcup it
+    /// scales the period lengths (65,536: the documented means).
     #[arg(long, default_value_t = 65_536)]
     burst: usize,
     /// Nodes in the center (all websites).
@@ -83,8 +84,11 @@ pub struct RunArgs {
     /// for reconf: the even split).
     #[arg(long)]
     split: Option<String>,
-    /// Seconds each split runs during the rigid search.
-    #[arg(long, default_value_t = 8.0)]
+    /// Longest run of each split during the rigid search. The search replays the same trace
+    /// with bursts 32 times shorter (at least 512), four bursts (worldcup: 16 × that many
+    /// requests): for a fixed split the time a trace takes depends on its mix, not on its
+    /// burst length, so the best split for the short trace is the best for the long one.
+    #[arg(long, default_value_t = 15.0)]
     search_duration: f64,
     /// Requests in the trace (default: 4 bursts, i.e. two static and two dynamic; 400,000
     /// for worldcup).
@@ -232,6 +236,16 @@ fn run_dc(a: RunArgs) -> Result<i32> {
     } else {
         Trace::generate(kind, a.burst, len, a.seed)
     });
+    let search_burst = (a.burst / 32).max(512);
+    let search_len = match kind {
+        TraceKind::Worldcup => 16 * search_burst,
+        _ => 4 * search_burst * a.websites,
+    };
+    let search_trace = Arc::new(if a.websites == 2 {
+        Trace::two_sites(kind, search_burst, search_len, a.seed)
+    } else {
+        Trace::generate(kind, search_burst, search_len, a.seed)
+    });
     let low_site_nodes = if a.websites == 2 { 2 } else { 0 };
     if a.nodes < 2 + low_site_nodes || a.nodes > ulnet_dc::role::NODES_MAX {
         bail!("--nodes must be between {} and {}", 2 + low_site_nodes, ulnet_dc::role::NODES_MAX);
@@ -261,7 +275,7 @@ fn run_dc(a: RunArgs) -> Result<i32> {
     let base = RunConfig {
         sites: Vec::new(),
         trace: trace.clone(),
-        burst: (kind != TraceKind::Worldcup).then_some(a.burst),
+        burst: Some(a.burst),
         clients: a.clients,
         policy,
         capacity,
@@ -284,9 +298,13 @@ fn run_dc(a: RunArgs) -> Result<i32> {
             let mut best: Option<((usize, usize), f64)> = None;
             for p in 1..high_nodes {
                 let split = (p, high_nodes - p);
-                eprintln!("ulnet dc: rigid search: {}:{} for {:.0} s", split.0, split.1, a.search_duration);
+                eprintln!(
+                    "ulnet dc: rigid search: {}:{} (bursts of {search_burst}, at most {:.0} s)",
+                    split.0, split.1, a.search_duration
+                );
                 let cfg = RunConfig {
                     sites: sites_for(split),
+                    trace: search_trace.clone(),
                     duration: Duration::from_secs_f64(a.search_duration),
                     ..base.clone()
                 };
