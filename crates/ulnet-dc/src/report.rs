@@ -168,17 +168,17 @@ mod tests {
     fn snapshots_classify_and_meet_guarantees() {
         let mut v = Vec::new();
         v.extend((0..100).map(|i| s(i * 10, false))); // 100 static in second 0
-        v.extend((0..40).map(|i| s(1000 + i * 20, true))); // 40 dynamic in second 1
-        let r = site_report(&v, 0, 2.0, 1.0, Some(50.0));
+        v.extend((0..50).map(|i| s(1000 + i * 20, true))); // 50 dynamic in second 1
+        let r = site_report(&v, 0, 2.0, 1.0, Some(60.0));
         assert_eq!(r.snapshots.len(), 2);
         assert_eq!(r.snapshots[0].kind, SnapshotKind::Static);
         assert_eq!(r.snapshots[1].kind, SnapshotKind::Dynamic);
         assert_eq!(r.tps_static_bursts, Some(100.0));
-        assert_eq!(r.tps_dynamic_bursts, Some(40.0));
+        assert_eq!(r.tps_dynamic_bursts, Some(50.0));
         assert_eq!(r.qos_met_pct, Some(50.0));
-        assert_eq!(r.tps, 70.0);
+        assert_eq!(r.tps, 75.0);
         assert_eq!(r.active_snapshots, 2);
-        let idle_second = site_report(&v[..100], 0, 2.0, 1.0, Some(50.0));
+        let idle_second = site_report(&v[..100], 0, 2.0, 1.0, Some(60.0));
         assert_eq!(idle_second.active_snapshots, 1, "a second without requests is not active");
         assert_eq!(idle_second.qos_met_pct, Some(100.0));
     }
