@@ -5,11 +5,12 @@
 # the other, in this one invocation. Writes bench/results/dc.md, the JSON of every run and
 # SVG plots of throughput and tier sizes over time.
 #
-#   bench/dc.sh                 # everything (about 25 minutes)
+#   bench/dc.sh                 # everything (about 40 minutes)
 #   QUICK=1 bench/dc.sh         # shorter bursts, for a smoke run (about 6 minutes)
 #
 # Settings (environment): BURST (65536), GUARANTEE (1100 TPS, single site), TWO_BURST
-# (32768), TWO_GUARANTEE (900 TPS, high-priority site), MIX_BURST (16384, zipf),
+# (32768), TWO_GUARANTEE (900 TPS, high-priority site), MIX_BURST (16384, zipf and the
+# worldcup period scale), DURATION (900 s, the cap on one run),
 # WORLDCUP_REQUESTS (200000).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,11 +27,12 @@ TWO_BURST=${TWO_BURST:-32768}
 TWO_GUARANTEE=${TWO_GUARANTEE:-900}
 MIX_BURST=${MIX_BURST:-16384}
 WORLDCUP_REQUESTS=${WORLDCUP_REQUESTS:-200000}
+DURATION=${DURATION:-900}
 
 run() { # name, args...
     local name=$1; shift
     echo "== $name: ulnet dc run $*" >&2
-    "$ULNET" dc run "$@" --json --save "$OUT/$name.run.json" > "$OUT/$name.json"
+    "$ULNET" dc run "$@" --duration "$DURATION" --json --save "$OUT/$name.run.json" > "$OUT/$name.json"
 }
 
 # 1. Single-file bursts, with a throughput guarantee for the QoS figure.
@@ -42,8 +44,8 @@ run sites-reconf --trace burst --burst "$TWO_BURST" --websites 2 --split 2:3 --p
 # 3. Zipf popularity and the World-Cup-like trace.
 run zipf-rigid      --trace zipf --burst "$MIX_BURST" --policy rigid
 run zipf-reconf     --trace zipf --burst "$MIX_BURST" --policy reconf
-run worldcup-rigid  --trace worldcup --requests "$WORLDCUP_REQUESTS" --policy rigid
-run worldcup-reconf --trace worldcup --requests "$WORLDCUP_REQUESTS" --policy reconf
+run worldcup-rigid  --trace worldcup --burst "$MIX_BURST" --requests "$WORLDCUP_REQUESTS" --policy rigid
+run worldcup-reconf --trace worldcup --burst "$MIX_BURST" --requests "$WORLDCUP_REQUESTS" --policy reconf
 
 for e in burst sites zipf worldcup; do
     "$ULNET" dc plot --out "$OUT/$e.svg" --title "$e: best rigid split vs reconf" "$OUT/$e-rigid.run.json" "$OUT/$e-reconf.run.json"
