@@ -21,6 +21,8 @@ enum Command {
     Gensort(ulnet_sortbench::cli::GensortArgs),
     /// Validate sorted Sort Benchmark records (compatible with valsort 1.5).
     Valsort(ulnet_sortbench::cli::ValsortArgs),
+    /// The self-reconfiguring multi-tier data center.
+    Dc(cmd::dc::DcArgs),
     /// One process of `ulnet demo` (started by it).
     #[command(hide = true)]
     DemoNode(cmd::demo::DemoNodeArgs),
@@ -33,6 +35,7 @@ fn main() {
     let result = match cli.command {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Dc(a) => cmd::dc::run(a),
         Command::DemoNode(a) => cmd::demo::run_node(a),
         Command::Gensort(a) => ulnet_sortbench::cli::run_gensort(&a),
         Command::Valsort(a) => ulnet_sortbench::cli::run_valsort(&a),

@@ -2,5 +2,6 @@
 
 pub mod bench;
 pub mod clock;
+pub mod dc;
 pub mod demo;
 pub mod stats;

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Figures of the self-reconfiguring data center (issue 9) on a 7-node center: in each
+# experiment the best rigid split (found by a search over every split, or the thesis'
+# over-provisioned split for two websites) and `reconf` run on the same trace, one after
+# the other, in this one invocation. Writes bench/results/dc.md, the JSON of every run and
+# SVG plots of throughput and tier sizes over time.
+#
+#   bench/dc.sh                 # everything (about 40 minutes)
+#   QUICK=1 bench/dc.sh         # shorter bursts, for a smoke run (about 6 minutes)
+#
+# Settings (environment): BURST (65536), GUARANTEE (1100 TPS, single site), TWO_BURST
+# (32768), TWO_GUARANTEE (900 TPS, high-priority site), MIX_BURST (16384, zipf and the
+# worldcup period scale), DURATION (900 s, the cap on one run),
+# WORLDCUP_REQUESTS (200000).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cargo build --release --quiet -p ulnet
+ULNET=${ULNET:-target/release/ulnet}
+OUT=bench/results/dc
+mkdir -p "$OUT"
+if [[ -n "${QUICK:-}" ]]; then
+    BURST=${BURST:-8192}; TWO_BURST=${TWO_BURST:-4096}; MIX_BURST=${MIX_BURST:-4096}; WORLDCUP_REQUESTS=${WORLDCUP_REQUESTS:-40000}
+fi
+BURST=${BURST:-65536}
+GUARANTEE=${GUARANTEE:-1100}
+TWO_BURST=${TWO_BURST:-32768}
+TWO_GUARANTEE=${TWO_GUARANTEE:-900}
+MIX_BURST=${MIX_BURST:-16384}
+WORLDCUP_REQUESTS=${WORLDCUP_REQUESTS:-200000}
+DURATION=${DURATION:-900}
+
+run() { # name, args...
+    local name=$1; shift
+    echo "== $name: ulnet dc run $*" >&2
+    "$ULNET" dc run "$@" --duration "$DURATION" --json --save "$OUT/$name.run.json" > "$OUT/$name.json"
+}
+
+# 1. Single-file bursts, with a throughput guarantee for the QoS figure.
+run burst-rigid  --trace burst --burst "$BURST" --policy rigid  --guarantee "$GUARANTEE"
+run burst-reconf --trace burst --burst "$BURST" --policy reconf --guarantee "$GUARANTEE"
+# 2. Two websites: site 0 has priority and a guarantee; rigid gives it 5 nodes (2:3), site 1 gets 1:1.
+run sites-rigid  --trace burst --burst "$TWO_BURST" --websites 2 --split 2:3 --policy rigid  --guarantee "$TWO_GUARANTEE"
+run sites-reconf --trace burst --burst "$TWO_BURST" --websites 2 --split 2:3 --policy reconf --guarantee "$TWO_GUARANTEE"
+# 3. Zipf popularity and the World-Cup-like trace.
+run zipf-rigid      --trace zipf --burst "$MIX_BURST" --policy rigid
+run zipf-reconf     --trace zipf --burst "$MIX_BURST" --policy reconf
+run worldcup-rigid  --trace worldcup --burst "$MIX_BURST" --requests "$WORLDCUP_REQUESTS" --policy rigid
+run worldcup-reconf --trace worldcup --burst "$MIX_BURST" --requests "$WORLDCUP_REQUESTS" --policy reconf
+
+for e in burst sites zipf worldcup; do
+    "$ULNET" dc plot --out "$OUT/$e.svg" --title "$e: best rigid split vs reconf" "$OUT/$e-rigid.run.json" "$OUT/$e-reconf.run.json"
+done
+python3 bench/dc-report.py "$OUT" > bench/results/dc.md
+cat bench/results/dc.md

@@ -1,0 +1,157 @@
+//! Where to send a request: the nodes serving a role, their addresses (from their load
+//! records), and pooled keep-alive connections to them.
+//!
+//! Used by the front load balancer (to reach proxies) and by proxies (to reach application
+//! nodes). A request goes to the node of the role with the fewest requests outstanding from
+//! here. A failed exchange is retried on a fresh connection and then on other nodes of the
+//! role (requests are idempotent GETs), so a node that changes role or dies costs a retry,
+//! not a failed client request.
+
+use crate::http::{Conn, HttpError, Response};
+use crate::load::RecordValidator;
+use crate::role::{NodeIndex, Role, RoleTable, NODES_MAX};
+use crate::state::{epoch_after, SharedState};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+/// Nodes tried for one request before it fails.
+pub const TRIES_MAX: usize = 4;
+/// Idle connections kept per upstream node (more are closed after use). 128: the load
+/// generator's default client count plus headroom; each is one idle socket.
+pub const POOL_MAX: usize = 128;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Clone, Copy, Debug)]
+struct View {
+    table: RoleTable,
+    addrs: [Option<SocketAddr>; NODES_MAX],
+}
+
+/// Routing state shared by a process's request threads.
+pub struct Directory {
+    state: Arc<dyn SharedState>,
+    validator: Mutex<RecordValidator>,
+    view: RwLock<View>,
+    pools: Vec<Mutex<Vec<Conn>>>,
+    outstanding: Vec<AtomicU32>,
+    retries: AtomicU64,
+    failures: AtomicU64,
+}
+
+impl Directory {
+    /// A directory over `state`, with its own record validator.
+    pub fn new(state: Arc<dyn SharedState>, validator: RecordValidator) -> Self {
+        Directory {
+            state,
+            validator: Mutex::new(validator),
+            view: RwLock::new(View { table: RoleTable::EMPTY, addrs: [None; NODES_MAX] }),
+            pools: (0..NODES_MAX).map(|_| Mutex::new(Vec::new())).collect(),
+            outstanding: (0..NODES_MAX).map(|_| AtomicU32::new(0)).collect(),
+            retries: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+        }
+    }
+
+    /// The table requests are routed by.
+    pub fn table(&self) -> RoleTable {
+        self.view.read().expect("directory lock").table
+    }
+
+    /// Routes by `table` from now on (ignored if older than the one held).
+    pub fn set_table(&self, table: RoleTable) {
+        let mut v = self.view.write().expect("directory lock");
+        if v.table == RoleTable::EMPTY || epoch_after(table.epoch(), v.table.epoch()) {
+            v.table = table;
+        }
+    }
+
+    /// Reads every node's load record for its address; a node whose record is stale or
+    /// forged gets no requests until it publishes again.
+    pub fn refresh_addresses(&self, now: Instant) {
+        let mut addrs = [None; NODES_MAX];
+        {
+            let mut validator = self.validator.lock().expect("validator lock");
+            for (i, a) in addrs.iter_mut().enumerate().take(self.state.slots()) {
+                let node = NodeIndex(i as u8);
+                if let Ok(words) = self.state.read_load(node) {
+                    if let Ok(r) = validator.accept(now, node, &words) {
+                        *a = r.addr.map(SocketAddr::V4);
+                    }
+                }
+            }
+        }
+        self.view.write().expect("directory lock").addrs = addrs;
+    }
+
+    /// (retried exchanges, failed requests) so far.
+    pub fn counters(&self) -> (u64, u64) {
+        (self.retries.load(Ordering::Relaxed), self.failures.load(Ordering::Relaxed))
+    }
+
+    fn pick(&self, role: Role, tried: &[NodeIndex]) -> Option<(NodeIndex, SocketAddr)> {
+        let v = *self.view.read().expect("directory lock");
+        v.table
+            .nodes_in(role)
+            .filter(|n| !tried.contains(n))
+            .filter_map(|n| v.addrs[n.get()].map(|a| (n, a)))
+            .min_by_key(|(n, _)| self.outstanding[n.get()].load(Ordering::Relaxed))
+    }
+
+    /// Sends `GET path` to a node serving `role` and returns its response.
+    pub fn forward(&self, role: Role, path: &str, tier_header: Option<&str>) -> Result<Response, HttpError> {
+        let mut tried = Vec::with_capacity(TRIES_MAX);
+        let mut last = HttpError::Malformed("no node serves the role");
+        while tried.len() < TRIES_MAX {
+            let Some((node, addr)) = self.pick(role, &tried) else { break };
+            tried.push(node);
+            self.outstanding[node.get()].fetch_add(1, Ordering::Relaxed);
+            let r = self.exchange(node, addr, path, tier_header);
+            self.outstanding[node.get()].fetch_sub(1, Ordering::Relaxed);
+            match r {
+                Ok(resp) if resp.status == 200 => return Ok(resp),
+                Ok(resp) => {
+                    last = HttpError::Malformed(if resp.status == 502 { "upstream 502" } else { "upstream status" })
+                }
+                Err(e) => last = e,
+            }
+            self.retries.fetch_add(1, Ordering::Relaxed);
+        }
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        Err(last)
+    }
+
+    /// One exchange with `node`: on a pooled connection, and once more on a fresh one if
+    /// the pooled one had been closed by the peer.
+    fn exchange(
+        &self,
+        node: NodeIndex,
+        addr: SocketAddr,
+        path: &str,
+        tier: Option<&str>,
+    ) -> Result<Response, HttpError> {
+        let pooled = self.pools[node.get()].lock().expect("pool lock").pop();
+        if let Some(mut c) = pooled {
+            if c.stream().peer_addr().is_ok_and(|a| a == addr) {
+                if let Ok(r) = c.get(path, tier) {
+                    self.give_back(node, c, r.keep_alive);
+                    return Ok(r);
+                }
+            }
+        }
+        let mut c = Conn::connect(addr, CONNECT_TIMEOUT)?;
+        let r = c.get(path, tier)?;
+        self.give_back(node, c, r.keep_alive);
+        Ok(r)
+    }
+
+    fn give_back(&self, node: NodeIndex, c: Conn, keep_alive: bool) {
+        if keep_alive {
+            let mut pool = self.pools[node.get()].lock().expect("pool lock");
+            if pool.len() < POOL_MAX {
+                pool.push(c);
+            }
+        }
+    }
+}
