@@ -63,8 +63,10 @@ fn seven_nodes_heavy_loss() {
 #[test]
 fn debug_seed() {
     let seed: u64 = std::env::var("DSEED").ok().and_then(|s| s.parse().ok()).unwrap_or(1);
-    let n = 5;
-    let mut c = Cluster::new(seed, n, Faults::lossy(0.05));
+    let n: u32 = std::env::var("DN").ok().and_then(|s| s.parse().ok()).unwrap_or(5);
+    let loss: f64 = std::env::var("DLOSS").ok().and_then(|s| s.parse().ok()).unwrap_or(0.05);
+    let mut c = Cluster::new(seed, n, Faults::lossy(loss));
+    c.corrupt_on_restart = std::env::var("DCORRUPT").ok().and_then(|s| s.parse().ok()).unwrap_or(0.0);
     c.start_clients(Duration::from_millis(3));
     let quiet = Duration::from_millis(400);
     let p = plan(seed, n, quiet);

@@ -112,12 +112,12 @@ impl Gup {
         if let Some(locker) = &mut self.locker {
             // Already reigning: a late or new member. Bring it into the epoch.
             if let (Some(since), Some(view)) = (state.recovering_since, &self.view) {
-                if since >= self.promised.view {
+                if since > self.promised.view {
                     // It lost part of its log and may have forgotten a promise to an epoch
-                    // of a view up to `since`, perhaps newer than mine: it joins only an
-                    // epoch of a later view, so start one when there is such a view.
+                    // of a view before `since`, perhaps newer than mine: it joins only an
+                    // epoch of view `since` or later, so start one.
                     let epoch = Epoch { view: view.id, locker: self.me };
-                    if view.id > since && epoch > self.promised {
+                    if view.id >= since && epoch > self.promised {
                         self.start_sync(now, epoch);
                     }
                     return;
@@ -234,7 +234,7 @@ impl Gup {
         locker.grants = grants;
         locker.pending = pending;
         self.granted_known = self.granted_known.max(granted);
-        self.sender_epoch_changed(now);
+        self.sender_epoch_changed(now, granted);
         // Everyone: whoever answered gets the log now, the rest are asked again.
         self.sync_requests(now);
         self.heartbeat(now);

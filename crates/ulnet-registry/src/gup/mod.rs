@@ -188,8 +188,9 @@ struct Slot {
 enum AfterDurable {
     /// Answer a sync request with my state (after the promise is durable).
     SendSyncState { to: NodeId, epoch: Epoch, from: u64 },
-    /// Become normal in `epoch` (after the adopted log and the Normal record are durable).
-    BecomeNormal { epoch: Epoch },
+    /// Become normal in `epoch` (after the adopted log and the Normal record are durable);
+    /// the epoch's log was decided up to `end`.
+    BecomeNormal { epoch: Epoch, end: u64 },
     /// The new locker's log is durable: start granting.
     LockerReady { epoch: Epoch },
 }
@@ -465,7 +466,9 @@ impl Gup {
     }
 
     /// A new membership view was installed. Views with a number not above the current one
-    /// are ignored.
+    /// are ignored. After a restart, the first view that contains this node must have been
+    /// installed after the restart (as membership's join gives it): a node whose log lost its
+    /// tail trusts that no epoch of that view was promised before.
     pub fn handle_view(&mut self, now: Instant, view: View) {
         if self.view.as_ref().is_some_and(|v| v.id >= view.id) {
             return;
@@ -632,7 +635,7 @@ impl Gup {
                     self.send(to, state);
                 }
             }
-            AfterDurable::BecomeNormal { epoch } => {
+            AfterDurable::BecomeNormal { epoch, end } => {
                 if self.promised == epoch && !self.normal {
                     self.normal = true;
                     self.last_normal = Some(epoch);
@@ -642,7 +645,7 @@ impl Gup {
                     self.advance_durable_prefix();
                     let upto = self.durable_prefix;
                     self.send(epoch.locker, Msg::Ack { epoch, upto, round: 0 });
-                    self.sender_epoch_changed(now);
+                    self.sender_epoch_changed(now, end);
                 }
             }
             AfterDurable::LockerReady { epoch } => self.locker_ready(now, epoch),

@@ -185,9 +185,10 @@ impl Gup {
         }
         if self.lost_tail {
             let Some(since) = self.recovering_since else { return };
-            if epoch.view <= since {
-                // I may have promised an epoch of a view up to `since` and forgotten it: I
-                // join no such epoch. Tell the locker, which starts a newer one when it can.
+            if epoch.view < since {
+                // I may have promised an epoch of a view before `since` (the first view
+                // installed after my restart) and forgotten it: I join no such epoch. Tell
+                // the locker, which starts a newer one.
                 let state = self.sync_state(epoch, first);
                 self.send(from, state);
                 return;
@@ -280,7 +281,7 @@ impl Gup {
             self.granted_known = end;
             self.learn_commit(commit.min(end));
             self.persist(Record::Normal { epoch });
-            self.when_durable(AfterDurable::BecomeNormal { epoch });
+            self.when_durable(AfterDurable::BecomeNormal { epoch, end });
             return;
         }
         if !self.normal {

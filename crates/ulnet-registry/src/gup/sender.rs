@@ -16,6 +16,9 @@ pub(super) struct SenderState {
     flights: BTreeMap<BatchId, Flight>,
     /// Committed position last reported to the locker with an Unlock.
     unlocked: u64,
+    /// After an epoch change: the end of the new epoch's decided log. Until my log is
+    /// complete up to it, I cannot tell which of my batches it holds.
+    resolve_at: Option<u64>,
 }
 
 struct Queued {
@@ -70,6 +73,17 @@ impl Gup {
         }
         if !self.normal || !self.in_view() {
             return;
+        }
+        if let Some(end) = self.sender.resolve_at {
+            let mut first_missing = self.applied + 1;
+            while first_missing <= end && self.log.contains_key(&first_missing) {
+                first_missing += 1;
+            }
+            if first_missing <= end {
+                return;
+            }
+            self.sender.resolve_at = None;
+            self.resolve_flights(now);
         }
         while self.sender.flights.len() < self.config.window && !self.sender.queue.is_empty() {
             let mut ids = Vec::new();
@@ -159,7 +173,7 @@ impl Gup {
                 self.indeterminate(id);
             }
         }
-        if !self.normal {
+        if !self.normal || self.sender.resolve_at.is_some() {
             return;
         }
         let epoch = self.promised;
@@ -196,6 +210,8 @@ impl Gup {
     /// below `seq` are in it; from another epoch nothing about my batches can be known, so
     /// they are all indeterminate (asking again could apply them twice).
     pub(super) fn sender_snapshot_installed(&mut self, seq: u64, same_epoch: bool) {
+        // While an epoch change is unresolved, my batches' positions are unknown too.
+        let same_epoch = same_epoch && self.sender.resolve_at.is_none();
         let covered: Vec<(BatchId, u64)> = self
             .sender
             .flights
@@ -219,10 +235,19 @@ impl Gup {
         }
     }
 
-    /// This node became normal in a new epoch: batches the new log holds keep their new
-    /// position; the others ask the new locker for the lock again.
-    pub(super) fn sender_epoch_changed(&mut self, now: Instant) {
+    /// This node became normal in a new epoch whose decided log ends at `end`.
+    pub(super) fn sender_epoch_changed(&mut self, now: Instant, end: u64) {
         self.sender.unlocked = self.commit;
+        for flight in self.sender.flights.values_mut() {
+            flight.seq = None;
+        }
+        self.sender.resolve_at = Some(end);
+        self.sender_pump(now);
+    }
+
+    /// My log is complete up to the end of the new epoch's decided log: batches it holds
+    /// keep their new position; the others ask the new locker for the lock again.
+    fn resolve_flights(&mut self, now: Instant) {
         let mine: HashMap<BatchId, u64> = self
             .log
             .range(self.applied + 1..)
