@@ -61,10 +61,6 @@ impl<'a> Reader<'a> {
         Self { buf }
     }
 
-    pub(crate) fn remaining(&self) -> usize {
-        self.buf.len()
-    }
-
     pub(crate) fn finish(self) -> Result<(), DecodeError> {
         if self.buf.is_empty() {
             Ok(())

@@ -48,6 +48,10 @@ pub struct GupConfig {
     pub queue_max: usize,
     /// Most log entries sent in one catch-up message (bigger gaps take several).
     pub catchup_entries_max: usize,
+    /// Checks a snapshot received from a peer before it replaces the local state; one that
+    /// fails is dropped with the message and counted as malformed. The registry sets its
+    /// decoder here; the default accepts any bytes.
+    pub snapshot_valid: fn(&[u8]) -> bool,
 }
 
 impl GupConfig {
@@ -68,6 +72,7 @@ impl GupConfig {
             batch_bytes_max: 1 << 20,
             queue_max: 1 << 16,
             catchup_entries_max: 4096,
+            snapshot_valid: |_| true,
         }
     }
 

@@ -439,6 +439,14 @@ impl Gup {
 
     /// A decoded message arrived from `from` (for hosts that decode themselves).
     pub fn handle_msg(&mut self, now: Instant, from: NodeId, msg: Msg) {
+        if let Msg::SyncState { snapshot: Some((_, data)), .. } | Msg::Catchup { snapshot: Some((_, data)), .. } = &msg
+        {
+            if !(self.config.snapshot_valid)(data) {
+                self.counters.malformed += 1;
+                tracing::warn!(%from, "dropped a message carrying an invalid snapshot");
+                return;
+            }
+        }
         match msg {
             Msg::LockRequest { epoch, batch, updates } => self.on_lock_request(now, from, epoch, batch, updates),
             Msg::Grant { epoch, batch, seq } => self.on_grant(now, from, epoch, batch, seq),
