@@ -52,6 +52,9 @@ pub const ENTRIES_PER_MESSAGE_MAX: usize = 1 << 16;
 /// Largest snapshot carried in one message or record.
 pub const SNAPSHOT_BYTES_MAX: usize = 1 << 30;
 
+/// A snapshot on the wire: the last position it includes and its bytes.
+pub type SnapshotPart = Option<(u64, Arc<[u8]>)>;
+
 pub(crate) struct Reader<'a> {
     buf: &'a [u8],
 }
@@ -169,7 +172,7 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
-    pub(crate) fn snapshot(&mut self) -> Result<Option<(u64, Arc<[u8]>)>, DecodeError> {
+    pub(crate) fn snapshot(&mut self) -> Result<SnapshotPart, DecodeError> {
         Ok(if self.bool()? { Some((self.u64()?, self.blob("snapshot", SNAPSHOT_BYTES_MAX)?)) } else { None })
     }
 }
@@ -243,7 +246,7 @@ impl Writer {
             self.entry(e);
         }
     }
-    pub(crate) fn snapshot(&mut self, s: &Option<(u64, Arc<[u8]>)>) {
+    pub(crate) fn snapshot(&mut self, s: &SnapshotPart) {
         self.bool(s.is_some());
         if let Some((seq, data)) = s {
             self.u64(*seq);

@@ -108,10 +108,51 @@ fn many_concurrent_clients_linearizable_history() {
 
 #[test]
 fn budget_exhaustion_is_reported_not_guessed() {
+    // Values written twice take the search; 60 overlapping sets of two values with unknown
+    // outcomes, all read, before an impossible "nope": too many orders for a small budget.
     let mut h = Vec::new();
     for i in 0..60u64 {
-        h.push(set("k", &format!("{i}"), 0, None));
+        h.push(set("k", &format!("{}", i % 2), 0, None));
+        h.push(get("k", Some(&format!("{}", i % 2)), 1, 1000));
     }
     h.push(get("k", Some("nope"), 1, 2));
     assert!(matches!(check(&h, 1000), Err(CheckError::TooComplex { .. })));
+}
+
+#[test]
+fn both_algorithms_agree_on_small_random_histories() {
+    // Unique values (the zone check) against the same history with a duplicated dummy set
+    // of a value nobody reads... which is dropped; so instead compare against the search by
+    // forcing it with a repeated value that no get returns in a second key.
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut disagreements = 0;
+    for _ in 0..3000 {
+        let mut h = Vec::new();
+        let n = rng.gen_range(1..7);
+        for i in 0..n {
+            let call = rng.gen_range(0..20u64);
+            let ret = call + rng.gen_range(0..8u64);
+            if rng.gen_bool(0.5) {
+                h.push(set("k", &format!("{i}"), call, if rng.gen_bool(0.2) { None } else { Some(ret) }));
+            } else {
+                let v = rng.gen_range(0..n + 1);
+                let seen = if v == n { None } else { Some(format!("{v}")) };
+                h.push(get("k", seen.as_deref(), call, ret));
+            }
+        }
+        let zones = check(&h, BUDGET).is_ok();
+        // The same history plus an unread completed set of a value written twice in a
+        // separate key forces nothing; so check the search directly on a copy whose values
+        // are made non-unique by adding a never-read duplicate set at the very end.
+        let mut dup = h.clone();
+        dup.push(set("k", "dup", 1000, Some(1001)));
+        dup.push(set("k", "dup", 1002, Some(1003)));
+        let search = check(&dup, BUDGET).is_ok();
+        if zones != search {
+            disagreements += 1;
+            eprintln!("disagree (zones {zones}, search {search}): {h:?}");
+        }
+    }
+    assert_eq!(disagreements, 0);
 }

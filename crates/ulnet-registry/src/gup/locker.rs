@@ -3,6 +3,7 @@
 //! when a node becomes locker, sync: collect a majority's logs, decide the log, replay it.
 
 use super::{AfterDurable, BatchId, Entry, Epoch, Gup, Msg, NodeId, Record};
+use crate::codec::SnapshotPart;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
@@ -39,7 +40,7 @@ pub(super) struct PeerState {
     pub(super) applied: u64,
     pub(super) commit: u64,
     pub(super) recovering_since: Option<u64>,
-    pub(super) snapshot: Option<(u64, Arc<[u8]>)>,
+    pub(super) snapshot: SnapshotPart,
     pub(super) entries: Vec<(u64, Entry)>,
 }
 

@@ -64,6 +64,7 @@ pub use config::GupConfig;
 pub use types::{BatchId, Entry, Epoch, NodeId, Record, View};
 pub use wire::Msg;
 
+use crate::codec::SnapshotPart;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
@@ -214,7 +215,7 @@ pub struct Gup {
     // The log.
     base: u64,
     base_lsn: u64,
-    snapshot: Option<(u64, Arc<[u8]>)>,
+    snapshot: SnapshotPart,
     log: BTreeMap<u64, Slot>,
     durable_prefix: u64,
     applied: u64,
@@ -384,21 +385,6 @@ impl Gup {
     /// Position up to which this node's log is complete and fsynced.
     pub fn durable_prefix(&self) -> u64 {
         self.durable_prefix
-    }
-
-    #[doc(hidden)]
-    pub fn debug_state(&self) -> String {
-        let tail: Vec<(u64, u64)> =
-            self.log.range(self.durable_prefix.saturating_sub(1)..).map(|(s, slot)| (*s, slot.lsn)).collect();
-        format!(
-            "durable_lsn {} next_lsn {} base {} base_lsn {} tail {:?} after_durable {}",
-            self.durable_lsn,
-            self.next_lsn,
-            self.base,
-            self.base_lsn,
-            tail,
-            self.after_durable.len()
-        )
     }
 
     /// Committed position known here.

@@ -4,8 +4,8 @@
 
 use super::locker::PeerState;
 use super::{AfterDurable, Entry, Epoch, Event, Gup, Msg, NodeId, ReadId, Record};
+use crate::codec::SnapshotPart;
 use crate::codec::ENTRIES_PER_MESSAGE_MAX;
-use std::sync::Arc;
 use std::time::Instant;
 
 #[derive(Default)]
@@ -258,7 +258,7 @@ impl Gup {
         first: u64,
         end: u64,
         commit: u64,
-        snapshot: Option<(u64, Arc<[u8]>)>,
+        snapshot: SnapshotPart,
         entries: Vec<(u64, Entry)>,
     ) {
         if epoch != self.promised || from != epoch.locker || from == self.me {

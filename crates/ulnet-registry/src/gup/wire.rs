@@ -8,6 +8,7 @@
 //! The format is append-only: kinds keep their numbers forever; a new field means a new
 //! version. History: version 1 (this one).
 
+use crate::codec::SnapshotPart;
 use crate::codec::{DecodeError, Reader, Writer};
 use crate::gup::types::{BatchId, Entry, Epoch};
 use std::sync::Arc;
@@ -101,7 +102,7 @@ pub enum Msg {
         /// it cannot count towards a quorum until an epoch of that view or later syncs it.
         recovering_since: Option<u64>,
         /// The node's snapshot, when its log no longer reaches back to `from`.
-        snapshot: Option<(u64, Arc<[u8]>)>,
+        snapshot: SnapshotPart,
         /// Log entries from the requested position on.
         entries: Vec<(u64, Entry)>,
     },
@@ -120,7 +121,7 @@ pub enum Msg {
         /// Committed position.
         commit: u64,
         /// A snapshot, when the receiver is behind the locker's log.
-        snapshot: Option<(u64, Arc<[u8]>)>,
+        snapshot: SnapshotPart,
         /// Entries.
         entries: Vec<(u64, Entry)>,
     },

@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use ulnet_registry::gup::{Entry, Event, Gup, GupConfig, NodeId, Record, Recovered, UpdateId, View};
+use ulnet_registry::gup::{Entry, Event, Gup, GupConfig, NodeId, ReadId, Record, Recovered, UpdateId, View};
+use ulnet_registry::linearizability::{Action, Operation};
+use ulnet_registry::store::{Op, Store};
 use ulnet_sim::{FaultPlan, FaultPlanConfig, Faults, Node, Sim, Violation, WorldChange};
 
 /// What every node applied, checked as it happens.
@@ -27,6 +29,16 @@ pub struct World {
     pub submitted: BTreeSet<Vec<u8>>,
     /// Broken invariants.
     pub violations: Vec<String>,
+    /// Registry operations of the clients, for the linearizability checker.
+    pub history: Vec<Operation>,
+    /// Simulated time zero.
+    pub t0: Option<Instant>,
+}
+
+impl World {
+    fn t(&self, now: Instant) -> u64 {
+        (now - self.t0.expect("set at start")).as_nanos() as u64
+    }
 }
 
 impl World {
@@ -93,6 +105,22 @@ pub struct SimNode {
     pending: HashMap<UpdateId, Vec<u8>>,
     compact_every: u64,
     pub committed: u64,
+    /// The registry state applied (updates that are registry operations).
+    store: Store,
+    /// Registry client: keys it works on (0: plain updates instead).
+    pub registry_keys: u32,
+    sets: HashMap<UpdateId, (Vec<u8>, Vec<u8>, u64)>,
+    gets: HashMap<ReadId, (Vec<u8>, u64)>,
+}
+
+fn snapshot_bytes(hash: u64, store: &Store) -> Arc<[u8]> {
+    let mut v = hash.to_le_bytes().to_vec();
+    v.extend_from_slice(&store.snapshot());
+    Arc::from(v)
+}
+
+fn parse_snapshot(data: &[u8]) -> (u64, Store) {
+    (u64::from_le_bytes(data[..8].try_into().unwrap()), Store::from_snapshot(&data[8..]).expect("snapshot decodes"))
 }
 
 impl SimNode {
@@ -115,7 +143,12 @@ impl SimNode {
             pending: HashMap::new(),
             compact_every: 40,
             committed: 0,
+            store: Store::default(),
+            registry_keys: 0,
+            sets: HashMap::new(),
+            gets: HashMap::new(),
         };
+        n.world.borrow_mut().t0.get_or_insert(now);
         n.pump(now);
         n
     }
@@ -123,6 +156,13 @@ impl SimNode {
     /// A restarted node: durable records, plus a random prefix of what was written but not
     /// fsynced; with `lose_tail`, the last durable records are lost to corruption instead.
     pub fn restart(old: SimNode, voters: Vec<NodeId>, config: GupConfig, now: Instant, lose_tail: bool) -> Self {
+        {
+            // The crashed node's clients never learn how their sets ended.
+            let mut w = old.world.borrow_mut();
+            for (_, (key, value, call)) in old.sets {
+                w.history.push(Operation { key, action: Action::Set(value), call, ret: None });
+            }
+        }
         let mut rng = old.rng;
         let mut records = old.disk.durable;
         let mut lost_tail = false;
@@ -135,11 +175,11 @@ impl SimNode {
             records.extend(old.disk.written.into_iter().take(keep).map(|(_, r)| r));
         }
         // The state the host rebuilds: the last snapshot in the log.
-        let (mut seq, mut hash) = (0, 0);
+        let (mut seq, mut hash, mut store) = (0, 0, Store::default());
         for r in &records {
             if let Record::Snapshot { seq: s, data } = r {
                 seq = *s;
-                hash = u64::from_le_bytes(data[..8].try_into().unwrap());
+                (hash, store) = parse_snapshot(data);
             }
         }
         let gup = Gup::recover(old.me, voters, config, Recovered { records: records.clone(), lost_tail }, now);
@@ -147,6 +187,8 @@ impl SimNode {
         n.disk.durable = records;
         n.state_seq = seq;
         n.state_hash = hash;
+        n.store = store;
+        n.registry_keys = old.registry_keys;
         n.submit_every = old.submit_every;
         n.next_submit = old.submit_every.map(|d| now + d);
         n.submitted = old.submitted;
@@ -173,6 +215,10 @@ impl SimNode {
             pending: HashMap::new(),
             compact_every: 40,
             committed: 0,
+            store: Store::default(),
+            registry_keys: 0,
+            sets: HashMap::new(),
+            gets: HashMap::new(),
         }
     }
 
@@ -203,16 +249,6 @@ impl SimNode {
         }
     }
 
-    pub fn disk_state(&self) -> String {
-        format!(
-            "written {:?} fsync {:?} next_submit {:?} gup_timeout {:?}",
-            self.disk.written.iter().map(|w| w.0).collect::<Vec<_>>(),
-            self.fsync,
-            self.next_submit,
-            self.gup.poll_timeout()
-        )
-    }
-
     pub fn durable_records(&self) -> &[Record] {
         &self.disk.durable
     }
@@ -221,33 +257,12 @@ impl SimNode {
         while let Some(ev) = self.gup.poll_event() {
             match ev {
                 Event::Persist { lsn, record } => {
-                    if let (Ok(v), Record::Entry { seq, entry }) = (std::env::var("DVAL"), &record) {
-                        if entry.updates().iter().any(|u| u[..] == *v.as_bytes()) {
-                            eprintln!("{:?} {} persists {v} at {seq} epoch {}", now, self.me, self.gup.epoch());
-                        }
-                    }
-                    if std::env::var("DTRACE").is_ok() && self.me.0 == 1 {
-                        let short = match &record {
-                            Record::Entry { seq, .. } => format!("Entry {seq}"),
-                            r => format!("{:?}", r).chars().take(60).collect(),
-                        };
-                        eprintln!("{:?} n1 persist {lsn} {short}", now);
-                    }
                     self.disk.written.push((lsn, record));
                     if self.fsync.is_none() {
                         self.fsync = Some((now + self.fsync_delay, lsn));
                     }
                 }
                 Event::Apply { seq, entry } => {
-                    if std::env::var("DVAL").is_ok_and(|v| entry.updates().iter().any(|u| u[..] == *v.as_bytes())) {
-                        eprintln!(
-                            "{:?} {} applies {} at {seq}: {:?}",
-                            now,
-                            self.me,
-                            std::env::var("DVAL").unwrap(),
-                            entry
-                        );
-                    }
                     if seq != self.state_seq + 1 {
                         self.world
                             .borrow_mut()
@@ -256,14 +271,17 @@ impl SimNode {
                     }
                     self.state_seq = seq;
                     self.state_hash = mix(self.state_hash, &entry);
+                    let ops: Vec<Op> = entry.updates().iter().filter_map(|u| Op::decode(u).ok()).collect();
+                    self.store.apply(seq, ops);
                     let updates = entry.updates().iter().map(|u| u.to_vec()).collect();
                     self.world.borrow_mut().applied(self.me, seq, self.state_hash, updates);
                     if seq % self.compact_every == 0 {
-                        self.gup.compact(seq, Arc::from(self.state_hash.to_le_bytes().to_vec()));
+                        self.gup.compact(seq, snapshot_bytes(self.state_hash, &self.store));
                     }
                 }
                 Event::InstallSnapshot { seq, data } => {
-                    let hash = u64::from_le_bytes(data[..8].try_into().unwrap());
+                    let (hash, store) = parse_snapshot(&data);
+                    self.store = store;
                     let w = self.world.borrow();
                     if w.canon_hash.get(seq as usize).is_some_and(|&h| h != hash) {
                         drop(w);
@@ -279,14 +297,37 @@ impl SimNode {
                 }
                 Event::Committed { id, .. } => {
                     self.committed += 1;
+                    if let Some((key, value, call)) = self.sets.remove(&id) {
+                        let mut w = self.world.borrow_mut();
+                        let ret = Some(w.t(now));
+                        w.history.push(Operation { key, action: Action::Set(value), call, ret });
+                    }
                     if let Some(v) = self.pending.remove(&id) {
                         self.world.borrow_mut().acked.insert(v);
                     }
                 }
                 Event::Indeterminate { id } => {
                     self.pending.remove(&id);
+                    if let Some((key, value, call)) = self.sets.remove(&id) {
+                        self.world.borrow_mut().history.push(Operation {
+                            key,
+                            action: Action::Set(value),
+                            call,
+                            ret: None,
+                        });
+                    }
                 }
-                Event::ReadReady { .. } | Event::ReadFailed { .. } => {}
+                Event::ReadReady { id, .. } => {
+                    if let Some((key, call)) = self.gets.remove(&id) {
+                        let value = self.store.get(&key).map(|v| v.value.clone());
+                        let mut w = self.world.borrow_mut();
+                        let ret = Some(w.t(now));
+                        w.history.push(Operation { key, action: Action::Get(value), call, ret });
+                    }
+                }
+                Event::ReadFailed { id } => {
+                    self.gets.remove(&id);
+                }
             }
         }
         while let Some((to, bytes)) = self.gup.poll_transmit() {
@@ -303,9 +344,6 @@ impl Node for SimNode {
     }
 
     fn handle_timeout(&mut self, now: Instant) {
-        if std::env::var("DTRACE").is_ok() && self.me.0 == 1 && !self.disk.written.is_empty() {
-            eprintln!("{:?} n1 timeout fsync {:?} gup {:?}", now, self.fsync, self.gup.poll_timeout());
-        }
         if let Some((at, upto)) = self.fsync {
             if at <= now {
                 let (done, rest): (Vec<_>, Vec<_>) = self.disk.written.drain(..).partition(|(l, _)| *l <= upto);
@@ -321,7 +359,22 @@ impl Node for SimNode {
                 for _ in 0..burst {
                     self.submitted += 1;
                     let v = format!("{}:{}", self.me.0, self.submitted).into_bytes();
-                    self.submit_value(now, v);
+                    if self.registry_keys == 0 {
+                        self.submit_value(now, v);
+                        continue;
+                    }
+                    let key = format!("k{}", self.rng.gen_range(0..self.registry_keys)).into_bytes();
+                    let call = self.world.borrow().t(now);
+                    if self.rng.gen_bool(0.5) {
+                        let op = Op::Set { key: key.clone(), value: v.clone() };
+                        if let Some(id) = self.submit_value(now, op.encode()) {
+                            self.sets.insert(id, (key, v, call));
+                        }
+                    } else {
+                        let id = self.gup.read(now);
+                        self.gets.insert(id, (key, call));
+                        self.pump(now);
+                    }
                 }
                 let jitter = self.rng.gen_range(0..=every.as_micros() as u64);
                 self.next_submit = Some(now + every / 2 + Duration::from_micros(jitter));
