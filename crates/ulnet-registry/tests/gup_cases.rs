@@ -136,3 +136,29 @@ fn case5_sender_and_every_receiver_fail_the_update_leaves_no_trace() {
     assert!(!c.world.borrow().acked.contains(b"case5".as_slice()), "its client was never told it happened");
     assert_eq!(holders(&c, "after").len(), 5);
 }
+
+#[test]
+fn a_joining_node_gets_the_state_by_transfer_and_then_every_update() {
+    // Three voters run long enough to compact their logs; a fourth node with an empty log
+    // joins the view: it receives a snapshot and the log tail, then follows as a learner.
+    let mut c = Cluster::with_learners(16, 3, 1, Faults::default());
+    c.install_view((0..3).map(ulnet_registry::gup::NodeId).collect());
+    for i in 0..3 {
+        let now = c.sim.now();
+        c.node_mut(i).unwrap().start_client(Duration::from_millis(2), now);
+    }
+    c.run_for(Duration::from_millis(150)).unwrap();
+    assert!(c.node(0).unwrap().gup.snapshot_seq() > 0, "the voters compacted their logs");
+    assert_eq!(c.node(3).unwrap().gup.applied(), 0);
+    c.install_view((0..4).map(ulnet_registry::gup::NodeId).collect());
+    c.run_for(Duration::from_millis(100)).unwrap();
+    for i in 0..3 {
+        c.node_mut(i).unwrap().stop_client();
+    }
+    c.run_for(Duration::from_millis(100)).unwrap();
+    c.check_settled().unwrap();
+    let joiner = &c.node(3).unwrap().gup;
+    assert!(joiner.is_normal());
+    assert!(joiner.snapshot_seq() > 0, "it started from a transferred snapshot");
+    assert_eq!(joiner.applied(), c.node(0).unwrap().gup.applied());
+}

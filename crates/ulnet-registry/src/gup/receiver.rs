@@ -72,9 +72,18 @@ impl Gup {
 
     /// Answers confirmed read indexes (as locker) and releases reads whose index is applied.
     pub(super) fn reads_pump(&mut self, now: Instant) {
+        let start_round = self
+            .locker
+            .as_ref()
+            .filter(|_| self.normal)
+            .is_some_and(|l| l.reads.iter().any(|r| r.3 > l.round) && l.confirmed_round == l.round);
+        if start_round {
+            // A round that starts after the reads were queued confirms them (a single voter
+            // confirms it at once).
+            self.heartbeat(now);
+        }
         if let Some(locker) = self.locker.as_mut().filter(|_| self.normal) {
             let confirmed = locker.confirmed_round;
-            let start_round = locker.reads.iter().any(|r| r.3 > locker.round) && locker.confirmed_round == locker.round;
             let (ready, waiting): (Vec<_>, Vec<_>) = locker.reads.drain(..).partition(|r| r.3 <= confirmed);
             locker.reads = waiting;
             let epoch = self.promised;
@@ -86,9 +95,6 @@ impl Gup {
                 } else {
                     self.send(asker, Msg::ReadIndexReply { epoch, id, index });
                 }
-            }
-            if start_round {
-                self.heartbeat(now);
             }
         }
         let applied = self.applied;

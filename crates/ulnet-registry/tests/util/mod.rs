@@ -417,13 +417,23 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn new(seed: u64, n: u32, faults: Faults) -> Self {
+        Self::with_learners(seed, n, 0, faults)
+    }
+
+    /// `n` voters and `learners` more nodes that start with empty logs (joining nodes);
+    /// the learners are not in the first view.
+    pub fn with_learners(seed: u64, n: u32, learners: u32, faults: Faults) -> Self {
         let mut sim = Sim::new(seed, faults);
         let world = Rc::new(RefCell::new(World::default()));
         let voters: Vec<NodeId> = (0..n).map(NodeId).collect();
         let config = GupConfig::sim();
         let now = sim.now();
-        for i in 0..n {
-            let gup = Gup::bootstrap(NodeId(i), voters.clone(), config.clone(), now);
+        for i in 0..n + learners {
+            let gup = if i < n {
+                Gup::bootstrap(NodeId(i), voters.clone(), config.clone(), now)
+            } else {
+                Gup::recover(NodeId(i), voters.clone(), config.clone(), Recovered::default(), now)
+            };
             sim.add_node(SimNode::new(gup, world.clone(), seed.wrapping_mul(1000) + i as u64, now));
         }
         let mut c = Self {
@@ -433,7 +443,7 @@ impl Cluster {
             config,
             view_id: 0,
             members: Vec::new(),
-            cut: vec![vec![false; n as usize]; n as usize],
+            cut: vec![vec![false; (n + learners) as usize]; (n + learners) as usize],
             detect: Duration::from_millis(15),
             change_at: None,
             force_view: false,
@@ -445,7 +455,7 @@ impl Cluster {
     }
 
     pub fn n(&self) -> u32 {
-        self.voters.len() as u32
+        self.sim.node_count() as u32
     }
 
     pub fn node(&self, i: u32) -> Option<&SimNode> {
@@ -500,7 +510,8 @@ impl Cluster {
                 best = comp;
             }
         }
-        if best.len() * 2 > n {
+        let voters_in = best.iter().filter(|&&i| i < self.voters.len()).count();
+        if voters_in * 2 > self.voters.len() {
             best.sort_unstable();
             Some(best.into_iter().map(|i| NodeId(i as u32)).collect())
         } else {
