@@ -2,7 +2,7 @@
 //! record format. Every length read from outside is checked against what is left before
 //! anything is allocated.
 
-use crate::gup::types::{BatchId, Entry, Epoch, NodeId};
+use crate::gup::types::{BatchId, Entry, Epoch, NodeId, Part};
 use std::sync::Arc;
 
 /// Why bytes could not be decoded.
@@ -47,6 +47,8 @@ pub enum DecodeError {
 pub const UPDATE_BYTES_MAX: usize = 1 << 20;
 /// Most updates in one batch (one lock grant).
 pub const BATCH_UPDATES_MAX: usize = 4096;
+/// Most senders' batches combined in one log entry.
+pub const PARTS_PER_ENTRY_MAX: usize = 1024;
 /// Most log entries in one message or sync state.
 pub const ENTRIES_PER_MESSAGE_MAX: usize = 1 << 16;
 /// Largest snapshot carried in one message or record.
@@ -148,10 +150,15 @@ impl<'a> Reader<'a> {
     pub(crate) fn entry(&mut self) -> Result<Entry, DecodeError> {
         match self.u8()? {
             ENTRY_UPDATES => {
-                let origin = self.node()?;
-                let batch = self.batch()?;
-                let updates = self.updates()?;
-                Ok(Entry::Updates { origin, batch, updates: updates.into() })
+                let n = self.count("parts", PARTS_PER_ENTRY_MAX, 20)?;
+                let mut parts = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let origin = self.node()?;
+                    let batch = self.batch()?;
+                    let updates = self.updates()?;
+                    parts.push(Part { origin, batch, updates: updates.into() });
+                }
+                Ok(Entry::Updates { parts: parts.into() })
             }
             ENTRY_SKIP => Ok(Entry::Skip),
             tag => Err(DecodeError::UnknownTag { what: "entry", tag }),
@@ -230,11 +237,14 @@ impl Writer {
     }
     pub(crate) fn entry(&mut self, e: &Entry) {
         match e {
-            Entry::Updates { origin, batch, updates } => {
+            Entry::Updates { parts } => {
                 self.u8(ENTRY_UPDATES);
-                self.node(*origin);
-                self.batch(*batch);
-                self.updates(updates);
+                self.u32(parts.len() as u32);
+                for p in parts.iter() {
+                    self.node(p.origin);
+                    self.batch(p.batch);
+                    self.updates(&p.updates);
+                }
             }
             Entry::Skip => self.u8(ENTRY_SKIP),
         }

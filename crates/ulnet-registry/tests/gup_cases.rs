@@ -28,12 +28,8 @@ fn staged(seed: u64, value: &str, cut_sender_from: &[u32]) -> Cluster {
     c.flush(SENDER);
     for _ in 0..100 {
         c.run_for(Duration::from_micros(100)).unwrap();
-        let granted = c
-            .node(SENDER)
-            .unwrap()
-            .gup
-            .log_entries()
-            .any(|(_, e)| e.updates().iter().any(|u| &u[..] == value.as_bytes()));
+        let granted =
+            c.node(SENDER).unwrap().gup.log_entries().any(|(_, e)| e.updates().any(|u| &u[..] == value.as_bytes()));
         if granted {
             return c;
         }
@@ -44,9 +40,7 @@ fn staged(seed: u64, value: &str, cut_sender_from: &[u32]) -> Cluster {
 fn holders(c: &Cluster, value: &str) -> Vec<u32> {
     (0..5)
         .filter(|&i| {
-            c.node(i).is_some_and(|n| {
-                n.gup.log_entries().any(|(_, e)| e.updates().iter().any(|u| &u[..] == value.as_bytes()))
-            })
+            c.node(i).is_some_and(|n| n.gup.log_entries().any(|(_, e)| e.updates().any(|u| &u[..] == value.as_bytes())))
         })
         .collect()
 }

@@ -38,6 +38,11 @@ fn clean_network_all_updates_commit() {
     let w = c.world.borrow();
     assert_eq!(w.acked.len(), w.submitted.len(), "every update submitted on a clean network is acknowledged");
     assert!(w.acked.len() > 500, "only {} updates", w.acked.len());
+    let locker = c.node(0).unwrap().gup.counters();
+    assert!(
+        locker.combined > 0 && locker.combined < locker.grants,
+        "both single and combined grants happen: {locker:?}"
+    );
 }
 
 #[test]

@@ -21,11 +21,11 @@ fn temp_dir(name: &str) -> PathBuf {
 fn entry(i: u64) -> Record {
     Record::Entry {
         seq: i,
-        entry: Entry::Updates {
-            origin: NodeId(1),
-            batch: ulnet_registry::gup::BatchId { incarnation: 1, counter: i },
-            updates: vec![Arc::from(format!("update {i}").into_bytes())].into(),
-        },
+        entry: Entry::single(
+            NodeId(1),
+            ulnet_registry::gup::BatchId { incarnation: 1, counter: i },
+            vec![Arc::from(format!("update {i}").into_bytes())].into(),
+        ),
     }
 }
 

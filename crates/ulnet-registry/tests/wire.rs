@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use std::sync::Arc;
-use ulnet_registry::gup::{BatchId, Entry, Epoch, Msg, NodeId, Record};
+use ulnet_registry::gup::{BatchId, Entry, Epoch, Msg, NodeId, Part, Record};
 use ulnet_registry::store::{Op, Store};
 use ulnet_registry::wal::record::{decode_record, encode_record, frame_record, read_frame};
 
@@ -27,10 +27,11 @@ fn updates() -> impl Strategy<Value = Vec<Arc<[u8]>>> {
 fn entry() -> impl Strategy<Value = Entry> {
     prop_oneof![
         Just(Entry::Skip),
-        (any::<u32>(), batch(), updates()).prop_map(|(o, batch, u)| Entry::Updates {
-            origin: NodeId(o),
-            batch,
-            updates: u.into()
+        proptest::collection::vec((any::<u32>(), batch(), updates()), 1..4).prop_map(|parts| Entry::Updates {
+            parts: parts
+                .into_iter()
+                .map(|(o, batch, u)| Part { origin: NodeId(o), batch, updates: u.into() })
+                .collect()
         }),
     ]
 }
@@ -84,6 +85,8 @@ fn msg() -> impl Strategy<Value = Msg> {
         (epoch(), any::<u64>(), any::<u64>()).prop_map(|(epoch, from, to)| Msg::RepairRequest { epoch, from, to }),
         (epoch(), any::<u64>()).prop_map(|(epoch, id)| Msg::ReadIndexRequest { epoch, id }),
         (epoch(), any::<u64>(), any::<u64>()).prop_map(|(epoch, id, index)| Msg::ReadIndexReply { epoch, id, index }),
+        (epoch(), batch(), any::<u64>()).prop_map(|(epoch, batch, seq)| Msg::GrantCombined { epoch, batch, seq }),
+        (epoch(), any::<u64>()).prop_map(|(epoch, upto)| Msg::Committed { epoch, upto }),
     ]
 }
 

@@ -48,6 +48,12 @@ pub struct GupConfig {
     pub queue_max: usize,
     /// Most log entries sent in one catch-up message (bigger gaps take several).
     pub catchup_entries_max: usize,
+    /// How long the locker holds the first queued lock request for others to join it under
+    /// one grant. Zero: requests are granted when the host next polls, after the burst of
+    /// input it processed — which already gathers concurrent requests without adding
+    /// latency. The simulator polls after every message, so its profile waits a little to
+    /// exercise combined grants.
+    pub grant_delay: Duration,
     /// Checks a snapshot received from a peer before it replaces the local state; one that
     /// fails is dropped with the message and counted as malformed. The registry sets its
     /// decoder here; the default accepts any bytes.
@@ -72,6 +78,7 @@ impl GupConfig {
             batch_bytes_max: 1 << 20,
             queue_max: 1 << 16,
             catchup_entries_max: 4096,
+            grant_delay: Duration::ZERO,
             snapshot_valid: |_| true,
         }
     }
@@ -93,7 +100,13 @@ impl GupConfig {
     /// The simulator's network (50–150 µs one way, simulated fsync of about 1 ms): like
     /// `local`, with small batches and catch-ups so that the fault paths are exercised.
     pub fn sim() -> Self {
-        Self { batch_updates_max: 8, catchup_entries_max: 16, window: 4, ..Self::local() }
+        Self {
+            batch_updates_max: 8,
+            catchup_entries_max: 16,
+            window: 4,
+            grant_delay: Duration::from_micros(300),
+            ..Self::local()
+        }
     }
 }
 

@@ -2,11 +2,16 @@
 //! replay, take over transmissions whose sender went quiet, heartbeat, confirm reads — and,
 //! when a node becomes locker, sync: collect a majority's logs, decide the log, replay it.
 
-use super::{AfterDurable, BatchId, Entry, Epoch, Gup, Msg, NodeId, Record};
+use super::{AfterDurable, BatchId, Entry, Epoch, Gup, Msg, NodeId, Part, Record};
 use crate::codec::SnapshotPart;
+use crate::codec::PARTS_PER_ENTRY_MAX;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
+
+/// Most lock requests waiting at the locker for the next grant (one per sender and window
+/// slot in practice: senders × `window`); beyond it requests are dropped and sent again.
+pub(super) const LOCK_QUEUE_MAX: usize = 1 << 16;
 
 /// How many of a sender's most recent batches the locker remembers. A sender has at most
 /// `window` batches outstanding, all among its `window` most recent, so a request for an
@@ -16,9 +21,14 @@ pub(super) const GRANT_MEMORY: u64 = 64;
 pub(super) struct LockerState {
     /// Last granted position.
     pub(super) granted: u64,
-    /// Recent grants by sender (and its incarnation): batch counter to position, for
-    /// answering repeated requests with the same position. See [`GRANT_MEMORY`].
-    grants: HashMap<(NodeId, u32), BTreeMap<u64, u64>>,
+    /// Recent grants by sender (and its incarnation): batch counter to position and whether
+    /// it is combined, for answering repeated requests alike. See [`GRANT_MEMORY`].
+    grants: HashMap<(NodeId, u32), BTreeMap<u64, (u64, bool)>>,
+    /// Lock requests waiting for the next grant, and since when the first waits.
+    queued: Vec<(NodeId, BatchId, Arc<[Arc<[u8]>]>)>,
+    pub(super) queued_since: Option<Instant>,
+    /// Combined positions whose senders are told when they are committed.
+    notify: BTreeMap<u64, Vec<NodeId>>,
     /// When each uncommitted position was granted or last transmitted by me.
     pending: BTreeMap<u64, Instant>,
     /// Nodes known to hold this epoch's log (answered a catch-up).
@@ -198,6 +208,9 @@ impl Gup {
         self.locker = Some(LockerState {
             granted: end,
             grants: HashMap::new(),
+            queued: Vec::new(),
+            queued_since: None,
+            notify: BTreeMap::new(),
             pending: BTreeMap::new(),
             synced: vec![self.me],
             round: 0,
@@ -221,10 +234,12 @@ impl Gup {
         self.recovering_since = None;
         self.peer_prefix.clear();
         let (granted, grants) = {
-            let mut grants: HashMap<(NodeId, u32), BTreeMap<u64, u64>> = HashMap::new();
+            let mut grants: HashMap<(NodeId, u32), BTreeMap<u64, (u64, bool)>> = HashMap::new();
             for (seq, slot) in self.log.range(self.applied + 1..) {
-                if let Entry::Updates { origin, batch, .. } = &slot.entry {
-                    grants.entry((*origin, batch.incarnation)).or_default().insert(batch.counter, *seq);
+                let parts = slot.entry.parts();
+                for p in parts {
+                    // Whoever delivered it before, the locker finishes it now.
+                    grants.entry((p.origin, p.batch.incarnation)).or_default().insert(p.batch.counter, (*seq, true));
                 }
             }
             (self.log.keys().next_back().copied().unwrap_or(self.base).max(self.base), grants)
@@ -241,34 +256,116 @@ impl Gup {
         self.heartbeat(now);
     }
 
-    /// Assigns the next position to a batch (or returns the one it already has).
-    pub(super) fn grant(
+    /// Queues a lock request for the next grant (see [`Gup::poll_event`]); a request the
+    /// locker granted already is answered with the same position.
+    pub(super) fn queue_lock_request(
         &mut self,
         now: Instant,
         origin: NodeId,
         batch: BatchId,
         updates: Arc<[Arc<[u8]>]>,
-    ) -> Option<u64> {
-        let locker = self.locker.as_mut()?;
-        let recent = locker.grants.entry((origin, batch.incarnation)).or_default();
-        if let Some(&seq) = recent.get(&batch.counter) {
-            return Some(seq);
+    ) {
+        let Some(locker) = self.locker.as_mut().filter(|_| self.normal) else { return };
+        let known = locker.grants.get(&(origin, batch.incarnation)).and_then(|r| r.get(&batch.counter)).copied();
+        if let Some((seq, combined)) = known {
+            self.answer_grant(now, origin, batch, seq, combined);
+            return;
         }
-        let newest = recent.keys().next_back().copied().unwrap_or(0);
-        if batch.counter + GRANT_MEMORY <= newest {
+        if locker.queued.iter().any(|q| q.0 == origin && q.1 == batch) {
+            return;
+        }
+        if locker.queued.len() >= LOCK_QUEUE_MAX {
+            // Overflow: the sender asks again after `retransmit_after`.
             self.counters.stale += 1;
-            return None;
+            return;
         }
-        locker.granted += 1;
-        let seq = locker.granted;
-        recent.insert(batch.counter, seq);
-        while recent.len() as u64 > GRANT_MEMORY {
-            recent.pop_first();
+        locker.queued.push((origin, batch, updates));
+        locker.queued_since.get_or_insert(now);
+    }
+
+    fn answer_grant(&mut self, now: Instant, origin: NodeId, batch: BatchId, seq: u64, combined: bool) {
+        let epoch = self.promised;
+        match (origin == self.me, combined) {
+            (true, false) => self.on_grant(now, origin, epoch, batch, seq),
+            (true, true) => self.on_grant_combined(now, origin, epoch, batch, seq),
+            (false, false) => self.send(origin, Msg::Grant { epoch, batch, seq }),
+            (false, true) => self.send(origin, Msg::GrantCombined { epoch, batch, seq }),
         }
-        locker.pending.insert(seq, now);
-        self.counters.grants += 1;
-        self.persist_entry(seq, Entry::Updates { origin, batch, updates });
-        Some(seq)
+    }
+
+    /// Grants every queued request: one alone gets its own position, delivered by its
+    /// sender as in MSCS; several share one position (one entry, one fsync per member, one
+    /// acknowledgement each), which the locker delivers itself.
+    pub(super) fn flush_grants(&mut self) {
+        if !self.is_locker() {
+            return;
+        }
+        let now = self.last_now;
+        let delay = self.config.grant_delay;
+        let locker = self.locker.as_mut().expect("locker");
+        if locker.queued.is_empty() || locker.queued_since.is_some_and(|t| now < t + delay) {
+            return;
+        }
+        locker.queued_since = None;
+        let queued = std::mem::take(&mut locker.queued);
+        let mut fresh = Vec::with_capacity(queued.len());
+        for (origin, batch, updates) in queued {
+            let recent = locker.grants.entry((origin, batch.incarnation)).or_default();
+            let newest = recent.keys().next_back().copied().unwrap_or(0);
+            if batch.counter + GRANT_MEMORY <= newest {
+                self.counters.stale += 1;
+                continue;
+            }
+            fresh.push(Part { origin, batch, updates });
+        }
+        let epoch = self.promised;
+        for chunk in fresh.chunks(PARTS_PER_ENTRY_MAX) {
+            let combined = chunk.len() > 1;
+            let locker = self.locker.as_mut().expect("locker");
+            locker.granted += 1;
+            let seq = locker.granted;
+            for p in chunk {
+                let recent = locker.grants.entry((p.origin, p.batch.incarnation)).or_default();
+                recent.insert(p.batch.counter, (seq, combined));
+                while recent.len() as u64 > GRANT_MEMORY {
+                    recent.pop_first();
+                }
+            }
+            locker.pending.insert(seq, now);
+            if combined {
+                self.counters.combined += 1;
+                let origins: Vec<NodeId> = chunk.iter().map(|p| p.origin).filter(|&o| o != self.me).collect();
+                locker.notify.insert(seq, origins);
+            }
+            self.counters.grants += 1;
+            let entry = Entry::Updates { parts: Arc::from(chunk) };
+            self.persist_entry(seq, entry.clone());
+            if combined {
+                self.transmit(epoch, seq, entry, None);
+            }
+            for p in chunk {
+                self.answer_grant(now, p.origin, p.batch, seq, combined);
+            }
+        }
+    }
+
+    /// Tells the senders of combined entries that became committed.
+    pub(super) fn notify_commits(&mut self) {
+        let commit = self.commit;
+        let epoch = self.promised;
+        let Some(locker) = self.locker.as_mut().filter(|_| self.normal) else { return };
+        if locker.notify.first_key_value().is_none_or(|(s, _)| *s > commit) {
+            return;
+        }
+        let rest = locker.notify.split_off(&(commit + 1));
+        let done = std::mem::replace(&mut locker.notify, rest);
+        let mut told: Vec<NodeId> = Vec::new();
+        for to in done.into_values().flatten() {
+            if !told.contains(&to) {
+                told.push(to);
+                self.send(to, Msg::Committed { epoch, upto: commit });
+            }
+        }
     }
 
     pub(super) fn on_lock_request(
@@ -283,9 +380,7 @@ impl Gup {
             self.counters.stale += 1;
             return;
         }
-        if let Some(seq) = self.grant(now, from, batch, updates.into()) {
-            self.send(from, Msg::Grant { epoch, batch, seq });
-        }
+        self.queue_lock_request(now, from, batch, updates.into());
     }
 
     pub(super) fn on_unlock(&mut self, from: NodeId, epoch: Epoch, upto: u64) {

@@ -61,7 +61,7 @@ pub mod types;
 pub mod wire;
 
 pub use config::GupConfig;
-pub use types::{BatchId, Entry, Epoch, NodeId, Record, View};
+pub use types::{BatchId, Entry, Epoch, NodeId, Part, Record, View};
 pub use wire::Msg;
 
 use crate::codec::SnapshotPart;
@@ -165,6 +165,8 @@ pub struct Counters {
     pub stale: u64,
     /// Lock grants given (as locker).
     pub grants: u64,
+    /// Of those, grants that combined several senders' batches into one entry.
+    pub combined: u64,
     /// Entries transmitted by the locker on behalf of a sender (case 1).
     pub takeovers: u64,
     /// Syncs completed as new locker.
@@ -247,6 +249,8 @@ pub struct Gup {
     reads: receiver::Reads,
 
     next_tick: Instant,
+    /// The time of the latest input (for work done while the host polls).
+    last_now: Instant,
     transmits: VecDeque<(NodeId, Msg)>,
     events: VecDeque<Event>,
     counters: Counters,
@@ -312,6 +316,7 @@ impl Gup {
             last_repair: None,
             reads: receiver::Reads::default(),
             next_tick: now,
+            last_now: now,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             counters: Counters::default(),
@@ -425,6 +430,7 @@ impl Gup {
 
     /// A decoded message arrived from `from` (for hosts that decode themselves).
     pub fn handle_msg(&mut self, now: Instant, from: NodeId, msg: Msg) {
+        self.last_now = self.last_now.max(now);
         if let Msg::SyncState { snapshot: Some((_, data)), .. } | Msg::Catchup { snapshot: Some((_, data)), .. } = &msg
         {
             if !(self.config.snapshot_valid)(data) {
@@ -455,6 +461,14 @@ impl Gup {
             Msg::RepairRequest { epoch, from: first, to } => self.on_repair_request(from, epoch, first, to),
             Msg::ReadIndexRequest { epoch, id } => self.on_read_index_request(now, from, epoch, id),
             Msg::ReadIndexReply { epoch, id, index } => self.on_read_index_reply(from, epoch, id, index),
+            Msg::GrantCombined { epoch, batch, seq } => self.on_grant_combined(now, from, epoch, batch, seq),
+            Msg::Committed { epoch, upto } => {
+                if epoch == self.promised && self.normal && from == epoch.locker && from != self.me {
+                    self.learn_commit(upto);
+                } else {
+                    self.counters.stale += 1;
+                }
+            }
         }
         self.after_input(now);
     }
@@ -464,6 +478,7 @@ impl Gup {
     /// installed after the restart (as membership's join gives it): a node whose log lost its
     /// tail trusts that no epoch of that view was promised before.
     pub fn handle_view(&mut self, now: Instant, view: View) {
+        self.last_now = self.last_now.max(now);
         if self.view.as_ref().is_some_and(|v| v.id >= view.id) {
             return;
         }
@@ -487,6 +502,7 @@ impl Gup {
 
     /// Records up to `lsn` are fsynced.
     pub fn handle_durable(&mut self, now: Instant, lsn: u64) {
+        self.last_now = self.last_now.max(now);
         if lsn <= self.durable_lsn {
             return;
         }
@@ -504,11 +520,14 @@ impl Gup {
     /// Housekeeping at `now`: retransmissions, takeovers, repairs, heartbeats, deadlines.
     /// A harmless no-op before [`Gup::poll_timeout`].
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.last_now = self.last_now.max(now);
         if now < self.next_tick {
+            self.flush_grants();
             return;
         }
         self.next_tick = now + self.config.tick;
         self.sender_tick(now);
+        self.flush_grants();
         self.locker_tick(now);
         self.receiver_tick(now);
         self.after_input(now);
@@ -516,21 +535,26 @@ impl Gup {
 
     /// When [`Gup::handle_timeout`] should next be called.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        Some(self.next_tick)
+        let grant_at = self.locker.as_ref().and_then(|l| l.queued_since).map(|t| t + self.config.grant_delay);
+        Some(grant_at.map_or(self.next_tick, |g| g.min(self.next_tick)))
     }
 
     /// The next message to send, encoded.
     pub fn poll_transmit(&mut self) -> Option<(NodeId, Vec<u8>)> {
-        self.transmits.pop_front().map(|(to, msg)| (to, msg.encode()))
+        self.poll_msg().map(|(to, msg)| (to, msg.encode()))
     }
 
     /// The next message to send, not encoded (for hosts that encode themselves).
     pub fn poll_msg(&mut self) -> Option<(NodeId, Msg)> {
+        self.flush_grants();
         self.transmits.pop_front()
     }
 
-    /// The next event for the host.
+    /// The next event for the host. As locker, the lock requests that arrived since the
+    /// last poll are granted here, together: the host's polling after a burst of input is
+    /// what lets concurrent updates share one grant.
     pub fn poll_event(&mut self) -> Option<Event> {
+        self.flush_grants();
         self.events.pop_front()
     }
 
@@ -688,9 +712,9 @@ impl Gup {
             let entry = slot.entry.clone();
             self.applied += 1;
             let seq = self.applied;
-            if let Entry::Updates { origin, batch, .. } = &entry {
-                if *origin == self.me {
-                    self.sender_applied(*batch, seq);
+            for part in entry.parts() {
+                if part.origin == self.me {
+                    self.sender_applied(part.batch, seq);
                 }
             }
             self.events.push_back(Event::Apply { seq, entry });
@@ -707,6 +731,7 @@ impl Gup {
 
     fn after_input(&mut self, now: Instant) {
         self.commit_from_acks();
+        self.notify_commits();
         self.apply_committed();
         self.sender_pump(now);
         self.reads_pump(now);

@@ -26,6 +26,7 @@ impl Gup {
     /// every update committed before this call (serve the read from it then), or
     /// [`Event::ReadFailed`] after `read_timeout`.
     pub fn read(&mut self, now: Instant) -> ReadId {
+        self.last_now = self.last_now.max(now);
         let id = ReadId(self.reads.next_id);
         self.reads.next_id += 1;
         self.reads.waiting.push(ReadWait { id, deadline: now + self.config.read_timeout, index: None, last_sent: now });

@@ -33,6 +33,8 @@ struct Flight {
     updates: Arc<[Arc<[u8]>]>,
     /// The position granted in the current epoch, once granted.
     seq: Option<u64>,
+    /// The position holds a combined entry, which the locker delivers.
+    by_locker: bool,
     last_sent: Instant,
 }
 
@@ -41,6 +43,7 @@ impl Gup {
     /// reported with [`Event::Committed`] — or reported [`Event::Indeterminate`] after
     /// `update_timeout`.
     pub fn submit(&mut self, now: Instant, update: Arc<[u8]>) -> Result<UpdateId, SubmitError> {
+        self.last_now = self.last_now.max(now);
         if update.len() > UPDATE_BYTES_MAX {
             return Err(SubmitError::TooLarge(update.len()));
         }
@@ -104,7 +107,9 @@ impl Gup {
             let batch = BatchId { incarnation: self.incarnation, counter: self.sender.next_batch };
             self.sender.next_batch += 1;
             let updates: Arc<[Arc<[u8]>]> = updates.into();
-            self.sender.flights.insert(batch, Flight { ids, updates: updates.clone(), seq: None, last_sent: now });
+            self.sender
+                .flights
+                .insert(batch, Flight { ids, updates: updates.clone(), seq: None, by_locker: false, last_sent: now });
             self.request_lock(now, batch);
         }
     }
@@ -115,9 +120,7 @@ impl Gup {
         flight.last_sent = now;
         let updates = flight.updates.clone();
         if epoch.locker == self.me {
-            if let Some(seq) = self.grant(now, self.me, batch, updates) {
-                self.on_grant(now, self.me, epoch, batch, seq);
-            }
+            self.queue_lock_request(now, self.me, batch, updates);
         } else {
             self.send(epoch.locker, Msg::LockRequest { epoch, batch, updates: updates.to_vec() });
         }
@@ -140,11 +143,29 @@ impl Gup {
         }
         flight.seq = Some(seq);
         flight.last_sent = now;
-        let entry = Entry::Updates { origin: self.me, batch, updates: flight.updates.clone() };
+        let entry = Entry::single(self.me, batch, flight.updates.clone());
         if seq > self.base && !self.log.contains_key(&seq) {
             self.persist_entry(seq, entry.clone());
         }
         self.transmit(epoch, seq, entry, None);
+    }
+
+    pub(super) fn on_grant_combined(&mut self, now: Instant, from: NodeId, epoch: Epoch, batch: BatchId, seq: u64) {
+        if epoch != self.promised || !self.normal || from != epoch.locker {
+            self.counters.stale += 1;
+            return;
+        }
+        let Some(flight) = self.sender.flights.get_mut(&batch) else { return };
+        if flight.seq.is_some() {
+            return;
+        }
+        if seq <= self.applied {
+            self.sender_applied(batch, seq);
+            return;
+        }
+        flight.seq = Some(seq);
+        flight.by_locker = true;
+        flight.last_sent = now;
     }
 
     /// Sends the entry at `seq` around the circular order, starting after the locker; with
@@ -181,7 +202,11 @@ impl Gup {
             .sender
             .flights
             .iter()
-            .filter(|(_, f)| f.last_sent + self.config.retransmit_after <= now && f.seq.is_none_or(|s| s > self.commit))
+            .filter(|(_, f)| {
+                !f.by_locker
+                    && f.last_sent + self.config.retransmit_after <= now
+                    && f.seq.is_none_or(|s| s > self.commit)
+            })
             .map(|(b, f)| (*b, f.seq))
             .collect();
         for (batch, seq) in due {
@@ -190,7 +215,7 @@ impl Gup {
                 Some(seq) => {
                     let flight = self.sender.flights.get_mut(&batch).expect("listed");
                     flight.last_sent = now;
-                    let entry = Entry::Updates { origin: self.me, batch, updates: flight.updates.clone() };
+                    let entry = Entry::single(self.me, batch, flight.updates.clone());
                     self.transmit(epoch, seq, entry, Some(()));
                 }
             }
@@ -240,6 +265,7 @@ impl Gup {
         self.sender.unlocked = self.commit;
         for flight in self.sender.flights.values_mut() {
             flight.seq = None;
+            flight.by_locker = false;
         }
         self.sender.resolve_at = Some(end);
         self.sender_pump(now);
@@ -248,18 +274,20 @@ impl Gup {
     /// My log is complete up to the end of the new epoch's decided log: batches it holds
     /// keep their new position; the others ask the new locker for the lock again.
     fn resolve_flights(&mut self, now: Instant) {
-        let mine: HashMap<BatchId, u64> = self
+        let mine: HashMap<BatchId, (u64, bool)> = self
             .log
             .range(self.applied + 1..)
-            .filter_map(|(seq, slot)| match &slot.entry {
-                Entry::Updates { origin, batch, .. } if *origin == self.me => Some((*batch, *seq)),
-                _ => None,
+            .flat_map(|(seq, slot)| {
+                let combined = slot.entry.parts().len() > 1;
+                slot.entry.parts().iter().filter(|p| p.origin == self.me).map(move |p| (p.batch, (*seq, combined)))
             })
             .collect();
         let batches: Vec<BatchId> = self.sender.flights.keys().copied().collect();
         for batch in batches {
             let flight = self.sender.flights.get_mut(&batch).expect("listed");
-            flight.seq = mine.get(&batch).copied();
+            flight.seq = mine.get(&batch).map(|m| m.0);
+            // Whoever delivers it, the new epoch's log has it: the locker finishes it.
+            flight.by_locker = mine.contains_key(&batch);
             if flight.seq.is_none() {
                 self.request_lock(now, batch);
             }

@@ -66,17 +66,26 @@ pub struct BatchId {
     pub counter: u64,
 }
 
+/// One sender's batch within a log entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Part {
+    /// The node whose clients submitted the updates.
+    pub origin: NodeId,
+    /// The sender's batch name (for deduplication and for acknowledging the clients).
+    pub batch: BatchId,
+    /// The updates, opaque to GUP, applied in this order.
+    pub updates: Arc<[Arc<[u8]>]>,
+}
+
 /// One position of the totally ordered log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Entry {
-    /// A batch of updates granted under one lock grant.
+    /// The batches granted under one lock grant: one sender's (which that sender delivers),
+    /// or several senders' whose requests the locker found waiting together (which the
+    /// locker delivers).
     Updates {
-        /// The node whose clients submitted them.
-        origin: NodeId,
-        /// The sender's batch name (for deduplication and for acknowledging the clients).
-        batch: BatchId,
-        /// The updates, opaque to GUP, applied in this order.
-        updates: Arc<[Arc<[u8]>]>,
+        /// The batches, applied in this order.
+        parts: Arc<[Part]>,
     },
     /// A position a new locker found empty after a failure: an update whose sender and every
     /// receiver failed (case 5). It is applied as nothing.
@@ -84,12 +93,22 @@ pub enum Entry {
 }
 
 impl Entry {
-    /// The updates of the entry (none for a skip).
-    pub fn updates(&self) -> &[Arc<[u8]>] {
+    /// One sender's batch.
+    pub fn single(origin: NodeId, batch: BatchId, updates: Arc<[Arc<[u8]>]>) -> Entry {
+        Entry::Updates { parts: Arc::from([Part { origin, batch, updates }]) }
+    }
+
+    /// The batches of the entry (none for a skip).
+    pub fn parts(&self) -> &[Part] {
         match self {
-            Entry::Updates { updates, .. } => updates,
+            Entry::Updates { parts } => parts,
             Entry::Skip => &[],
         }
+    }
+
+    /// Every update of the entry, in order.
+    pub fn updates(&self) -> impl Iterator<Item = &Arc<[u8]>> + '_ {
+        self.parts().iter().flat_map(|p| p.updates.iter())
     }
 }
 

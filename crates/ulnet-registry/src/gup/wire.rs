@@ -151,6 +151,24 @@ pub enum Msg {
         /// The read index.
         index: u64,
     },
+    /// Locker to sender: the batch holds position `seq` in an entry that combines several
+    /// senders' batches, which the locker delivers itself.
+    GrantCombined {
+        /// The locker's epoch.
+        epoch: Epoch,
+        /// The batch.
+        batch: BatchId,
+        /// Its position.
+        seq: u64,
+    },
+    /// Locker to the senders of a combined entry: committed up to `upto` (the unlock, sent
+    /// the other way because the locker collected the acknowledgements).
+    Committed {
+        /// The locker's epoch.
+        epoch: Epoch,
+        /// Committed position.
+        upto: u64,
+    },
 }
 
 // Message kinds: append-only; never reuse a number.
@@ -166,6 +184,8 @@ const CATCHUP: u8 = 9;
 const REPAIR_REQUEST: u8 = 10;
 const READ_INDEX_REQUEST: u8 = 11;
 const READ_INDEX_REPLY: u8 = 12;
+const GRANT_COMBINED: u8 = 13;
+const COMMITTED: u8 = 14;
 
 impl Msg {
     /// The epoch the message belongs to.
@@ -182,7 +202,9 @@ impl Msg {
             | Msg::Catchup { epoch, .. }
             | Msg::RepairRequest { epoch, .. }
             | Msg::ReadIndexRequest { epoch, .. }
-            | Msg::ReadIndexReply { epoch, .. } => *epoch,
+            | Msg::ReadIndexReply { epoch, .. }
+            | Msg::GrantCombined { epoch, .. }
+            | Msg::Committed { epoch, .. } => *epoch,
         }
     }
 
@@ -271,6 +293,17 @@ impl Msg {
                 w.u64(*id);
                 w.u64(*index);
             }
+            Msg::GrantCombined { epoch, batch, seq } => {
+                w.u8(GRANT_COMBINED);
+                w.epoch(*epoch);
+                w.batch(*batch);
+                w.u64(*seq);
+            }
+            Msg::Committed { epoch, upto } => {
+                w.u8(COMMITTED);
+                w.epoch(*epoch);
+                w.u64(*upto);
+            }
         }
         w.buf
     }
@@ -319,6 +352,8 @@ impl Msg {
             REPAIR_REQUEST => Msg::RepairRequest { epoch: r.epoch()?, from: r.u64()?, to: r.u64()? },
             READ_INDEX_REQUEST => Msg::ReadIndexRequest { epoch: r.epoch()?, id: r.u64()? },
             READ_INDEX_REPLY => Msg::ReadIndexReply { epoch: r.epoch()?, id: r.u64()?, index: r.u64()? },
+            GRANT_COMBINED => Msg::GrantCombined { epoch: r.epoch()?, batch: r.batch()?, seq: r.u64()? },
+            COMMITTED => Msg::Committed { epoch: r.epoch()?, upto: r.u64()? },
             tag => return Err(DecodeError::UnknownTag { what: "message", tag }),
         };
         r.finish()?;

@@ -271,9 +271,9 @@ impl SimNode {
                     }
                     self.state_seq = seq;
                     self.state_hash = mix(self.state_hash, &entry);
-                    let ops: Vec<Op> = entry.updates().iter().filter_map(|u| Op::decode(u).ok()).collect();
+                    let ops: Vec<Op> = entry.updates().filter_map(|u| Op::decode(u).ok()).collect();
                     self.store.apply(seq, ops);
-                    let updates = entry.updates().iter().map(|u| u.to_vec()).collect();
+                    let updates = entry.updates().map(|u| u.to_vec()).collect();
                     self.world.borrow_mut().applied(self.me, seq, self.state_hash, updates);
                     if seq % self.compact_every == 0 {
                         self.gup.compact(seq, snapshot_bytes(self.state_hash, &self.store));
