@@ -25,7 +25,7 @@ pub(super) struct LockerState {
     /// it is combined, for answering repeated requests alike. See [`GRANT_MEMORY`].
     grants: HashMap<(NodeId, u32), BTreeMap<u64, (u64, bool)>>,
     /// Lock requests waiting for the next grant, and since when the first waits.
-    queued: Vec<(NodeId, BatchId, Arc<[Arc<[u8]>]>)>,
+    queued: Vec<Part>,
     pub(super) queued_since: Option<Instant>,
     /// Combined positions whose senders are told when they are committed.
     notify: BTreeMap<u64, Vec<NodeId>>,
@@ -271,7 +271,7 @@ impl Gup {
             self.answer_grant(now, origin, batch, seq, combined);
             return;
         }
-        if locker.queued.iter().any(|q| q.0 == origin && q.1 == batch) {
+        if locker.queued.iter().any(|q| q.origin == origin && q.batch == batch) {
             return;
         }
         if locker.queued.len() >= LOCK_QUEUE_MAX {
@@ -279,7 +279,7 @@ impl Gup {
             self.counters.stale += 1;
             return;
         }
-        locker.queued.push((origin, batch, updates));
+        locker.queued.push(Part { origin, batch, updates });
         locker.queued_since.get_or_insert(now);
     }
 
@@ -309,14 +309,14 @@ impl Gup {
         locker.queued_since = None;
         let queued = std::mem::take(&mut locker.queued);
         let mut fresh = Vec::with_capacity(queued.len());
-        for (origin, batch, updates) in queued {
-            let recent = locker.grants.entry((origin, batch.incarnation)).or_default();
+        for part in queued {
+            let recent = locker.grants.entry((part.origin, part.batch.incarnation)).or_default();
             let newest = recent.keys().next_back().copied().unwrap_or(0);
-            if batch.counter + GRANT_MEMORY <= newest {
+            if part.batch.counter + GRANT_MEMORY <= newest {
                 self.counters.stale += 1;
                 continue;
             }
-            fresh.push(Part { origin, batch, updates });
+            fresh.push(part);
         }
         let epoch = self.promised;
         for chunk in fresh.chunks(PARTS_PER_ENTRY_MAX) {
