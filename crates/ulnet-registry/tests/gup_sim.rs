@@ -89,3 +89,23 @@ fn run_registry(seed: u64, n: u32) -> Result<(), ulnet_sim::Violation> {
 fn registry_histories_are_linearizable_per_key() {
     for_each_seed("registry_histories_are_linearizable_per_key", 5000..5300, |seed| run_registry(seed, 5));
 }
+
+/// Debugging aid for a failing seed: prints the plan and every persist and apply of one
+/// update. `DSEED=815 DVAL=4:173 cargo test --release -p ulnet-registry --test gup_sim
+/// trace_seed -- --ignored --nocapture` (five nodes, 5% loss, as the main test).
+#[test]
+#[ignore]
+fn trace_seed() {
+    let seed: u64 = std::env::var("DSEED").unwrap().parse().unwrap();
+    let val = std::env::var("DVAL").unwrap();
+    let mut c = Cluster::new(seed, 5, Faults::lossy(0.05));
+    c.start_clients(Duration::from_millis(3));
+    let quiet = Duration::from_millis(400);
+    let p = plan(seed, 5, quiet);
+    for ch in &p.changes {
+        eprintln!("{ch:?}");
+    }
+    c.trace = Some(val.into_bytes());
+    let r = c.run_plan(&p, quiet);
+    eprintln!("{r:?} {:?}", c.check_settled());
+}

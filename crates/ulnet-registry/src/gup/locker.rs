@@ -504,6 +504,7 @@ impl Gup {
         self.commit = self.commit.max(seq);
         self.durable_prefix = self.durable_prefix.max(seq).min(seq);
         self.snapshot = Some((seq, data.clone()));
+        self.snapshot_installs += 1;
         self.base_lsn = self.persist(Record::Snapshot { seq, data: data.clone() });
         self.events.push_back(super::Event::InstallSnapshot { seq, data });
         self.sender_snapshot_installed(seq, same_epoch);

@@ -225,6 +225,8 @@ pub struct Gup {
     commit_recorded: u64,
     /// Highest position known to be granted (from heartbeats and batches).
     granted_known: u64,
+    /// Snapshots from peers installed so far (they hide which batches they contain).
+    snapshot_installs: u64,
 
     // Persistence.
     next_lsn: u64,
@@ -302,6 +304,7 @@ impl Gup {
             commit: 0,
             commit_recorded: 0,
             granted_known: 0,
+            snapshot_installs: 0,
             next_lsn: 1,
             durable_lsn: 0,
             after_durable: VecDeque::new(),

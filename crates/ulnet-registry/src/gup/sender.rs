@@ -36,6 +36,8 @@ struct Flight {
     /// The position holds a combined entry, which the locker delivers.
     by_locker: bool,
     last_sent: Instant,
+    /// Snapshots from peers installed before the batch was formed (see `resolve_flights`).
+    installs_seen: u64,
 }
 
 impl Gup {
@@ -107,9 +109,10 @@ impl Gup {
             let batch = BatchId { incarnation: self.incarnation, counter: self.sender.next_batch };
             self.sender.next_batch += 1;
             let updates: Arc<[Arc<[u8]>]> = updates.into();
-            self.sender
-                .flights
-                .insert(batch, Flight { ids, updates: updates.clone(), seq: None, by_locker: false, last_sent: now });
+            let installs_seen = self.snapshot_installs;
+            let flight =
+                Flight { ids, updates: updates.clone(), seq: None, by_locker: false, last_sent: now, installs_seen };
+            self.sender.flights.insert(batch, flight);
             self.request_lock(now, batch);
         }
     }
@@ -284,11 +287,23 @@ impl Gup {
             .collect();
         let batches: Vec<BatchId> = self.sender.flights.keys().copied().collect();
         for batch in batches {
+            let installs = self.snapshot_installs;
             let flight = self.sender.flights.get_mut(&batch).expect("listed");
             flight.seq = mine.get(&batch).map(|m| m.0);
             // Whoever delivers it, the new epoch's log has it: the locker finishes it.
             flight.by_locker = mine.contains_key(&batch);
-            if flight.seq.is_none() {
+            if flight.seq.is_some() {
+                continue;
+            }
+            if flight.installs_seen < installs {
+                // A snapshot from a peer replaced part of my log while this batch was out:
+                // it may have been granted (the grant lost) and be inside the snapshot, out
+                // of sight. Asking again could apply it twice.
+                let flight = self.sender.flights.remove(&batch).expect("listed");
+                for (id, _) in flight.ids {
+                    self.indeterminate(id);
+                }
+            } else {
                 self.request_lock(now, batch);
             }
         }

@@ -33,6 +33,8 @@ pub struct World {
     pub history: Vec<Operation>,
     /// Simulated time zero.
     pub t0: Option<Instant>,
+    /// An update to trace.
+    pub trace: Option<Vec<u8>>,
 }
 
 impl World {
@@ -257,12 +259,34 @@ impl SimNode {
         while let Some(ev) = self.gup.poll_event() {
             match ev {
                 Event::Persist { lsn, record } => {
+                    if let (Some(t), Record::Entry { seq, entry }) = (&self.world.borrow().trace, &record) {
+                        if entry.updates().any(|u| u[..] == t[..]) {
+                            let at = now - self.world.borrow().t0.unwrap();
+                            eprintln!(
+                                "{at:?} {} persists at {seq} in {} ({} parts) normal {}",
+                                self.me,
+                                self.gup.epoch(),
+                                entry.parts().len(),
+                                self.gup.is_normal()
+                            );
+                        }
+                    }
                     self.disk.written.push((lsn, record));
                     if self.fsync.is_none() {
                         self.fsync = Some((now + self.fsync_delay, lsn));
                     }
                 }
                 Event::Apply { seq, entry } => {
+                    if let Some(t) = &self.world.borrow().trace {
+                        if entry.updates().any(|u| u[..] == t[..]) {
+                            let at = now - self.world.borrow().t0.unwrap();
+                            eprintln!(
+                                "{at:?} {} APPLIES at {seq} parts {:?}",
+                                self.me,
+                                entry.parts().iter().map(|p| (p.origin.0, p.batch.counter)).collect::<Vec<_>>()
+                            );
+                        }
+                    }
                     if seq != self.state_seq + 1 {
                         self.world
                             .borrow_mut()
@@ -413,6 +437,8 @@ pub struct Cluster {
     /// stand for what it acknowledged, so with crashes of a minority on top, more than one
     /// in five leaves no healthy majority: the cluster then (rightly) waits.
     pub corrupt_restarts_left: u32,
+    /// Print every event about this update (debugging a failing seed).
+    pub trace: Option<Vec<u8>>,
 }
 
 impl Cluster {
@@ -449,6 +475,7 @@ impl Cluster {
             force_view: false,
             corrupt_on_restart: 0.0,
             corrupt_restarts_left: 1,
+            trace: None,
         };
         c.install_view(voters);
         c
@@ -562,6 +589,9 @@ impl Cluster {
     /// Runs until `until`, installing views as the oracle sees fit, checking the world
     /// after every step.
     pub fn run_until(&mut self, until: Instant) -> Result<(), Violation> {
+        if let Some(t) = &self.trace {
+            self.world.borrow_mut().trace = Some(t.clone());
+        }
         let step = Duration::from_millis(1);
         while self.sim.now() < until {
             let next = (self.sim.now() + step).min(until);
