@@ -1,0 +1,117 @@
+//! GUP's settings, each with what it does, what it costs and why its default is what it is,
+//! and named profiles.
+
+use std::time::Duration;
+
+/// Settings of one GUP participant. Use a profile ([`GupConfig::local`], [`GupConfig::lan`],
+/// [`GupConfig::sim`]) and change what you need.
+#[derive(Clone, Debug)]
+pub struct GupConfig {
+    /// Period of the housekeeping tick: retransmissions, takeovers, repairs and deadlines are
+    /// checked this often. Shorter reacts faster to loss at the cost of wake-ups. Default: a
+    /// quarter of `retransmit_after`, so a lost message is resent at most 25% late.
+    pub tick: Duration,
+    /// How long a sender waits for a grant or for acknowledgements before sending again.
+    /// Should exceed a round trip plus an fsync; 2 ms on loopback with fast disks, 20 ms on a
+    /// LAN. Too short only costs duplicates (every message is idempotent).
+    pub retransmit_after: Duration,
+    /// How long the locker leaves a granted, uncommitted update to its sender before it takes
+    /// the transmission over (case 1: the sender failed). A few retransmission periods, so a
+    /// live sender normally finishes first.
+    pub takeover_after: Duration,
+    /// How long a receiver tolerates a hole in its log before asking the locker for the
+    /// missing positions. A few retransmission periods: the sender's own resend usually fills
+    /// it first.
+    pub repair_after: Duration,
+    /// Period of the locker's heartbeat, which carries the committed position to everyone
+    /// and confirms the locker's reign for reads. Heartbeats cost one message per member per
+    /// period; a new update's commit reaches idle members at most this late.
+    pub heartbeat_interval: Duration,
+    /// How often a new locker repeats its sync request to members that have not answered.
+    pub sync_retry: Duration,
+    /// A client's update that is not committed within this time is reported
+    /// [`crate::gup::Event::Indeterminate`] (it may still be applied later). Bounds every
+    /// client's wait; a slow member is the failure detector's business.
+    pub update_timeout: Duration,
+    /// Same bound for a linearizable read.
+    pub read_timeout: Duration,
+    /// Lock requests a sender keeps outstanding (pipelining). More hides more latency;
+    /// each costs one batch of memory. 8 keeps a loopback cluster busy.
+    pub window: usize,
+    /// Most updates carried under one lock grant (batching). Larger batches amortise the
+    /// protocol's messages; the wire limit is [`crate::codec::BATCH_UPDATES_MAX`].
+    pub batch_updates_max: usize,
+    /// Most bytes of updates under one lock grant.
+    pub batch_bytes_max: usize,
+    /// Most client updates queued at a sender before [`crate::gup::SubmitError::QueueFull`]
+    /// (back-pressure instead of unbounded memory).
+    pub queue_max: usize,
+    /// Most log entries sent in one catch-up message (bigger gaps take several).
+    pub catchup_entries_max: usize,
+    /// How long the locker holds the first queued lock request for others to join it under
+    /// one grant. Zero: requests are granted when the host next polls, after the burst of
+    /// input it processed — which already gathers concurrent requests without adding
+    /// latency. The simulator polls after every message, so its profile waits a little to
+    /// exercise combined grants.
+    pub grant_delay: Duration,
+    /// Checks a snapshot received from a peer before it replaces the local state; one that
+    /// fails is dropped with the message and counted as malformed. The registry sets its
+    /// decoder here; the default accepts any bytes.
+    pub snapshot_valid: fn(&[u8]) -> bool,
+}
+
+impl GupConfig {
+    /// Processes on one machine (loopback, local disk): millisecond timers.
+    pub fn local() -> Self {
+        let retransmit_after = Duration::from_millis(4);
+        Self {
+            tick: retransmit_after / 4,
+            retransmit_after,
+            takeover_after: retransmit_after * 4,
+            repair_after: retransmit_after * 3,
+            heartbeat_interval: Duration::from_millis(10),
+            sync_retry: Duration::from_millis(10),
+            update_timeout: Duration::from_secs(5),
+            read_timeout: Duration::from_secs(5),
+            window: 8,
+            batch_updates_max: 1024,
+            batch_bytes_max: 1 << 20,
+            queue_max: 1 << 16,
+            catchup_entries_max: 4096,
+            grant_delay: Duration::ZERO,
+            snapshot_valid: |_| true,
+        }
+    }
+
+    /// A LAN: tens of milliseconds, tolerant of scheduling delays on loaded machines.
+    pub fn lan() -> Self {
+        let retransmit_after = Duration::from_millis(20);
+        Self {
+            tick: retransmit_after / 4,
+            retransmit_after,
+            takeover_after: retransmit_after * 4,
+            repair_after: retransmit_after * 3,
+            heartbeat_interval: Duration::from_millis(50),
+            sync_retry: Duration::from_millis(50),
+            ..Self::local()
+        }
+    }
+
+    /// The simulator's network (50–150 µs one way, simulated fsync of about 1 ms): like
+    /// `local`, with small batches and catch-ups so that the fault paths are exercised.
+    pub fn sim() -> Self {
+        Self {
+            batch_updates_max: 8,
+            catchup_entries_max: 16,
+            window: 4,
+            grant_delay: Duration::from_micros(300),
+            ..Self::local()
+        }
+    }
+}
+
+impl Default for GupConfig {
+    fn default() -> Self {
+        Self::local()
+    }
+}

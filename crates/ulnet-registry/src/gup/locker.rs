@@ -1,0 +1,512 @@
+//! The locker's side: grant the lock (assign positions), keep every granted entry for
+//! replay, take over transmissions whose sender went quiet, heartbeat, confirm reads — and,
+//! when a node becomes locker, sync: collect a majority's logs, decide the log, replay it.
+
+use super::{AfterDurable, BatchId, Entry, Epoch, Gup, Msg, NodeId, Part, Record};
+use crate::codec::SnapshotPart;
+use crate::codec::PARTS_PER_ENTRY_MAX;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Most lock requests waiting at the locker for the next grant (one per sender and window
+/// slot in practice: senders × `window`); beyond it requests are dropped and sent again.
+pub(super) const LOCK_QUEUE_MAX: usize = 1 << 16;
+
+/// How many of a sender's most recent batches the locker remembers. A sender has at most
+/// `window` batches outstanding, all among its `window` most recent, so a request for an
+/// older batch is a delayed duplicate and is refused (granting it would apply it twice).
+pub(super) const GRANT_MEMORY: u64 = 64;
+
+pub(super) struct LockerState {
+    /// Last granted position.
+    pub(super) granted: u64,
+    /// Recent grants by sender (and its incarnation): batch counter to position and whether
+    /// it is combined, for answering repeated requests alike. See [`GRANT_MEMORY`].
+    grants: HashMap<(NodeId, u32), BTreeMap<u64, (u64, bool)>>,
+    /// Lock requests waiting for the next grant, and since when the first waits.
+    queued: Vec<Part>,
+    pub(super) queued_since: Option<Instant>,
+    /// Combined positions whose senders are told when they are committed.
+    notify: BTreeMap<u64, Vec<NodeId>>,
+    /// When each uncommitted position was granted or last transmitted by me.
+    pending: BTreeMap<u64, Instant>,
+    /// Nodes known to hold this epoch's log (answered a catch-up).
+    synced: Vec<NodeId>,
+    /// Heartbeat rounds.
+    pub(super) round: u64,
+    round_acks: Vec<NodeId>,
+    pub(super) confirmed_round: u64,
+    last_heartbeat: Instant,
+    /// Read-index requests: (asker, id, index, round that must be confirmed).
+    pub(super) reads: Vec<(NodeId, u64, u64, u64)>,
+}
+
+/// A peer's answer to a sync request.
+#[derive(Clone, Debug)]
+pub(super) struct PeerState {
+    pub(super) epoch: Epoch,
+    pub(super) last_normal: Option<Epoch>,
+    pub(super) applied: u64,
+    pub(super) commit: u64,
+    pub(super) recovering_since: Option<u64>,
+    pub(super) snapshot: SnapshotPart,
+    pub(super) entries: Vec<(u64, Entry)>,
+}
+
+pub(super) struct SyncCollect {
+    epoch: Epoch,
+    from: u64,
+    last_sent: Instant,
+    states: BTreeMap<NodeId, PeerState>,
+}
+
+impl LockerState {
+    pub(super) fn mark_synced(&mut self, n: NodeId) {
+        if !self.synced.contains(&n) {
+            self.synced.push(n);
+        }
+    }
+}
+
+impl Gup {
+    /// A view in which I am the locker was installed.
+    pub(super) fn on_view_as_locker(&mut self, now: Instant) {
+        let view = self.view.as_ref().expect("called with a view").id;
+        if self.promised.locker == self.me && (self.locker.is_some() || self.sync.is_some()) {
+            // Still my reign: bring new members in (and re-sync if a recovering node needs
+            // an epoch of a recent view, see `on_sync_state`).
+            self.sync_requests(now);
+            return;
+        }
+        let epoch = Epoch { view, locker: self.me };
+        if epoch <= self.promised {
+            return;
+        }
+        self.start_sync(now, epoch);
+    }
+
+    fn start_sync(&mut self, now: Instant, epoch: Epoch) {
+        tracing::debug!(me = %self.me, %epoch, "becoming locker: sync");
+        let lsn = self.promise(epoch);
+        let from = self.applied + 1;
+        self.locker = None;
+        self.sync = Some(SyncCollect { epoch, from, last_sent: now, states: BTreeMap::new() });
+        self.after_durable.push_back((lsn, AfterDurable::SendSyncState { to: self.me, epoch, from }));
+        self.sync_requests(now);
+    }
+
+    /// Asks the members that have not answered (or are not synced) for their state.
+    fn sync_requests(&mut self, now: Instant) {
+        let epoch = self.promised;
+        let (from, answered): (u64, Vec<NodeId>) = match (&self.sync, &self.locker) {
+            (Some(s), _) => (s.from, s.states.keys().copied().collect()),
+            (None, Some(l)) => (self.applied + 1, l.synced.clone()),
+            (None, None) => return,
+        };
+        if let Some(s) = &mut self.sync {
+            s.last_sent = now;
+        }
+        for to in self.targets_after(self.me) {
+            if !answered.contains(&to) {
+                self.send(to, Msg::SyncRequest { epoch, from });
+            }
+        }
+    }
+
+    /// My own state or a peer's, answering the sync of `epoch`.
+    pub(super) fn on_sync_state(&mut self, now: Instant, from: NodeId, state: PeerState) {
+        if state.epoch != self.promised || self.promised.locker != self.me {
+            self.counters.stale += 1;
+            return;
+        }
+        if let Some(locker) = &mut self.locker {
+            // Already reigning: a late or new member. Bring it into the epoch.
+            if let (Some(since), Some(view)) = (state.recovering_since, &self.view) {
+                if since > self.promised.view {
+                    // It lost part of its log and may have forgotten a promise to an epoch
+                    // of a view before `since`, perhaps newer than mine: it joins only an
+                    // epoch of view `since` or later, so start one.
+                    let epoch = Epoch { view: view.id, locker: self.me };
+                    if view.id >= since && epoch > self.promised {
+                        self.start_sync(now, epoch);
+                    }
+                    return;
+                }
+            }
+            locker.mark_synced(from);
+            let end = locker.granted;
+            self.send_catchup(from, true, state.applied + 1, end);
+            return;
+        }
+        let Some(sync) = &mut self.sync else { return };
+        sync.states.insert(from, state);
+        self.try_finish_sync(now);
+    }
+
+    fn try_finish_sync(&mut self, now: Instant) {
+        let sync = self.sync.as_ref().expect("collecting");
+        let counted: Vec<&PeerState> = sync
+            .states
+            .iter()
+            // A node that lost part of its log may lack entries it acknowledged: it cannot
+            // stand for them in a majority.
+            .filter(|(n, s)| self.is_voter(**n) && s.recovering_since.is_none())
+            .map(|(_, s)| s)
+            .collect();
+        if counted.len() < self.majority() {
+            return;
+        }
+        let newest = counted.iter().filter_map(|s| s.last_normal).max();
+        let Some(newest) = newest else {
+            // No voter in the majority holds any epoch's log: nothing can be decided.
+            tracing::warn!(me = %self.me, "sync: no answering voter holds an epoch's log; waiting for more");
+            return;
+        };
+        let from = sync.from;
+        let epoch = sync.epoch;
+        let commit_seen = sync.states.values().map(|s| s.commit).max().unwrap_or(0);
+        // A newer snapshot than my applied position: it is committed state, take it.
+        let snapshot = sync
+            .states
+            .values()
+            .filter_map(|s| s.snapshot.clone())
+            .filter(|(seq, _)| *seq >= from)
+            .max_by_key(|(seq, _)| *seq);
+        let mut merged: BTreeMap<u64, Entry> = BTreeMap::new();
+        for s in sync.states.values().filter(|s| s.last_normal == Some(newest)) {
+            for (seq, e) in &s.entries {
+                merged.entry(*seq).or_insert_with(|| e.clone());
+            }
+        }
+        let start = snapshot.as_ref().map_or(from, |(seq, _)| seq + 1);
+        let end = merged.keys().next_back().copied().unwrap_or(0).max(commit_seen).max(start - 1);
+        for seq in start..=commit_seen {
+            if !merged.contains_key(&seq) {
+                // Someone knows this position committed, yet no log of the newest epoch
+                // in this majority has it: wait for more answers rather than guess.
+                tracing::warn!(me = %self.me, seq, "sync: a committed position is missing; waiting for more answers");
+                return;
+            }
+        }
+        self.sync = None;
+        self.counters.syncs += 1;
+        if let Some((seq, data)) = snapshot {
+            self.install_snapshot(seq, data, false);
+        }
+        self.truncate_after(start - 1);
+        for seq in start..=end {
+            let entry = merged.remove(&seq).unwrap_or_else(|| {
+                self.counters.skips += 1;
+                Entry::Skip
+            });
+            self.persist_entry(seq, entry);
+        }
+        self.commit = self.commit.max(commit_seen.min(end));
+        self.last_normal = Some(epoch);
+        let lsn = self.persist(Record::Normal { epoch });
+        self.locker = Some(LockerState {
+            granted: end,
+            grants: HashMap::new(),
+            queued: Vec::new(),
+            queued_since: None,
+            notify: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            synced: vec![self.me],
+            round: 0,
+            round_acks: Vec::new(),
+            confirmed_round: 0,
+            last_heartbeat: now,
+            reads: Vec::new(),
+        });
+        self.after_durable.push_back((lsn, AfterDurable::LockerReady { epoch }));
+        tracing::debug!(me = %self.me, %epoch, start, end, "sync decided the log");
+    }
+
+    /// The decided log is durable here: start granting, and replay the log to everyone who
+    /// answered (the others get it when they answer).
+    pub(super) fn locker_ready(&mut self, now: Instant, epoch: Epoch) {
+        if self.promised != epoch || self.locker.is_none() {
+            return;
+        }
+        self.normal = true;
+        self.lost_tail = false;
+        self.recovering_since = None;
+        self.peer_prefix.clear();
+        let (granted, grants) = {
+            let mut grants: HashMap<(NodeId, u32), BTreeMap<u64, (u64, bool)>> = HashMap::new();
+            for (seq, slot) in self.log.range(self.applied + 1..) {
+                let parts = slot.entry.parts();
+                for p in parts {
+                    // Whoever delivered it before, the locker finishes it now.
+                    grants.entry((p.origin, p.batch.incarnation)).or_default().insert(p.batch.counter, (*seq, true));
+                }
+            }
+            (self.log.keys().next_back().copied().unwrap_or(self.base).max(self.base), grants)
+        };
+        let pending: BTreeMap<u64, Instant> = (self.commit + 1..=granted).map(|s| (s, now)).collect();
+        let locker = self.locker.as_mut().expect("checked");
+        locker.granted = granted;
+        locker.grants = grants;
+        locker.pending = pending;
+        self.granted_known = self.granted_known.max(granted);
+        self.sender_epoch_changed(now, granted);
+        // Everyone: whoever answered gets the log now, the rest are asked again.
+        self.sync_requests(now);
+        self.heartbeat(now);
+    }
+
+    /// Queues a lock request for the next grant (see [`Gup::poll_event`]); a request the
+    /// locker granted already is answered with the same position.
+    pub(super) fn queue_lock_request(
+        &mut self,
+        now: Instant,
+        origin: NodeId,
+        batch: BatchId,
+        updates: Arc<[Arc<[u8]>]>,
+    ) {
+        let Some(locker) = self.locker.as_mut().filter(|_| self.normal) else { return };
+        let known = locker.grants.get(&(origin, batch.incarnation)).and_then(|r| r.get(&batch.counter)).copied();
+        if let Some((seq, combined)) = known {
+            self.answer_grant(now, origin, batch, seq, combined);
+            return;
+        }
+        if locker.queued.iter().any(|q| q.origin == origin && q.batch == batch) {
+            return;
+        }
+        if locker.queued.len() >= LOCK_QUEUE_MAX {
+            // Overflow: the sender asks again after `retransmit_after`.
+            self.counters.stale += 1;
+            return;
+        }
+        locker.queued.push(Part { origin, batch, updates });
+        locker.queued_since.get_or_insert(now);
+    }
+
+    fn answer_grant(&mut self, now: Instant, origin: NodeId, batch: BatchId, seq: u64, combined: bool) {
+        let epoch = self.promised;
+        match (origin == self.me, combined) {
+            (true, false) => self.on_grant(now, origin, epoch, batch, seq),
+            (true, true) => self.on_grant_combined(now, origin, epoch, batch, seq),
+            (false, false) => self.send(origin, Msg::Grant { epoch, batch, seq }),
+            (false, true) => self.send(origin, Msg::GrantCombined { epoch, batch, seq }),
+        }
+    }
+
+    /// Grants every queued request: one alone gets its own position, delivered by its
+    /// sender as in MSCS; several share one position (one entry, one fsync per member, one
+    /// acknowledgement each), which the locker delivers itself.
+    pub(super) fn flush_grants(&mut self) {
+        if !self.is_locker() {
+            return;
+        }
+        let now = self.last_now;
+        let delay = self.config.grant_delay;
+        let locker = self.locker.as_mut().expect("locker");
+        if locker.queued.is_empty() || locker.queued_since.is_some_and(|t| now < t + delay) {
+            return;
+        }
+        locker.queued_since = None;
+        let queued = std::mem::take(&mut locker.queued);
+        let mut fresh = Vec::with_capacity(queued.len());
+        for part in queued {
+            let recent = locker.grants.entry((part.origin, part.batch.incarnation)).or_default();
+            let newest = recent.keys().next_back().copied().unwrap_or(0);
+            if part.batch.counter + GRANT_MEMORY <= newest {
+                self.counters.stale += 1;
+                continue;
+            }
+            fresh.push(part);
+        }
+        let epoch = self.promised;
+        for chunk in fresh.chunks(PARTS_PER_ENTRY_MAX) {
+            let combined = chunk.len() > 1;
+            let locker = self.locker.as_mut().expect("locker");
+            locker.granted += 1;
+            let seq = locker.granted;
+            for p in chunk {
+                let recent = locker.grants.entry((p.origin, p.batch.incarnation)).or_default();
+                recent.insert(p.batch.counter, (seq, combined));
+                while recent.len() as u64 > GRANT_MEMORY {
+                    recent.pop_first();
+                }
+            }
+            locker.pending.insert(seq, now);
+            if combined {
+                self.counters.combined += 1;
+                let origins: Vec<NodeId> = chunk.iter().map(|p| p.origin).filter(|&o| o != self.me).collect();
+                locker.notify.insert(seq, origins);
+            }
+            self.counters.grants += 1;
+            let entry = Entry::Updates { parts: Arc::from(chunk) };
+            self.persist_entry(seq, entry.clone());
+            if combined {
+                self.transmit(epoch, seq, entry, None);
+            }
+            for p in chunk {
+                self.answer_grant(now, p.origin, p.batch, seq, combined);
+            }
+        }
+    }
+
+    /// Tells the senders of combined entries that became committed.
+    pub(super) fn notify_commits(&mut self) {
+        let commit = self.commit;
+        let epoch = self.promised;
+        let Some(locker) = self.locker.as_mut().filter(|_| self.normal) else { return };
+        if locker.notify.first_key_value().is_none_or(|(s, _)| *s > commit) {
+            return;
+        }
+        let rest = locker.notify.split_off(&(commit + 1));
+        let done = std::mem::replace(&mut locker.notify, rest);
+        let mut told: Vec<NodeId> = Vec::new();
+        for to in done.into_values().flatten() {
+            if !told.contains(&to) {
+                told.push(to);
+                self.send(to, Msg::Committed { epoch, upto: commit });
+            }
+        }
+    }
+
+    pub(super) fn on_lock_request(
+        &mut self,
+        now: Instant,
+        from: NodeId,
+        epoch: Epoch,
+        batch: BatchId,
+        updates: Vec<Arc<[u8]>>,
+    ) {
+        if epoch != self.promised || !self.is_locker() {
+            self.counters.stale += 1;
+            return;
+        }
+        self.queue_lock_request(now, from, batch, updates.into());
+    }
+
+    pub(super) fn on_unlock(&mut self, from: NodeId, epoch: Epoch, upto: u64) {
+        if epoch != self.promised || !self.is_locker() {
+            self.counters.stale += 1;
+            return;
+        }
+        let granted = self.locker.as_ref().expect("locker").granted;
+        if upto > granted {
+            tracing::warn!(%from, upto, granted, "unlock beyond the granted position; ignored");
+            return;
+        }
+        self.learn_commit(upto);
+    }
+
+    pub(super) fn on_repair_request(&mut self, from: NodeId, epoch: Epoch, first: u64, to: u64) {
+        if epoch != self.promised || !self.is_locker() {
+            self.counters.stale += 1;
+            return;
+        }
+        let granted = self.locker.as_ref().expect("locker").granted;
+        self.send_catchup(from, false, first, to.min(granted));
+    }
+
+    /// Sends positions `from..=end` (a snapshot first when they are no longer in the log),
+    /// at most `catchup_entries_max` of them.
+    pub(super) fn send_catchup(&mut self, to: NodeId, establish: bool, from: u64, end: u64) {
+        let epoch = self.promised;
+        let snapshot = if from <= self.base { self.snapshot.clone() } else { None };
+        let first = if snapshot.is_some() { self.base + 1 } else { from.max(self.base + 1) };
+        let entries: Vec<(u64, Entry)> = self
+            .log
+            .range(first..=end.max(first))
+            .filter(|(s, _)| **s <= end)
+            .take(self.config.catchup_entries_max)
+            .map(|(s, slot)| (*s, slot.entry.clone()))
+            .collect();
+        // With establish, the receiver takes everything after `first - 1` from this message:
+        // a log cut short by the size limit is completed by repairs, which is fine because
+        // the receiver's log then simply has a hole.
+        let from = if snapshot.is_some() { self.base } else { first };
+        self.send(to, Msg::Catchup { epoch, establish, from, end, commit: self.commit, snapshot, entries });
+    }
+
+    pub(super) fn locker_tick(&mut self, now: Instant) {
+        if let Some(sync) = &self.sync {
+            if sync.last_sent + self.config.sync_retry <= now {
+                self.sync_requests(now);
+            }
+            return;
+        }
+        if !self.is_locker() {
+            return;
+        }
+        let epoch = self.promised;
+        // Case 1: the sender has gone quiet; transmit for it.
+        let commit = self.commit;
+        let takeover_after = self.config.takeover_after;
+        let locker = self.locker.as_mut().expect("locker");
+        locker.pending = locker.pending.split_off(&(commit + 1));
+        let due: Vec<u64> =
+            locker.pending.iter().filter(|(_, t)| **t + takeover_after <= now).map(|(s, _)| *s).collect();
+        for seq in due {
+            self.locker.as_mut().expect("locker").pending.insert(seq, now);
+            if let Some(slot) = self.log.get(&seq) {
+                let entry = slot.entry.clone();
+                self.counters.takeovers += 1;
+                self.transmit(epoch, seq, entry, Some(()));
+            }
+        }
+        let locker = self.locker.as_ref().expect("locker");
+        if locker.last_heartbeat + self.config.heartbeat_interval <= now {
+            self.heartbeat(now);
+        }
+        let unsynced =
+            self.targets_after(self.me).iter().any(|n| !self.locker.as_ref().expect("locker").synced.contains(n));
+        if unsynced && self.locker.as_ref().expect("locker").last_heartbeat == now {
+            self.sync_requests(now);
+        }
+    }
+
+    /// A heartbeat round: the committed position to everyone, and a confirmation of my
+    /// reign for the reads waiting on it.
+    pub(super) fn heartbeat(&mut self, now: Instant) {
+        let epoch = self.promised;
+        let commit = self.commit;
+        let Some(locker) = self.locker.as_mut() else { return };
+        locker.round += 1;
+        locker.round_acks.clear();
+        locker.last_heartbeat = now;
+        let (granted, round) = (locker.granted, locker.round);
+        for to in self.targets_after(self.me) {
+            self.send(to, Msg::Heartbeat { epoch, commit, granted, round });
+        }
+        self.round_confirmed_by(self.me, round);
+    }
+
+    /// `from` acknowledged heartbeat round `round` of my epoch.
+    pub(super) fn round_confirmed_by(&mut self, from: NodeId, round: u64) {
+        let majority = self.majority();
+        let voter = self.is_voter(from);
+        let Some(locker) = self.locker.as_mut() else { return };
+        if round != locker.round || !voter || locker.round_acks.contains(&from) {
+            return;
+        }
+        locker.round_acks.push(from);
+        if locker.round_acks.len() >= majority {
+            locker.confirmed_round = round;
+        }
+    }
+
+    /// Replaces the state up to `seq` by a snapshot. `same_epoch`: the snapshot comes from
+    /// the epoch whose grants my batches hold (so a batch granted at or below `seq` is in it).
+    pub(super) fn install_snapshot(&mut self, seq: u64, data: Arc<[u8]>, same_epoch: bool) {
+        if seq <= self.applied {
+            return;
+        }
+        self.log = self.log.split_off(&(seq + 1));
+        self.base = seq;
+        self.applied = seq;
+        self.commit = self.commit.max(seq);
+        self.durable_prefix = self.durable_prefix.max(seq).min(seq);
+        self.snapshot = Some((seq, data.clone()));
+        self.snapshot_installs += 1;
+        self.base_lsn = self.persist(Record::Snapshot { seq, data: data.clone() });
+        self.events.push_back(super::Event::InstallSnapshot { seq, data });
+        self.sender_snapshot_installed(seq, same_epoch);
+    }
+}

@@ -1,0 +1,742 @@
+//! The Global Update Protocol as a sans-IO state machine.
+//!
+//! # The protocol
+//!
+//! As in MSCS, one member of the view, the *locker*, grants a transmission lock: a sender
+//! asks for it with the update itself ([`Msg::LockRequest`]); the locker gives the update
+//! the next position of the totally ordered log, writes it to its own log first and keeps it
+//! for replay, and answers with the position ([`Msg::Grant`]). The sender then delivers the
+//! update to every other member in circular NodeId order, starting after the locker
+//! ([`Msg::Batch`]), and ends the update with an [`Msg::Unlock`] to the locker. Unlike MSCS:
+//!
+//! - **Pipelined and batched.** A sender keeps up to `window` lock requests outstanding and
+//!   puts every update its clients submitted meanwhile under one lock grant. The lock is a
+//!   sequencer: receivers take positions in any order and apply them in log order.
+//! - **No blocking RPC.** Every step is a one-way message answered by a one-way message;
+//!   losses are repaired by retransmission after `retransmit_after`, and every client wait
+//!   is bounded (`update_timeout`).
+//! - **Durable and acknowledged by majority.** Every member writes an update to its log and
+//!   acknowledges ([`Msg::Ack`]) once it is fsynced together with every earlier position.
+//!   An update is *committed* when the voting members' majority has acknowledged it; only
+//!   committed updates are applied, and a client is told [`Event::Committed`] when the
+//!   update is applied at its sender. So every acknowledged update is fsynced on a majority.
+//!
+//! # Failures (the five cases of the thesis)
+//!
+//! 1. *The sender fails*: the locker holds the update and, when the sender has not finished
+//!    within `takeover_after`, transmits it itself.
+//! 2. *A receiver fails*: nobody waits for it; the majority commits, and the receiver, if it
+//!    comes back, repairs its log from the locker ([`Msg::RepairRequest`]).
+//! 3. *The locker fails*: the next voting member in circular order becomes locker in a new
+//!    *epoch*. It collects the logs of a majority ([`Msg::SyncRequest`], [`Msg::SyncState`]),
+//!    keeps for each position what the most recent epoch decided, and replays the result to
+//!    everyone ([`Msg::Catchup`]), so a committed update is never lost.
+//! 4. *The sender and the locker fail*: the same replay finds the update at whichever
+//!    receiver got it and finishes it.
+//! 5. *The sender and every receiver of an update fail*: no survivor has it, so the new
+//!    locker's log does not contain it ([`Entry::Skip`] holds its place if later positions
+//!    exist). It was never committed, so no client was told it happened; when the failed
+//!    nodes return, the new epoch's log replaces theirs and the update leaves no trace.
+//!
+//! Epochs are ordered by (view, locker). A member *promises* an epoch before it helps its
+//! locker and ignores lockers of older epochs afterwards; promises, log entries and the
+//! epoch a log belongs to are written to the write-ahead log before they are acted on.
+//!
+//! # Using the machine
+//!
+//! No sockets, no clock, no threads. Feed it [`Gup::handle_view`], [`Gup::handle_message`],
+//! [`Gup::handle_timeout`] (at [`Gup::poll_timeout`]) and [`Gup::handle_durable`] (after an
+//! fsync), and give it work with [`Gup::submit`] and [`Gup::read`]. After each call drain
+//! [`Gup::poll_event`] (write [`Event::Persist`] records to the log in order, apply
+//! [`Event::Apply`]) and [`Gup::poll_transmit`].
+//!
+//! The voting members (the configuration) are fixed when the cluster is created; other
+//! members of a view are learners that receive every update but do not vote.
+
+mod config;
+mod locker;
+mod receiver;
+mod sender;
+pub mod types;
+pub mod wire;
+
+pub use config::GupConfig;
+pub use types::{BatchId, Entry, Epoch, NodeId, Part, Record, View};
+pub use wire::Msg;
+
+use crate::codec::SnapshotPart;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A client update, as numbered by [`Gup::submit`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct UpdateId(pub u64);
+
+/// A linearizable read, as numbered by [`Gup::read`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ReadId(pub u64);
+
+/// Why an update was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// The update is larger than [`crate::codec::UPDATE_BYTES_MAX`].
+    #[error("update of {0} bytes exceeds the limit")]
+    TooLarge(usize),
+    /// `queue_max` updates are waiting already; retry after some complete.
+    #[error("the update queue is full; retry later")]
+    QueueFull,
+    /// This node is not a member of its current view (or has none yet).
+    #[error("this node is not a member of the cluster's current view")]
+    NotMember,
+}
+
+/// What the machine asks of its host, or tells it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Append this record to the write-ahead log (in LSN order), then call
+    /// [`Gup::handle_durable`] once it is fsynced.
+    Persist {
+        /// Log sequence number of the record.
+        lsn: u64,
+        /// The record.
+        record: Record,
+    },
+    /// Apply the committed entry at `seq` (entries come in log order, each once per
+    /// incarnation after the snapshot the host started from).
+    Apply {
+        /// Position.
+        seq: u64,
+        /// The entry.
+        entry: Entry,
+    },
+    /// Replace the application state with this snapshot, taken after position `seq`.
+    InstallSnapshot {
+        /// Last position included.
+        seq: u64,
+        /// The snapshot.
+        data: Arc<[u8]>,
+    },
+    /// The update is committed (fsynced on a majority) and applied here at `seq`.
+    Committed {
+        /// The update.
+        id: UpdateId,
+        /// Its position.
+        seq: u64,
+    },
+    /// The update was not committed within `update_timeout`, or this node left the view:
+    /// it may or may not be applied later.
+    Indeterminate {
+        /// The update.
+        id: UpdateId,
+    },
+    /// The read may be served from the local state now: it reflects every update
+    /// committed before the read was asked for.
+    ReadReady {
+        /// The read.
+        id: ReadId,
+        /// The position the local state has reached at least.
+        index: u64,
+    },
+    /// The read could not be confirmed within `read_timeout`.
+    ReadFailed {
+        /// The read.
+        id: ReadId,
+    },
+}
+
+/// What a node found in its write-ahead log at start-up.
+#[derive(Clone, Debug, Default)]
+pub struct Recovered {
+    /// The records, in log order (a snapshot record first, if any).
+    pub records: Vec<Record>,
+    /// The log had a bad tail (checksum failure or torn record) that was refused: the node
+    /// may have lost promises and acknowledged entries, so it must not count towards any
+    /// quorum until a newer epoch has synced it.
+    pub lost_tail: bool,
+}
+
+/// Counters of what the machine did and refused.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Messages that failed to decode (dropped).
+    pub malformed: u64,
+    /// Messages of an older epoch, or from a node that is not the locker they claim.
+    pub stale: u64,
+    /// Lock grants given (as locker).
+    pub grants: u64,
+    /// Of those, grants that combined several senders' batches into one entry.
+    pub combined: u64,
+    /// Entries transmitted by the locker on behalf of a sender (case 1).
+    pub takeovers: u64,
+    /// Syncs completed as new locker.
+    pub syncs: u64,
+    /// Positions filled with [`Entry::Skip`] by a sync (case 5).
+    pub skips: u64,
+    /// Repair requests sent.
+    pub repairs: u64,
+    /// Updates reported indeterminate.
+    pub indeterminate: u64,
+}
+
+/// One position of the in-memory log, with the LSN of the record that persisted it.
+#[derive(Clone, Debug)]
+struct Slot {
+    entry: Entry,
+    lsn: u64,
+}
+
+/// What to do once the record with a given LSN is durable.
+#[derive(Clone, Debug)]
+enum AfterDurable {
+    /// Answer a sync request with my state (after the promise is durable).
+    SendSyncState { to: NodeId, epoch: Epoch, from: u64 },
+    /// Become normal in `epoch` (after the adopted log and the Normal record are durable);
+    /// the epoch's log was decided up to `end`.
+    BecomeNormal { epoch: Epoch, end: u64 },
+    /// The new locker's log is durable: start granting.
+    LockerReady { epoch: Epoch },
+}
+
+/// A participant of the Global Update Protocol. See the module documentation.
+pub struct Gup {
+    me: NodeId,
+    config: GupConfig,
+    /// The voting configuration, sorted.
+    voters: Vec<NodeId>,
+    incarnation: u32,
+
+    // Durable protocol state (mirrors what the log says).
+    promised: Epoch,
+    last_normal: Option<Epoch>,
+    /// The node's log had a bad tail: it waits for a view (then `recovering_since` is set)
+    /// and for a sync of an epoch of that view or later.
+    lost_tail: bool,
+    recovering_since: Option<u64>,
+
+    // The log.
+    base: u64,
+    base_lsn: u64,
+    snapshot: SnapshotPart,
+    log: BTreeMap<u64, Slot>,
+    durable_prefix: u64,
+    applied: u64,
+    commit: u64,
+    commit_recorded: u64,
+    /// Highest position known to be granted (from heartbeats and batches).
+    granted_known: u64,
+    /// Snapshots from peers installed so far (they hide which batches they contain).
+    snapshot_installs: u64,
+
+    // Persistence.
+    next_lsn: u64,
+    durable_lsn: u64,
+    after_durable: VecDeque<(u64, AfterDurable)>,
+
+    // Roles.
+    view: Option<View>,
+    normal: bool,
+    locker: Option<locker::LockerState>,
+    sync: Option<locker::SyncCollect>,
+    sender: sender::SenderState,
+    /// Durable prefixes other nodes reported for the current epoch.
+    peer_prefix: HashMap<NodeId, u64>,
+    /// (position, transmitter) pairs to acknowledge once the position is durable here.
+    ack_wanted: BTreeMap<u64, Vec<NodeId>>,
+    /// Since when the log has had a hole below the known granted position.
+    hole_since: Option<Instant>,
+    last_repair: Option<Instant>,
+
+    // Reads.
+    reads: receiver::Reads,
+
+    next_tick: Instant,
+    /// The time of the latest input (for work done while the host polls).
+    last_now: Instant,
+    transmits: VecDeque<(NodeId, Msg)>,
+    events: VecDeque<Event>,
+    counters: Counters,
+}
+
+impl Gup {
+    /// A participant that starts a new cluster whose voting members are `voters` (every
+    /// voter must be created the same way, or later join by copying one's log). Writes the
+    /// configuration to the log as its first records.
+    pub fn bootstrap(me: NodeId, voters: Vec<NodeId>, config: GupConfig, now: Instant) -> Self {
+        let mut g = Self::recover(me, voters, config, Recovered::default(), now);
+        // The genesis epoch: view 0, locked by the lowest voter; everyone's (empty) log is
+        // its authoritative log.
+        let genesis = Epoch { view: 0, locker: g.voters[0] };
+        g.promised = genesis;
+        g.last_normal = Some(genesis);
+        g.persist(Record::Promise { epoch: genesis });
+        g.persist(Record::Normal { epoch: genesis });
+        g
+    }
+
+    /// A participant rebuilt from its write-ahead log (empty for a node joining as a
+    /// learner). `voters` is the cluster's voting configuration.
+    pub fn recover(me: NodeId, mut voters: Vec<NodeId>, config: GupConfig, recovered: Recovered, now: Instant) -> Self {
+        voters.sort_unstable();
+        voters.dedup();
+        assert!(!voters.is_empty(), "a cluster needs at least one voting member");
+        assert!(
+            config.window as u64 <= locker::GRANT_MEMORY,
+            "window {} above the locker's grant memory {}",
+            config.window,
+            locker::GRANT_MEMORY
+        );
+        let mut g = Self {
+            me,
+            config,
+            voters,
+            incarnation: 0,
+            promised: Epoch::default(),
+            last_normal: None,
+            lost_tail: recovered.lost_tail,
+            recovering_since: None,
+            base: 0,
+            base_lsn: 0,
+            snapshot: None,
+            log: BTreeMap::new(),
+            durable_prefix: 0,
+            applied: 0,
+            commit: 0,
+            commit_recorded: 0,
+            granted_known: 0,
+            snapshot_installs: 0,
+            next_lsn: 1,
+            durable_lsn: 0,
+            after_durable: VecDeque::new(),
+            view: None,
+            normal: false,
+            locker: None,
+            sync: None,
+            sender: sender::SenderState::default(),
+            peer_prefix: HashMap::new(),
+            ack_wanted: BTreeMap::new(),
+            hole_since: None,
+            last_repair: None,
+            reads: receiver::Reads::default(),
+            next_tick: now,
+            last_now: now,
+            transmits: VecDeque::new(),
+            events: VecDeque::new(),
+            counters: Counters::default(),
+        };
+        for record in recovered.records {
+            match record {
+                Record::Boot { incarnation } => g.incarnation = g.incarnation.max(incarnation),
+                Record::Entry { seq, entry } => {
+                    if seq > g.base {
+                        g.log.insert(seq, Slot { entry, lsn: 0 });
+                    }
+                }
+                Record::TruncateAfter { seq } => {
+                    g.log.split_off(&(seq + 1));
+                }
+                Record::Promise { epoch } => g.promised = g.promised.max(epoch),
+                Record::Normal { epoch } => g.last_normal = Some(epoch),
+                Record::Commit { seq } => g.commit = g.commit.max(seq),
+                Record::Snapshot { seq, data } => {
+                    g.base = seq;
+                    g.applied = seq;
+                    g.commit = g.commit.max(seq);
+                    g.log = g.log.split_off(&(seq + 1));
+                    g.snapshot = Some((seq, data));
+                }
+            }
+        }
+        if g.lost_tail {
+            // What the lost tail held is unknown: never offer this log as an epoch's log.
+            g.last_normal = None;
+        }
+        g.durable_prefix = g.base;
+        g.advance_durable_prefix();
+        // A restarted node may resume following the epoch it followed, but never resumes
+        // *granting* in an epoch: grants it made but had not fsynced are forgotten.
+        g.normal = !g.lost_tail
+            && g.last_normal == Some(g.promised)
+            && g.promised.locker != me
+            && g.promised != Epoch::default();
+        g.incarnation += 1;
+        g.persist(Record::Boot { incarnation: g.incarnation });
+        g.apply_committed();
+        g
+    }
+
+    /// This node.
+    pub fn id(&self) -> NodeId {
+        self.me
+    }
+
+    /// The epoch this node has promised to follow.
+    pub fn epoch(&self) -> Epoch {
+        self.promised
+    }
+
+    /// Whether this node holds the authoritative log of its epoch and takes part in it.
+    pub fn is_normal(&self) -> bool {
+        self.normal
+    }
+
+    /// Whether this node is the locker of its epoch and granting.
+    pub fn is_locker(&self) -> bool {
+        self.locker.is_some() && self.normal
+    }
+
+    /// Position up to which entries were applied.
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+
+    /// Position up to which this node's log is complete and fsynced.
+    pub fn durable_prefix(&self) -> u64 {
+        self.durable_prefix
+    }
+
+    /// Committed position known here.
+    pub fn committed(&self) -> u64 {
+        self.commit
+    }
+
+    /// The log entries held (position and entry), from the snapshot on.
+    pub fn log_entries(&self) -> impl Iterator<Item = (u64, &Entry)> {
+        self.log.iter().map(|(s, slot)| (*s, &slot.entry))
+    }
+
+    /// Position covered by the snapshot (0 without one).
+    pub fn snapshot_seq(&self) -> u64 {
+        self.base
+    }
+
+    /// Counters.
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// The current view, if one was installed.
+    pub fn view(&self) -> Option<&View> {
+        self.view.as_ref()
+    }
+
+    /// A message arrived from `from`. Malformed messages are counted and dropped.
+    pub fn handle_message(&mut self, now: Instant, from: NodeId, bytes: &[u8]) {
+        match Msg::decode(bytes) {
+            Ok(msg) => self.handle_msg(now, from, msg),
+            Err(error) => {
+                self.counters.malformed += 1;
+                tracing::debug!(%from, %error, "dropped a malformed GUP message");
+            }
+        }
+    }
+
+    /// A decoded message arrived from `from` (for hosts that decode themselves).
+    pub fn handle_msg(&mut self, now: Instant, from: NodeId, msg: Msg) {
+        self.last_now = self.last_now.max(now);
+        if let Msg::SyncState { snapshot: Some((_, data)), .. } | Msg::Catchup { snapshot: Some((_, data)), .. } = &msg
+        {
+            if !(self.config.snapshot_valid)(data) {
+                self.counters.malformed += 1;
+                tracing::warn!(%from, "dropped a message carrying an invalid snapshot");
+                return;
+            }
+        }
+        match msg {
+            Msg::LockRequest { epoch, batch, updates } => self.on_lock_request(now, from, epoch, batch, updates),
+            Msg::Grant { epoch, batch, seq } => self.on_grant(now, from, epoch, batch, seq),
+            Msg::Batch { epoch, seq, commit, entry } => self.on_batch(now, from, epoch, seq, commit, entry),
+            Msg::Ack { epoch, upto, round } => self.on_ack(now, from, epoch, upto, round),
+            Msg::Unlock { epoch, upto } => self.on_unlock(from, epoch, upto),
+            Msg::Heartbeat { epoch, commit, granted, round } => {
+                self.on_heartbeat(now, from, epoch, commit, granted, round)
+            }
+            Msg::SyncRequest { epoch, from: first } => self.on_sync_request(from, epoch, first),
+            Msg::SyncState { epoch, last_normal, applied, commit, recovering_since, snapshot, entries } => self
+                .on_sync_state(
+                    now,
+                    from,
+                    locker::PeerState { epoch, last_normal, applied, commit, recovering_since, snapshot, entries },
+                ),
+            Msg::Catchup { epoch, establish, from: first, end, commit, snapshot, entries } => {
+                self.on_catchup(now, from, epoch, establish, first, end, commit, snapshot, entries)
+            }
+            Msg::RepairRequest { epoch, from: first, to } => self.on_repair_request(from, epoch, first, to),
+            Msg::ReadIndexRequest { epoch, id } => self.on_read_index_request(now, from, epoch, id),
+            Msg::ReadIndexReply { epoch, id, index } => self.on_read_index_reply(from, epoch, id, index),
+            Msg::GrantCombined { epoch, batch, seq } => self.on_grant_combined(now, from, epoch, batch, seq),
+            Msg::Committed { epoch, upto } => {
+                if epoch == self.promised && self.normal && from == epoch.locker && from != self.me {
+                    self.learn_commit(upto);
+                } else {
+                    self.counters.stale += 1;
+                }
+            }
+        }
+        self.after_input(now);
+    }
+
+    /// A new membership view was installed. Views with a number not above the current one
+    /// are ignored. After a restart, the first view that contains this node must have been
+    /// installed after the restart (as membership's join gives it): a node whose log lost its
+    /// tail trusts that no epoch of that view was promised before.
+    pub fn handle_view(&mut self, now: Instant, view: View) {
+        self.last_now = self.last_now.max(now);
+        if self.view.as_ref().is_some_and(|v| v.id >= view.id) {
+            return;
+        }
+        if self.lost_tail && self.recovering_since.is_none() && view.contains(self.me) {
+            self.recovering_since = Some(view.id);
+        }
+        let member = view.contains(self.me);
+        let locker = view.members.iter().copied().find(|n| self.voters.binary_search(n).is_ok());
+        self.view = Some(view);
+        if !member {
+            // Out of the view: stop acting as locker or sender; keep answering as a voter
+            // (that is always safe) so that a wrong view cannot lose data.
+            self.locker = None;
+            self.sync = None;
+            self.fail_all_updates();
+        } else if locker == Some(self.me) {
+            self.on_view_as_locker(now);
+        }
+        self.after_input(now);
+    }
+
+    /// Records up to `lsn` are fsynced.
+    pub fn handle_durable(&mut self, now: Instant, lsn: u64) {
+        self.last_now = self.last_now.max(now);
+        if lsn <= self.durable_lsn {
+            return;
+        }
+        assert!(lsn < self.next_lsn, "durable LSN {lsn} beyond the last record persisted");
+        self.durable_lsn = lsn;
+        self.advance_durable_prefix();
+        while self.after_durable.front().is_some_and(|(l, _)| *l <= lsn) {
+            let (_, action) = self.after_durable.pop_front().expect("checked");
+            self.run_after_durable(now, action);
+        }
+        self.send_due_acks();
+        self.after_input(now);
+    }
+
+    /// Housekeeping at `now`: retransmissions, takeovers, repairs, heartbeats, deadlines.
+    /// A harmless no-op before [`Gup::poll_timeout`].
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.last_now = self.last_now.max(now);
+        if now < self.next_tick {
+            self.flush_grants();
+            return;
+        }
+        self.next_tick = now + self.config.tick;
+        self.sender_tick(now);
+        self.flush_grants();
+        self.locker_tick(now);
+        self.receiver_tick(now);
+        self.after_input(now);
+    }
+
+    /// When [`Gup::handle_timeout`] should next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let grant_at = self.locker.as_ref().and_then(|l| l.queued_since).map(|t| t + self.config.grant_delay);
+        Some(grant_at.map_or(self.next_tick, |g| g.min(self.next_tick)))
+    }
+
+    /// The next message to send, encoded.
+    pub fn poll_transmit(&mut self) -> Option<(NodeId, Vec<u8>)> {
+        self.poll_msg().map(|(to, msg)| (to, msg.encode()))
+    }
+
+    /// The next message to send, not encoded (for hosts that encode themselves).
+    pub fn poll_msg(&mut self) -> Option<(NodeId, Msg)> {
+        self.flush_grants();
+        self.transmits.pop_front()
+    }
+
+    /// The next event for the host. As locker, the lock requests that arrived since the
+    /// last poll are granted here, together: the host's polling after a burst of input is
+    /// what lets concurrent updates share one grant.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.flush_grants();
+        self.events.pop_front()
+    }
+
+    /// The host took a snapshot of the application state after applying position `seq`
+    /// (at most [`Gup::applied`]): entries up to it leave memory and, once the host has
+    /// written the snapshot record, the log.
+    pub fn compact(&mut self, seq: u64, data: Arc<[u8]>) {
+        assert!(seq <= self.applied, "snapshot at {seq} beyond the applied position {}", self.applied);
+        if seq <= self.base {
+            return;
+        }
+        self.log = self.log.split_off(&(seq + 1));
+        self.base = seq;
+        self.snapshot = Some((seq, data.clone()));
+        self.base_lsn = self.persist(Record::Snapshot { seq, data });
+    }
+
+    // ----- shared helpers -----
+
+    fn majority(&self) -> usize {
+        self.voters.len() / 2 + 1
+    }
+
+    fn is_voter(&self, n: NodeId) -> bool {
+        self.voters.binary_search(&n).is_ok()
+    }
+
+    fn in_view(&self) -> bool {
+        self.view.as_ref().is_some_and(|v| v.contains(self.me))
+    }
+
+    /// Everyone an update must reach: the view's members and the voters, without me,
+    /// in circular order starting after `after`.
+    fn targets_after(&self, after: NodeId) -> Vec<NodeId> {
+        let mut all: Vec<NodeId> = self.voters.clone();
+        if let Some(v) = &self.view {
+            all.extend(v.members.iter().copied());
+        }
+        all.sort_unstable();
+        all.dedup();
+        all.retain(|&n| n != self.me && n != after);
+        let split = all.partition_point(|&n| n < after);
+        all.rotate_left(split);
+        all
+    }
+
+    fn send(&mut self, to: NodeId, msg: Msg) {
+        debug_assert_ne!(to, self.me, "no message to self");
+        self.transmits.push_back((to, msg));
+    }
+
+    fn persist(&mut self, record: Record) -> u64 {
+        let lsn = self.next_lsn;
+        self.next_lsn += 1;
+        self.events.push_back(Event::Persist { lsn, record });
+        lsn
+    }
+
+    fn persist_entry(&mut self, seq: u64, entry: Entry) {
+        debug_assert!(seq > self.base);
+        let lsn = self.persist(Record::Entry { seq, entry: entry.clone() });
+        self.log.insert(seq, Slot { entry, lsn });
+        self.granted_known = self.granted_known.max(seq);
+    }
+
+    fn truncate_after(&mut self, seq: u64) {
+        if self.log.range(seq + 1..).next().is_some() {
+            self.log.split_off(&(seq + 1));
+            self.persist(Record::TruncateAfter { seq });
+        }
+        self.durable_prefix = self.durable_prefix.min(seq.max(self.base));
+    }
+
+    fn advance_durable_prefix(&mut self) {
+        if self.base_lsn <= self.durable_lsn {
+            self.durable_prefix = self.durable_prefix.max(self.base);
+        }
+        while let Some(slot) = self.log.get(&(self.durable_prefix + 1)) {
+            if slot.lsn > self.durable_lsn {
+                break;
+            }
+            self.durable_prefix += 1;
+        }
+    }
+
+    fn run_after_durable(&mut self, now: Instant, action: AfterDurable) {
+        match action {
+            AfterDurable::SendSyncState { to, epoch, from } if to == self.me => {
+                if self.promised == epoch {
+                    self.self_sync_state(now, epoch, from);
+                }
+            }
+            AfterDurable::SendSyncState { to, epoch, from } => {
+                if self.promised == epoch {
+                    let state = self.sync_state(epoch, from);
+                    self.send(to, state);
+                }
+            }
+            AfterDurable::BecomeNormal { epoch, end } => {
+                if self.promised == epoch && !self.normal {
+                    self.normal = true;
+                    self.last_normal = Some(epoch);
+                    self.lost_tail = false;
+                    self.recovering_since = None;
+                    self.peer_prefix.clear();
+                    self.advance_durable_prefix();
+                    let upto = self.durable_prefix;
+                    self.send(epoch.locker, Msg::Ack { epoch, upto, round: 0 });
+                    self.sender_epoch_changed(now, end);
+                }
+            }
+            AfterDurable::LockerReady { epoch } => self.locker_ready(now, epoch),
+        }
+    }
+
+    /// A new epoch was promised: whatever role this node had in the old one ends.
+    fn promise(&mut self, epoch: Epoch) -> u64 {
+        debug_assert!(epoch > self.promised);
+        self.promised = epoch;
+        self.normal = false;
+        self.peer_prefix.clear();
+        self.ack_wanted.clear();
+        if epoch.locker != self.me {
+            self.locker = None;
+            self.sync = None;
+        }
+        self.persist(Record::Promise { epoch })
+    }
+
+    /// Commits learned from anyone in the current epoch; applies what is present.
+    fn learn_commit(&mut self, commit: u64) {
+        if commit > self.commit {
+            self.commit = commit;
+        }
+    }
+
+    /// Recomputes the commit from the durable prefixes voters reported in this epoch.
+    fn commit_from_acks(&mut self) {
+        if !self.normal {
+            return;
+        }
+        let mut prefixes: Vec<u64> = self
+            .voters
+            .iter()
+            .map(|&v| if v == self.me { self.durable_prefix } else { self.peer_prefix.get(&v).copied().unwrap_or(0) })
+            .collect();
+        prefixes.sort_unstable_by(|a, b| b.cmp(a));
+        let majority_prefix = prefixes[self.majority() - 1];
+        self.learn_commit(majority_prefix);
+    }
+
+    fn apply_committed(&mut self) {
+        while self.applied < self.commit {
+            let Some(slot) = self.log.get(&(self.applied + 1)) else { break };
+            let entry = slot.entry.clone();
+            self.applied += 1;
+            let seq = self.applied;
+            for part in entry.parts() {
+                if part.origin == self.me {
+                    self.sender_applied(part.batch, seq);
+                }
+            }
+            self.events.push_back(Event::Apply { seq, entry });
+        }
+        // The committed position is a restart hint; record it now and then, riding on other
+        // records' fsyncs.
+        if self.applied >= self.commit_recorded + 64
+            || (self.applied > self.commit_recorded && self.after_durable.is_empty() && self.ack_wanted.is_empty())
+        {
+            self.commit_recorded = self.applied;
+            self.persist(Record::Commit { seq: self.applied });
+        }
+    }
+
+    fn after_input(&mut self, now: Instant) {
+        self.commit_from_acks();
+        self.notify_commits();
+        self.apply_committed();
+        self.sender_pump(now);
+        self.reads_pump(now);
+    }
+}

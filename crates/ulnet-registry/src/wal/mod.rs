@@ -1,0 +1,260 @@
+//! The write-ahead log on disk: checksummed records in segment files, fsynced by a
+//! group-commit thread, compacted at snapshots, and checked at start-up.
+//!
+//! ```text
+//!  DIR/wal-00000000000000000001.log   records ...
+//!  DIR/wal-00000000000000000002.log   Snapshot record, records ...   (a snapshot starts a
+//!                                     new segment; older segments are deleted once it is
+//!                                     fsynced)
+//! ```
+//! At start-up ([`recover`]) every segment is read in order. The first frame that is torn or
+//! fails its crc32c ends what is trusted: the bytes from there on (and any later segment)
+//! are refused, moved aside as `*.refused-OFFSET` for inspection, and the log is cut there.
+//! [`Recovery::lost_tail`] tells the protocol, which then recovers what is missing from its
+//! peers and counts itself out of quorums until it has (see `gup::Recovered`).
+
+pub mod record;
+
+use crate::gup::{Record, Recovered};
+use record::{frame_record, read_frame};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+/// What start-up found in the log directory.
+#[derive(Debug, Clone, Default)]
+pub struct Recovery {
+    /// The trusted records, for `Gup::recover`.
+    pub recovered: Recovered,
+    /// Segments read.
+    pub segments: usize,
+    /// The bad tail, if one was refused: file, offset, bytes refused and why.
+    pub refused: Option<RefusedTail>,
+}
+
+/// A refused log tail.
+#[derive(Debug, Clone)]
+pub struct RefusedTail {
+    /// The segment where the bad frame was.
+    pub file: PathBuf,
+    /// Its offset.
+    pub offset: u64,
+    /// Bytes refused (including later segments).
+    pub bytes: u64,
+    /// What was wrong.
+    pub reason: String,
+}
+
+fn segment_name(n: u64) -> String {
+    format!("wal-{n:020}.log")
+}
+
+fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir)? {
+        let e = e?;
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some(n) = name.strip_prefix("wal-").and_then(|r| r.strip_suffix(".log")).and_then(|n| n.parse().ok()) {
+            out.push((n, e.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Reads the log in `dir` (creating the directory if needed), refusing a bad tail as
+/// described in the module documentation.
+pub fn recover(dir: &Path) -> io::Result<Recovery> {
+    fs::create_dir_all(dir)?;
+    let segs = segments(dir)?;
+    let mut rec = Recovery { segments: segs.len(), ..Default::default() };
+    let mut bad_from: Option<usize> = None;
+    for (i, (_, path)) in segs.iter().enumerate() {
+        let bytes = fs::read(path)?;
+        let mut at = 0;
+        while at < bytes.len() {
+            match read_frame(&bytes[at..]) {
+                Ok((record, used)) => {
+                    rec.recovered.records.push(record);
+                    at += used;
+                }
+                Err(error) => {
+                    let refused = (bytes.len() - at) as u64;
+                    let aside = path.with_extension(format!("log.refused-{at}"));
+                    fs::write(&aside, &bytes[at..])?;
+                    let f = OpenOptions::new().write(true).open(path)?;
+                    f.set_len(at as u64)?;
+                    f.sync_all()?;
+                    rec.refused = Some(RefusedTail {
+                        file: path.clone(),
+                        offset: at as u64,
+                        bytes: refused,
+                        reason: error.to_string(),
+                    });
+                    bad_from = Some(i + 1);
+                    break;
+                }
+            }
+        }
+        if bad_from.is_some() {
+            break;
+        }
+    }
+    if let Some(first_later) = bad_from {
+        for (_, path) in &segs[first_later..] {
+            let len = fs::metadata(path)?.len();
+            fs::rename(path, path.with_extension("log.refused"))?;
+            if let Some(r) = &mut rec.refused {
+                r.bytes += len;
+            }
+        }
+        let r = rec.refused.as_ref().expect("set with bad_from");
+        tracing::warn!(
+            file = %r.file.display(), offset = r.offset, bytes = r.bytes, reason = %r.reason,
+            "write-ahead log: refused a bad tail; this node will recover the rest from its peers"
+        );
+        rec.recovered.lost_tail = true;
+    }
+    sync_dir(dir)?;
+    Ok(rec)
+}
+
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+struct Shared {
+    state: Mutex<Queue>,
+    wake: Condvar,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// Framed records waiting to be written, with the LSN of the last one.
+    bytes: Vec<u8>,
+    last_lsn: u64,
+    /// A snapshot in the queue starts a new segment: offset in `bytes` where it begins.
+    rotate_at: Option<usize>,
+    closing: bool,
+    error: Option<String>,
+}
+
+/// The log writer: [`Wal::append`] queues records; a thread writes everything queued,
+/// fsyncs once for all of it (group commit), and reports the durable LSN on the channel
+/// given by [`Wal::open`]. A snapshot record starts a new segment and removes the old ones.
+pub struct Wal {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Why the log writer failed (the node must stop: it can no longer make promises durable).
+#[derive(Debug, thiserror::Error)]
+pub enum WalError {
+    /// An I/O error of the writer thread.
+    #[error("write-ahead log failed: {0}")]
+    Io(String),
+}
+
+impl Wal {
+    /// Opens the log in `dir` for appending (after [`recover`]); durable LSNs are sent on
+    /// the returned receiver. LSNs are those of `Event::Persist` (counted from 1 in this
+    /// incarnation).
+    pub fn open(dir: &Path) -> io::Result<(Wal, Receiver<u64>)> {
+        let segs = segments(dir)?;
+        let next = segs.last().map_or(1, |(n, _)| n + 1);
+        // Always start a fresh segment: a refused tail never sits before new records.
+        let path = dir.join(segment_name(next));
+        let file = OpenOptions::new().create(true).append(true).open(&path)?;
+        sync_dir(dir)?;
+        let shared = Arc::new(Shared { state: Mutex::new(Queue::default()), wake: Condvar::new() });
+        let (tx, rx) = mpsc::channel();
+        let dir = dir.to_path_buf();
+        let s = shared.clone();
+        let thread =
+            std::thread::Builder::new().name("ulnet-wal".into()).spawn(move || writer(s, dir, next, file, tx))?;
+        Ok((Wal { shared, thread: Some(thread) }, rx))
+    }
+
+    /// Queues `record` with its LSN (LSNs must come in order).
+    pub fn append(&self, lsn: u64, record: &Record) -> Result<(), WalError> {
+        let mut q = self.shared.state.lock().expect("wal lock");
+        if let Some(e) = &q.error {
+            return Err(WalError::Io(e.clone()));
+        }
+        debug_assert!(lsn > q.last_lsn || q.last_lsn == 0, "LSNs in order");
+        if matches!(record, Record::Snapshot { .. }) {
+            q.rotate_at = Some(q.bytes.len());
+        }
+        frame_record(record, &mut q.bytes);
+        q.last_lsn = lsn;
+        drop(q);
+        self.shared.wake.notify_one();
+        Ok(())
+    }
+}
+
+impl Drop for Wal {
+    fn drop(&mut self) {
+        self.shared.state.lock().expect("wal lock").closing = true;
+        self.shared.wake.notify_one();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn writer(shared: Arc<Shared>, dir: PathBuf, mut segment: u64, mut file: File, durable: Sender<u64>) {
+    loop {
+        let (bytes, lsn, rotate_at) = {
+            let mut q = shared.state.lock().expect("wal lock");
+            while q.bytes.is_empty() && !q.closing {
+                q = shared.wake.wait(q).expect("wal lock");
+            }
+            if q.bytes.is_empty() && q.closing {
+                return;
+            }
+            (std::mem::take(&mut q.bytes), q.last_lsn, q.rotate_at.take())
+        };
+        let result = (|| -> io::Result<()> {
+            match rotate_at {
+                None => {
+                    file.write_all(&bytes)?;
+                    file.sync_data()?;
+                }
+                Some(at) => {
+                    file.write_all(&bytes[..at])?;
+                    file.sync_data()?;
+                    segment += 1;
+                    let path = dir.join(segment_name(segment));
+                    file = OpenOptions::new().create(true).append(true).open(&path)?;
+                    file.write_all(&bytes[at..])?;
+                    file.sync_data()?;
+                    sync_dir(&dir)?;
+                    for (n, old) in segments(&dir)? {
+                        if n < segment {
+                            fs::remove_file(old)?;
+                        }
+                    }
+                    sync_dir(&dir)?;
+                }
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => {
+                if durable.send(lsn).is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "write-ahead log: write or fsync failed");
+                shared.state.lock().expect("wal lock").error = Some(e.to_string());
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! The encoding of one log record, and the frame around it on disk.
+//!
+//! ```text
+//!  frame:   | length u32 | crc32c u32 | payload (length bytes) |
+//!  crc32c covers the length field and the payload, so a torn length is caught too.
+//!  payload: | kind u8 | fields (little-endian, as the wire format) |
+//! ```
+//! Kinds are append-only; never reuse a number.
+
+use crate::codec::{DecodeError, Reader, Writer, SNAPSHOT_BYTES_MAX};
+use crate::gup::Record;
+
+/// Bytes of the frame header.
+pub const FRAME_HEADER_BYTES: usize = 8;
+/// Largest payload a frame may announce (a snapshot plus its fields).
+pub const FRAME_PAYLOAD_MAX: usize = SNAPSHOT_BYTES_MAX + 64;
+
+const BOOT: u8 = 1;
+const ENTRY: u8 = 2;
+const TRUNCATE_AFTER: u8 = 3;
+const PROMISE: u8 = 4;
+const NORMAL: u8 = 5;
+const COMMIT: u8 = 6;
+const SNAPSHOT: u8 = 7;
+
+/// Encodes a record's payload.
+pub fn encode_record(record: &Record) -> Vec<u8> {
+    let mut w = Writer::new();
+    match record {
+        Record::Boot { incarnation } => {
+            w.u8(BOOT);
+            w.u32(*incarnation);
+        }
+        Record::Entry { seq, entry } => {
+            w.u8(ENTRY);
+            w.u64(*seq);
+            w.entry(entry);
+        }
+        Record::TruncateAfter { seq } => {
+            w.u8(TRUNCATE_AFTER);
+            w.u64(*seq);
+        }
+        Record::Promise { epoch } => {
+            w.u8(PROMISE);
+            w.epoch(*epoch);
+        }
+        Record::Normal { epoch } => {
+            w.u8(NORMAL);
+            w.epoch(*epoch);
+        }
+        Record::Commit { seq } => {
+            w.u8(COMMIT);
+            w.u64(*seq);
+        }
+        Record::Snapshot { seq, data } => {
+            w.u8(SNAPSHOT);
+            w.u64(*seq);
+            w.blob(data);
+        }
+    }
+    w.buf
+}
+
+/// Decodes a record's payload; rejects anything malformed or with trailing bytes.
+pub fn decode_record(payload: &[u8]) -> Result<Record, DecodeError> {
+    let mut r = Reader::new(payload);
+    let record = match r.u8()? {
+        BOOT => Record::Boot { incarnation: r.u32()? },
+        ENTRY => Record::Entry { seq: r.u64()?, entry: r.entry()? },
+        TRUNCATE_AFTER => Record::TruncateAfter { seq: r.u64()? },
+        PROMISE => Record::Promise { epoch: r.epoch()? },
+        NORMAL => Record::Normal { epoch: r.epoch()? },
+        COMMIT => Record::Commit { seq: r.u64()? },
+        SNAPSHOT => Record::Snapshot { seq: r.u64()?, data: r.blob("snapshot", SNAPSHOT_BYTES_MAX)? },
+        tag => return Err(DecodeError::UnknownTag { what: "record", tag }),
+    };
+    r.finish()?;
+    Ok(record)
+}
+
+fn frame_crc(len: [u8; 4], payload: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&len), payload)
+}
+
+/// Appends a framed record to `out`.
+pub fn frame_record(record: &Record, out: &mut Vec<u8>) {
+    let payload = encode_record(record);
+    let len = (payload.len() as u32).to_le_bytes();
+    out.extend_from_slice(&len);
+    out.extend_from_slice(&frame_crc(len, &payload).to_le_bytes());
+    out.extend_from_slice(&payload);
+}
+
+/// Why the frames of a file stop being readable at some offset.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FrameError {
+    /// The file ends inside a frame (a write torn by a crash).
+    #[error("torn record: {needed} bytes missing")]
+    Torn {
+        /// Bytes the frame announced beyond the end of the file.
+        needed: usize,
+    },
+    /// The checksum does not match (bit rot, a bad sector, a stray write).
+    #[error("checksum mismatch")]
+    Checksum,
+    /// The length field is impossible.
+    #[error("record length {0} beyond the limit")]
+    Length(u64),
+    /// The checksum matches but the payload does not decode (a bug or a foreign file).
+    #[error("undecodable record: {0}")]
+    Decode(DecodeError),
+}
+
+/// Reads the frame at the start of `buf`: the record and the bytes it took.
+pub fn read_frame(buf: &[u8]) -> Result<(Record, usize), FrameError> {
+    if buf.len() < FRAME_HEADER_BYTES {
+        return Err(FrameError::Torn { needed: FRAME_HEADER_BYTES - buf.len() });
+    }
+    let len_bytes: [u8; 4] = buf[..4].try_into().expect("4 bytes");
+    let len = u32::from_le_bytes(len_bytes) as usize;
+    if len > FRAME_PAYLOAD_MAX {
+        return Err(FrameError::Length(len as u64));
+    }
+    let crc = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes"));
+    let Some(payload) = buf.get(FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + len) else {
+        return Err(FrameError::Torn { needed: FRAME_HEADER_BYTES + len - buf.len() });
+    };
+    if frame_crc(len_bytes, payload) != crc {
+        return Err(FrameError::Checksum);
+    }
+    let record = decode_record(payload).map_err(FrameError::Decode)?;
+    Ok((record, FRAME_HEADER_BYTES + len))
+}
