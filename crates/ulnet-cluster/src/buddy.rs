@@ -44,6 +44,9 @@ pub struct BuddyDetector {
     /// Members that heartbeat us, with when we last heard them.
     watched: BTreeMap<MemberId, Instant>,
     next_heartbeat: Option<Instant>,
+    /// The last time the membership asked for targets: silences that expired before it
+    /// were already reported, so they are not timeouts any more.
+    last_tick: Option<Instant>,
 }
 
 impl BuddyDetector {
@@ -58,6 +61,7 @@ impl BuddyDetector {
             successors: Vec::new(),
             watched: BTreeMap::new(),
             next_heartbeat: None,
+            last_tick: None,
         }
     }
 
@@ -103,6 +107,7 @@ impl FastDetector for BuddyDetector {
     }
 
     fn due_targets(&mut self, now: Instant, targets: &mut Vec<MemberId>) {
+        self.last_tick = Some(now);
         let Some(at) = self.next_heartbeat else { return };
         if now < at {
             return;
@@ -126,7 +131,12 @@ impl FastDetector for BuddyDetector {
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
-        let silence = self.watched.values().min().map(|t| *t + self.fail_after + Duration::from_millis(1));
+        let silence = self
+            .watched
+            .values()
+            .map(|t| *t + self.fail_after + Duration::from_millis(1))
+            .filter(|expiry| self.last_tick.map_or(true, |tick| *expiry > tick))
+            .min();
         match (self.next_heartbeat, silence) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),

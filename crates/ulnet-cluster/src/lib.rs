@@ -41,6 +41,6 @@ pub mod witness;
 pub use buddy::{BuddyDetector, FastDetector};
 pub use config::Config;
 pub use events::{MemberState, MembershipEvent};
-pub use membership::{Counters, Membership, Status, Transmit};
+pub use membership::{Counters, Durable, Membership, Status, Transmit};
 pub use view::{Member, MemberId, View};
 pub use witness::{FileWitness, NoWitness, Witness};

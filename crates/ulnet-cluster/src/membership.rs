@@ -36,6 +36,9 @@ const EVENT_QUEUE_MAX: usize = 1024;
 const REMOVED_MAX: usize = 64;
 /// Peers remembered for rate-limiting catch-up answers (cleared when full).
 const CATCHUP_PEERS_MAX: usize = 4096;
+/// Times a corrected connectivity row is sent to the proposer (one per retransmit period):
+/// three make its loss at 5% datagram loss a 1-in-8000 event.
+const ROW_RESENDS: u32 = 3;
 
 /// Where this node stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,6 +93,22 @@ pub struct Counters {
     pub joins_sponsored: u64,
 }
 
+/// What a node must keep across a restart to come back as the same member: its identity,
+/// its view, and its promises in the regroup agreement (a member that forgot a promise
+/// could help choose two different views). The runtime writes it (with fsync) whenever
+/// [`Membership::durable_version`] changes, before it sends what the change produced.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Durable {
+    /// This node.
+    pub me: Member,
+    /// Its last installed view.
+    pub view: Option<View>,
+    /// The highest ballot promised for the next view, as (round, proposer).
+    pub promised: (u32, MemberId),
+    /// The next view accepted, with its ballot.
+    pub accepted: Option<((u32, MemberId), View)>,
+}
+
 /// The membership of one node. See the module documentation for the call order.
 pub struct Membership {
     config: Config,
@@ -106,6 +125,9 @@ pub struct Membership {
     promised: Ballot,
     accepted: Option<(Ballot, View, Instant)>,
     promised_to: Option<MemberId>,
+    /// Times our current connectivity row is still to be sent to the proposer (rows can
+    /// be lost like any datagram; the proposer must not prune on a stale one).
+    row_resends: u32,
     round_seen: u32,
     // Proposer state.
     regroup: Option<Regroup>,
@@ -126,6 +148,8 @@ pub struct Membership {
     transmits: VecDeque<Transmit>,
     events: VecDeque<MembershipEvent>,
     counters: Counters,
+    durable_version: u64,
+    durable_seen: (u64, Ballot, Option<Ballot>),
 }
 
 impl std::fmt::Debug for Membership {
@@ -159,6 +183,7 @@ impl Membership {
             promised: Ballot::default(),
             accepted: None,
             promised_to: None,
+            row_resends: 0,
             round_seen: 0,
             regroup: None,
             cautious: false,
@@ -176,8 +201,49 @@ impl Membership {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             counters: Counters::default(),
+            durable_version: 0,
+            durable_seen: (0, Ballot::default(), None),
             config,
             me,
+        }
+    }
+
+    /// A node coming back from `durable` state: the same member, in its last view but not
+    /// acting as a member until a regroup confirms the view still holds quorum (or a
+    /// newer view tells it otherwise). Without a view it joins through `seeds`.
+    pub fn resume(config: Config, durable: Durable, secret: &[u8], seeds: Vec<SocketAddr>, seed: u64) -> Self {
+        let mut m = Self::new(config, durable.me, secret, seeds, seed);
+        m.promised = Ballot { round: durable.promised.0, proposer: durable.promised.1 };
+        m.round_seen = m.promised.round;
+        if let (Some(((round, proposer), v)), Some(view)) = (durable.accepted, durable.view.as_ref()) {
+            if v.id == view.id + 1 {
+                m.accepted = Some((Ballot { round, proposer }, v, Instant::now()));
+            }
+        }
+        m.view = durable.view.filter(|v| v.contains(m.me.id));
+        m
+    }
+
+    /// The state to keep across restarts.
+    pub fn durable(&self) -> Durable {
+        Durable {
+            me: self.me.clone(),
+            view: self.view.clone(),
+            promised: (self.promised.round, self.promised.proposer),
+            accepted: self.accepted.as_ref().map(|(b, v, _)| ((b.round, b.proposer), v.clone())),
+        }
+    }
+
+    /// Changes whenever [`Membership::durable`] does.
+    pub fn durable_version(&self) -> u64 {
+        self.durable_version
+    }
+
+    fn note_durable(&mut self) {
+        let now = (self.view.as_ref().map_or(0, |v| v.id), self.promised, self.accepted.as_ref().map(|(b, _, _)| *b));
+        if now != self.durable_seen {
+            self.durable_seen = now;
+            self.durable_version += 1;
         }
     }
 
@@ -194,6 +260,20 @@ impl Membership {
     /// Starts: forms a one-member cluster (view 1) when there are no seeds, otherwise asks
     /// the seeds to sponsor a join.
     pub fn start(&mut self, now: Instant) {
+        if let Some(view) = self.view.clone() {
+            tracing::info!(node = %self.me.name, view = view.id, "resuming in the last view; confirming it by a regroup");
+            if let Some((_, _, t)) = &mut self.accepted {
+                *t = now;
+            }
+            self.status = Status::NoQuorum;
+            self.gossip.reset(now, &view, self.config.gossip_fail_after(view.len()));
+            for d in &mut self.fast {
+                d.reset(now, &view);
+            }
+            self.next_regroup_at = Some(now);
+            self.handle_timeout(now);
+            return;
+        }
         if self.seeds.is_empty() {
             tracing::info!(node = %self.me.name, "forming a new cluster");
             self.install(now, View::new(1, vec![self.me.clone()]));
@@ -429,13 +509,51 @@ impl Membership {
         } else {
             self.heartbeat_tick(now);
             self.update_suspects(now);
+            self.probe_suspects(now);
             self.regroup_tick(now);
         }
         self.schedule(now);
     }
 
+    /// Sends our current connectivity row to the proposer we promised to, while resends
+    /// are left.
+    fn send_row(&mut self) {
+        let Some(p) = self.promised_to.filter(|&p| p != self.me.id) else { return };
+        if self.row_resends == 0 {
+            return;
+        }
+        self.row_resends -= 1;
+        let promise = Message::Promise {
+            base: self.view.as_ref().map_or(0, |v| v.id),
+            ballot: self.promised,
+            accepted: self.accepted.as_ref().map(|(b, v, _)| (*b, v.clone())),
+            suspects: self.local_suspects.iter().copied().collect(),
+        };
+        self.send_to(p, promise);
+    }
+
+    /// While a regroup we promised to is open, keeps probing the members we suspect, so
+    /// that a suspicion caused by lost heartbeats is withdrawn before the proposer prunes.
+    fn probe_suspects(&mut self, now: Instant) {
+        if self.promised_to.filter(|&p| p != self.me.id).is_none() {
+            return;
+        }
+        self.send_row();
+        for s in self.local_suspects.clone() {
+            if let Some(addr) = self.addr_of(s) {
+                if self.catchup_allowed(now, addr) {
+                    self.send(addr, Message::Probe);
+                }
+            }
+        }
+    }
+
     fn schedule(&mut self, now: Instant) {
-        let busy = self.regroup.is_some() || self.reason_since.is_some() || !self.suspicions.is_empty();
+        self.note_durable();
+        let busy = self.regroup.is_some()
+            || self.reason_since.is_some()
+            || !self.suspicions.is_empty()
+            || self.row_resends > 0;
         self.next_tick = match self.status {
             Status::Joining => None,
             _ if busy => Some(now + self.config.regroup_retransmit),
@@ -549,16 +667,8 @@ impl Membership {
         self.announced_suspects.retain(|t| suspicions.contains_key(t));
         // A member that promised sends its corrected row when its suspicions change.
         if changed {
-            if let Some(p) = self.promised_to.filter(|&p| p != self.me.id) {
-                let base = view.id;
-                let promise = Message::Promise {
-                    base,
-                    ballot: self.promised,
-                    accepted: self.accepted.as_ref().map(|(b, v, _)| (*b, v.clone())),
-                    suspects: self.local_suspects.iter().copied().collect(),
-                };
-                self.send_to(p, promise);
-            }
+            self.row_resends = ROW_RESENDS;
+            self.send_row();
             if let Some(r) = &mut self.regroup {
                 if let Some(row) = r.promises.get_mut(&self.me.id) {
                     row.suspects = self.local_suspects.clone();
@@ -783,6 +893,11 @@ impl Membership {
             tracing::info!(node = %self.me.name, view = base.id, "regroup found every member: no change");
             self.regroup = None;
             self.reason_since = None;
+            if self.status == Status::NoQuorum {
+                tracing::info!(node = %self.me.name, view = base.id, "quorum confirmed: acting as a member again");
+                self.status = Status::Member;
+                self.cautious = false;
+            }
             self.suspicions.clear();
             self.announced_suspects.clear();
             self.next_regroup_at = Some(now + self.config.regroup_min_wait);
@@ -892,6 +1007,7 @@ impl Membership {
         self.overtaken(now, ballot);
         self.promised = ballot;
         self.promised_to = Some(sender);
+        self.row_resends = if self.local_suspects.is_empty() { 0 } else { ROW_RESENDS };
         let promise = Message::Promise {
             base,
             ballot,

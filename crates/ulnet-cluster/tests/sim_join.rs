@@ -29,8 +29,7 @@ fn a_join_takes_constant_round_trips_whatever_the_cluster_size() {
         run_to_convergence(&mut sim, &mut checker, Duration::from_secs(20)).unwrap();
         // One more node joins an idle cluster.
         sim.run_for(Duration::from_secs(1), |s| checker.check(s)).unwrap();
-        let now = sim.now();
-        let joiner = restarted(NodeId(n), n + 1, 0, &config, 9, now);
+        let joiner = restarted(NodeId(n), n + 1, 0, &config, 9, sim.start());
         sim.add_node(joiner);
         let took = run_to_convergence(&mut sim, &mut checker, Duration::from_secs(5)).unwrap();
         times.push((n, took));

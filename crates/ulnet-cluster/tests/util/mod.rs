@@ -25,6 +25,9 @@ pub struct SimMember {
     /// Views installed, with the simulated time.
     pub installed: Vec<(Instant, View)>,
     pub events: Vec<(Instant, MembershipEvent)>,
+    /// A restarted node starts at its first timeout (restarts are built without the
+    /// simulated clock at hand): the instant it was built at, in the past.
+    pub start_pending: Option<Instant>,
 }
 
 impl SimMember {
@@ -39,6 +42,7 @@ impl SimMember {
             machine: Membership::new(config, me, secret, seeds, seed),
             installed: Vec::new(),
             events: Vec::new(),
+            start_pending: None,
         }
     }
 
@@ -63,7 +67,9 @@ impl Node for SimMember {
         self.drain_events(now);
     }
     fn handle_timeout(&mut self, now: Instant) {
-        if self.machine.poll_timeout().is_some_and(|t| t <= now) {
+        if self.start_pending.take().is_some() {
+            self.machine.start(now);
+        } else if self.machine.poll_timeout().is_some_and(|t| t <= now) {
             self.machine.handle_timeout(now);
         }
         self.drain_events(now);
@@ -72,7 +78,7 @@ impl Node for SimMember {
         self.machine.poll_transmit().map(|t| (node_of(t.dst), t.payload))
     }
     fn poll_timeout(&self) -> Option<Instant> {
-        self.machine.poll_timeout()
+        self.start_pending.or_else(|| self.machine.poll_timeout())
     }
 }
 
@@ -96,9 +102,15 @@ pub fn world(seed: u64, n: u32, faults: ulnet_sim::Faults, config: &Config) -> S
 pub fn restarted(id: NodeId, n: u32, incarnation: u32, config: &Config, seed: u64, now: Instant) -> SimMember {
     let seeds = (0..n).filter(|&j| j != id.0).map(|j| addr_of(NodeId(j))).collect();
     let mut m = SimMember::new(id.0, incarnation, config.clone(), seeds, SECRET, seed ^ u64::from(incarnation));
-    m.machine.start(now);
-    m.drain_events(now);
+    m.start_pending = Some(now);
     m
+}
+
+/// A restarted node that kept its durable state (identity, view, promises).
+pub fn resumed(old: &SimMember, n: u32, config: &Config, seed: u64, now: Instant) -> SimMember {
+    let seeds = (0..n).filter(|&j| j != old.index).map(|j| addr_of(NodeId(j))).collect();
+    let machine = Membership::resume(config.clone(), old.machine.durable(), SECRET, seeds, seed ^ 0xdead);
+    SimMember { index: old.index, machine, installed: Vec::new(), events: Vec::new(), start_pending: Some(now) }
 }
 
 /// The invariants, checked after every step of every run.
@@ -193,5 +205,24 @@ pub fn run_to_convergence(
             return Ok(sim.now() - start);
         }
     }
-    Err(sim.violation(format!("no convergence within {limit:?}: {}", converged(sim).unwrap_err())))
+    Err(sim.violation(format!("no convergence within {limit:?}: {}{}", converged(sim).unwrap_err(), dump(sim))))
+}
+
+/// Everything the nodes reported, for a failing seed's message.
+pub fn dump(sim: &Sim<SimMember>) -> String {
+    let mut s = String::new();
+    for (_, n) in sim.live_nodes() {
+        s += &format!(
+            "\n n{} {:?} view {:?} status {:?} counters {:?}",
+            n.index,
+            n.machine.me().id,
+            n.machine.view().map(|v| (v.id, v.ids().collect::<Vec<_>>())),
+            n.machine.status(),
+            n.machine.counters()
+        );
+        for (t, e) in n.events.iter().rev().take(12).rev() {
+            s += &format!("\n   {:?} {:?}", t.duration_since(sim.start()), e);
+        }
+    }
+    s
 }
