@@ -45,7 +45,10 @@ pub struct Config {
     pub gossip_rounds_factor: u32,
     /// Rounds added to it, for loss and scheduling noise.
     pub gossip_slack_rounds: u32,
-    /// Regroup: how often unanswered regroup messages are sent again.
+    /// Regroup: how often unanswered regroup messages are sent again (only to the members
+    /// that have not answered). The stage-1 shortcut for a single failure waits
+    /// `regroup_min_wait`, i.e. `regroup_min_wait / regroup_retransmit` tries: ten keep a
+    /// live member's chance of missing all of them at 5% loss below 10^-10.
     pub regroup_retransmit: Duration,
     /// Regroup stage 1: with all but one member answering, how long to wait for the last
     /// (MSCS: 2.4 s). Any suspected member was already silent for the detector's time.
@@ -79,7 +82,7 @@ impl Config {
             gossip_fanout: 1,
             gossip_rounds_factor: 2,
             gossip_slack_rounds: 3,
-            regroup_retransmit: Duration::from_millis(30),
+            regroup_retransmit: Duration::from_millis(10),
             regroup_min_wait: Duration::from_millis(100),
             regroup_max_wait: Duration::from_millis(500),
             connectivity_wait: Duration::from_millis(150),
@@ -102,7 +105,7 @@ impl Config {
             gossip_fanout: 1,
             gossip_rounds_factor: 2,
             gossip_slack_rounds: 3,
-            regroup_retransmit: Duration::from_millis(100),
+            regroup_retransmit: Duration::from_millis(50),
             regroup_min_wait: Duration::from_millis(500),
             regroup_max_wait: Duration::from_millis(2500),
             connectivity_wait: Duration::from_millis(500),
@@ -124,7 +127,7 @@ impl Config {
             gossip_fanout: 1,
             gossip_rounds_factor: 2,
             gossip_slack_rounds: 4,
-            regroup_retransmit: Duration::from_millis(400),
+            regroup_retransmit: Duration::from_millis(250),
             regroup_min_wait: Duration::from_millis(2500),
             regroup_max_wait: Duration::from_millis(10_000),
             connectivity_wait: Duration::from_millis(2000),

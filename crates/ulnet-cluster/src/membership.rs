@@ -839,9 +839,14 @@ impl Membership {
         let cautious = r.cautious;
         let promises = r.promises.clone();
         let responded: BTreeSet<MemberId> = promises.keys().copied().collect();
-        let missing = base.ids().filter(|id| !responded.contains(id) && !replaced.contains(id)).count();
-        let ready = missing == 0
-            || (!cautious && missing == 1 && elapsed >= self.config.regroup_min_wait)
+        let missing: Vec<MemberId> =
+            base.ids().filter(|id| !responded.contains(id) && !replaced.contains(id)).collect();
+        // The single-failure shortcut applies only to a member that is suspected: one that
+        // is merely slow to answer gets the full wait.
+        let single_suspect = missing.len() == 1
+            && (self.suspicions.contains_key(&missing[0]) || self.local_suspects.contains(&missing[0]));
+        let ready = missing.is_empty()
+            || (!cautious && single_suspect && elapsed >= self.config.regroup_min_wait)
             || elapsed >= self.config.regroup_max_wait;
         if !ready {
             return;
@@ -929,7 +934,11 @@ impl Membership {
             self.regroup = None;
             let old: Vec<SocketAddr> =
                 base.members.iter().filter(|m| !proposal.contains(m.id)).map(|m| m.addr).collect();
-            self.install(now, proposal.clone());
+            if proposal.contains(self.me.id) {
+                self.install(now, proposal.clone());
+            } else {
+                self.removed_from(now, proposal.clone());
+            }
             let me = self.me.id;
             let new: Vec<SocketAddr> = proposal.members.iter().filter(|m| m.id != me).map(|m| m.addr).collect();
             for addr in new {
@@ -1070,7 +1079,9 @@ impl Membership {
             return;
         }
         self.round_seen = self.round_seen.max(ballot.round);
-        if ballot < self.promised || proposal.id != base + 1 || !proposal.contains(sender) {
+        // The proposal may exclude its proposer: it can be a view accepted in an earlier
+        // ballot that the proposer must carry on (the rule that keeps a choice unique).
+        if ballot < self.promised || proposal.id != base + 1 {
             self.send(from, Message::Nack { base, promised: self.promised });
             return;
         }

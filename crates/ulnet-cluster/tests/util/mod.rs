@@ -125,7 +125,7 @@ impl Checker {
     pub fn check(&mut self, sim: &Sim<SimMember>) -> Result<(), String> {
         for (_, node) in sim.live_nodes() {
             let key = (node.index, node.machine.me().id);
-            let from = self.seen.get(&key).copied().unwrap_or(0);
+            let from = self.seen.get(&key).copied().unwrap_or(0).min(node.installed.len());
             for (_, v) in &node.installed[from..] {
                 let ids: Vec<MemberId> = v.ids().collect();
                 match self.chosen.get(&v.id) {
