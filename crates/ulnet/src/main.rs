@@ -21,6 +21,11 @@ enum Command {
     Gensort(ulnet_sortbench::cli::GensortArgs),
     /// Validate sorted Sort Benchmark records (compatible with valsort 1.5).
     Valsort(ulnet_sortbench::cli::ValsortArgs),
+    /// Run a cluster member: membership, control plane, counters.
+    Node(cmd::node::NodeArgs),
+    /// Ask a node about the cluster.
+    #[command(subcommand)]
+    Cluster(cmd::node::ClusterCommand),
     /// One process of `ulnet demo` (started by it).
     #[command(hide = true)]
     DemoNode(cmd::demo::DemoNodeArgs),
@@ -34,6 +39,8 @@ fn main() {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::DemoNode(a) => cmd::demo::run_node(a),
+        Command::Node(a) => cmd::node::run_node(a),
+        Command::Cluster(c) => cmd::node::run_cluster(c),
         Command::Gensort(a) => ulnet_sortbench::cli::run_gensort(&a),
         Command::Valsort(a) => ulnet_sortbench::cli::run_valsort(&a),
     };
