@@ -135,7 +135,7 @@ impl FastDetector for BuddyDetector {
             .watched
             .values()
             .map(|t| *t + self.fail_after + Duration::from_millis(1))
-            .filter(|expiry| self.last_tick.map_or(true, |tick| *expiry > tick))
+            .filter(|expiry| self.last_tick.is_none_or(|tick| *expiry > tick))
             .min();
         match (self.next_heartbeat, silence) {
             (Some(a), Some(b)) => Some(a.min(b)),

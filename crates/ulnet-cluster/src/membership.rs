@@ -634,7 +634,7 @@ impl Membership {
         if !current.is_empty()
             && self
                 .suspect_resent_at
-                .map_or(true, |t| now.saturating_duration_since(t) >= self.config.regroup_takeover / 2)
+                .is_none_or(|t| now.saturating_duration_since(t) >= self.config.regroup_takeover / 2)
         {
             self.suspect_resent_at = Some(now);
             if let Some(c) = coordinator.filter(|&c| c != self.me.id) {
@@ -653,7 +653,7 @@ impl Membership {
         // Reports expire unless refreshed; a suspicion nobody holds is withdrawn.
         let ttl = self.config.regroup_takeover;
         for reports in self.suspicions.values_mut() {
-            reports.retain(|_, t| now.saturating_duration_since(*t) < ttl || false);
+            reports.retain(|_, t| now.saturating_duration_since(*t) < ttl);
         }
         let me = self.me.id;
         let local = &self.local_suspects;
@@ -1129,7 +1129,7 @@ impl Membership {
         debug_assert!(view.contains(self.me.id), "a node installs only views it is in");
         let old = self.view.take();
         for m in &view.members {
-            if old.as_ref().map_or(true, |o| !o.contains(m.id)) {
+            if old.as_ref().is_none_or(|o| !o.contains(m.id)) {
                 self.push_event(MembershipEvent::Joined { member: m.clone(), view: view.id });
             }
         }
