@@ -168,6 +168,8 @@ impl Membership {
     /// targets, jitter), so simulated runs replay.
     pub fn new(config: Config, me: Member, secret: &[u8], seeds: Vec<SocketAddr>, seed: u64) -> Self {
         assert!(config.buddies >= 1 && config.gossip_fanout >= 1, "config: at least one buddy and one gossip target");
+        assert!(me.name.len() <= crate::view::NAME_MAX, "member names are at most NAME_MAX bytes");
+        assert!(config.members_max <= crate::wire::LIST_MAX, "views must fit the wire's list bound");
         let gossip = GossipDetector::new(me.id, config.gossip_interval, config.gossip_fanout);
         let buddy = BuddyDetector::new(me.id, config.buddies, config.heartbeat_interval, config.buddy_missed_max);
         let seeds = seeds.into_iter().filter(|a| *a != me.addr).collect();
