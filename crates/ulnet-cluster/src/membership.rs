@@ -124,6 +124,8 @@ pub struct Membership {
     // Acceptor state for the choice of view `view.id + 1`.
     promised: Ballot,
     accepted: Option<(Ballot, View, Instant)>,
+    /// An accepted view read from durable state, until [`Membership::start`] gives it a time.
+    resumed_accepted: Option<(Ballot, View)>,
     promised_to: Option<MemberId>,
     /// Times our current connectivity row is still to be sent to the proposer (rows can
     /// be lost like any datagram; the proposer must not prune on a stale one).
@@ -184,6 +186,7 @@ impl Membership {
             witness: Box::new(NoWitness),
             promised: Ballot::default(),
             accepted: None,
+            resumed_accepted: None,
             promised_to: None,
             row_resends: 0,
             round_seen: 0,
@@ -219,7 +222,7 @@ impl Membership {
         m.round_seen = m.promised.round;
         if let (Some(((round, proposer), v)), Some(view)) = (durable.accepted, durable.view.as_ref()) {
             if v.id == view.id + 1 {
-                m.accepted = Some((Ballot { round, proposer }, v, Instant::now()));
+                m.resumed_accepted = Some((Ballot { round, proposer }, v));
             }
         }
         m.view = durable.view.filter(|v| v.contains(m.me.id));
@@ -232,7 +235,12 @@ impl Membership {
             me: self.me.clone(),
             view: self.view.clone(),
             promised: (self.promised.round, self.promised.proposer),
-            accepted: self.accepted.as_ref().map(|(b, v, _)| ((b.round, b.proposer), v.clone())),
+            accepted: self
+                .accepted
+                .as_ref()
+                .map(|(b, v, _)| (*b, v))
+                .or(self.resumed_accepted.as_ref().map(|(b, v)| (*b, v)))
+                .map(|(b, v)| ((b.round, b.proposer), v.clone())),
         }
     }
 
@@ -264,9 +272,7 @@ impl Membership {
     pub fn start(&mut self, now: Instant) {
         if let Some(view) = self.view.clone() {
             tracing::info!(node = %self.me.name, view = view.id, "resuming in the last view; confirming it by a regroup");
-            if let Some((_, _, t)) = &mut self.accepted {
-                *t = now;
-            }
+            self.accepted = self.resumed_accepted.take().map(|(b, v)| (b, v, now));
             self.status = Status::NoQuorum;
             self.gossip.reset(now, &view, self.config.gossip_fail_after(view.len()));
             for d in &mut self.fast {
