@@ -167,7 +167,9 @@ def main():
         peer = run_memberlist(profile, 47000 + 100 * k)
         print(json.dumps(peer), flush=True)
         rows.append((profile, ours, peer))
-    soak_result = soak(a.soak, 45000, work) if a.soak else None
+    soak_dir = os.path.join(work, "soak")
+    os.makedirs(soak_dir, exist_ok=True)
+    soak_result = soak(a.soak, 45000, soak_dir) if a.soak else None
     if soak_result:
         print(json.dumps(soak_result), flush=True)
     lines = ["| profile | figure | ulnet | memberlist | ratio | goal | met |", "|---|---|---|---|---|---|---|"]
