@@ -162,14 +162,14 @@ def main():
     work = tempfile.mkdtemp(prefix="ulnet-membership-")
     rows = []
     for k, profile in enumerate(a.profiles.split(",")):
-        ours = run_ulnet(profile, 41000 + 1000 * k, work)
+        ours = run_ulnet(profile, 21000 + 1000 * k, work)
         print(json.dumps(ours), flush=True)
-        peer = run_memberlist(profile, 47000 + 100 * k)
+        peer = run_memberlist(profile, 27000 + 100 * k)
         print(json.dumps(peer), flush=True)
         rows.append((profile, ours, peer))
     soak_dir = os.path.join(work, "soak")
     os.makedirs(soak_dir, exist_ok=True)
-    soak_result = soak(a.soak, 45000, soak_dir) if a.soak else None
+    soak_result = soak(a.soak, 25000, soak_dir) if a.soak else None
     if soak_result:
         print(json.dumps(soak_result), flush=True)
     lines = ["| profile | figure | ulnet | memberlist | ratio | goal | met |", "|---|---|---|---|---|---|---|"]

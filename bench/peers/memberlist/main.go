@@ -92,7 +92,7 @@ func waitAll(nodes []*node, want int, limit time.Duration) (time.Duration, bool)
 func main() {
 	count := flag.Int("nodes", 32, "nodes")
 	profile := flag.String("profile", "lan", "local or lan")
-	base := flag.Int("port", 47000, "first port")
+	base := flag.Int("port", 27000, "first port (below the ephemeral range)")
 	window := flag.Duration("window", 10*time.Second, "steady-state packet counting window")
 	flag.Parse()
 	var nodes []*node

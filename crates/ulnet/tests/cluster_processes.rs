@@ -1,7 +1,7 @@
 //! Real processes: 32 `ulnet node` processes on loopback form one cluster; killing one
 //! (SIGKILL) yields a view without it, agreed by all 31 survivors.
 
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use ulnet_cluster::runtime::{query_status, StatusReport};
@@ -14,6 +14,22 @@ impl Drop for Cluster {
             let _ = c.wait();
         }
     }
+}
+
+/// `n` addresses free for both UDP and TCP, below the kernel's ephemeral range (32768 and
+/// up here), so that no outgoing connection can take a node's port before it binds it.
+fn free_addrs(n: usize, salt: u16) -> Vec<SocketAddr> {
+    let mut port = 20_000 + (std::process::id() as u16 % 100) * 100 + salt;
+    let mut out = Vec::new();
+    while out.len() < n {
+        port += 1;
+        assert!(port < 32_768, "no free ports below the ephemeral range");
+        let a = SocketAddr::from(([127, 0, 0, 1], port));
+        if UdpSocket::bind(a).is_ok() && TcpListener::bind(a).is_ok() {
+            out.push(a);
+        }
+    }
+    out
 }
 
 fn statuses(addrs: &[SocketAddr], secret: &[u8]) -> Vec<Option<StatusReport>> {
@@ -37,8 +53,7 @@ fn thirty_two_nodes_form_a_cluster_and_agree_on_a_view_without_a_killed_one() {
     std::fs::create_dir_all(&dir).unwrap();
     let secret_file = dir.join("secret");
     std::fs::write(&secret_file, "processes-test-secret\n").unwrap();
-    let addrs: Vec<SocketAddr> =
-        (0..N).map(|_| UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()).collect();
+    let addrs = free_addrs(N, 0);
     let mut cluster = Cluster(Vec::new());
     for (i, a) in addrs.iter().enumerate() {
         let mut c = Command::new(env!("CARGO_BIN_EXE_ulnet"));
@@ -62,10 +77,26 @@ fn thirty_two_nodes_form_a_cluster_and_agree_on_a_view_without_a_killed_one() {
     let secret = b"processes-test-secret";
     let deadline = Instant::now() + Duration::from_secs(60);
     let formed = loop {
-        if let Some(v) = agreed(&statuses(&addrs, secret), N) {
+        let reports = statuses(&addrs, secret);
+        if let Some(v) = agreed(&reports, N) {
             break v;
         }
-        assert!(Instant::now() < deadline, "32 nodes did not form one view in 60 s");
+        if Instant::now() > deadline {
+            let summary: Vec<String> = reports
+                .iter()
+                .enumerate()
+                .map(|(i, r)| match r {
+                    Some(r) => format!("p{i}: view {} {} members {}", r.view, r.status, r.members.len()),
+                    None => format!(
+                        "p{i} at {}: no answer; exit {:?}; log: {}",
+                        addrs[i],
+                        cluster.0[i].try_wait(),
+                        std::fs::read_to_string(dir.join(format!("p{i}.log"))).unwrap_or_default()
+                    ),
+                })
+                .collect();
+            panic!("32 nodes did not form one view in 60 s:\n{}", summary.join("\n"));
+        }
         std::thread::sleep(Duration::from_millis(200));
     };
     let victim = 17;
@@ -97,7 +128,7 @@ fn thirty_two_nodes_form_a_cluster_and_agree_on_a_view_without_a_killed_one() {
 
 #[test]
 fn a_node_with_the_wrong_secret_gets_no_status() {
-    let a = UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let a = free_addrs(1, 60)[0];
     let dir = std::env::temp_dir().join(format!("ulnet-cluster-secret-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("s"), "right").unwrap();

@@ -2,16 +2,29 @@
 //! one is killed, and the survivors agree on a new view without it.
 
 use anyhow::{bail, Result};
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use ulnet_cluster::runtime::{query_status, StatusReport};
 
 const NODES: usize = 5;
 
-fn free_port() -> Result<u16> {
-    // The port is free for UDP and, in practice, TCP right after.
-    Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?.port())
+/// Ports free for both UDP and TCP, below the usual ephemeral range (32768 and up), so
+/// no outgoing connection takes one before its node binds it.
+fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let mut port = 24_000 + (std::process::id() % 1000) as u16 * 8;
+    let mut out = Vec::new();
+    while out.len() < n {
+        port += 1;
+        if port >= 32_768 {
+            bail!("no free ports for the demo cluster");
+        }
+        let a = SocketAddr::from(([127, 0, 0, 1], port));
+        if UdpSocket::bind(a).is_ok() && TcpListener::bind(a).is_ok() {
+            out.push(port);
+        }
+    }
+    Ok(out)
 }
 
 fn wait_for(
@@ -41,7 +54,7 @@ fn agreed(r: &[StatusReport], size: usize) -> bool {
 pub fn run() -> Result<bool> {
     let exe = std::env::current_exe()?;
     let addrs: Vec<SocketAddr> =
-        (0..NODES).map(|_| free_port().map(|p| SocketAddr::from(([127, 0, 0, 1], p)))).collect::<Result<_>>()?;
+        free_ports(NODES)?.into_iter().map(|p| SocketAddr::from(([127, 0, 0, 1], p))).collect();
     eprintln!("\nulnet demo: membership — {NODES} `ulnet node` processes form a cluster");
     let mut children: Vec<Child> = Vec::new();
     for (i, a) in addrs.iter().enumerate() {
