@@ -126,7 +126,7 @@ fn write_durable(dir: &std::path::Path, d: &Durable) -> std::io::Result<()> {
 impl Node {
     /// Starts the node and its services.
     pub fn start(config: NodeConfig, services: Vec<Box<dyn Service>>) -> std::io::Result<Node> {
-        let socket = UdpSocket::bind(config.listen)?;
+        let (socket, ep) = bind_both(config.listen, &config.secret)?;
         let listen = socket.local_addr()?;
         let durable: Option<Durable> = config
             .data_dir
@@ -157,10 +157,6 @@ impl Node {
             stop: AtomicBool::new(false),
         });
         let (to_control, from_membership) = mpsc::channel();
-        let mut endpoint_config = EndpointConfig::default();
-        endpoint_config.tcp.secret = config.secret.clone();
-        let mut ep = Endpoint::new(endpoint_config);
-        ep.listen_tcp(&listen.to_string()).map_err(|e| std::io::Error::other(e.to_string()))?;
         let mut threads = Vec::new();
         {
             let shared = shared.clone();
@@ -216,6 +212,27 @@ impl Node {
             let _ = t.join();
         }
     }
+}
+
+/// Binds the membership socket (UDP) and the control plane (TCP) to the same address.
+/// With port 0 the kernel picks a UDP port whose TCP twin may be taken (by an outgoing
+/// connection, say): then another port is tried.
+fn bind_both(listen: SocketAddr, secret: &[u8]) -> std::io::Result<(UdpSocket, Endpoint)> {
+    const TRIES: usize = 64;
+    let mut last = None;
+    for _ in 0..TRIES {
+        let socket = UdpSocket::bind(listen)?;
+        let addr = socket.local_addr()?;
+        let mut endpoint_config = EndpointConfig::default();
+        endpoint_config.tcp.secret = secret.to_vec();
+        let mut ep = Endpoint::new(endpoint_config);
+        match ep.listen_tcp(&addr.to_string()) {
+            Ok(_) => return Ok((socket, ep)),
+            Err(e) if listen.port() == 0 => last = Some(e),
+            Err(e) => return Err(std::io::Error::other(format!("control plane on {addr}: {e}"))),
+        }
+    }
+    Err(std::io::Error::other(format!("no port free for both UDP and TCP after {TRIES} tries: {last:?}")))
 }
 
 fn report(machine: &Membership) -> StatusReport {
