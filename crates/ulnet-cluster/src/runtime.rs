@@ -177,11 +177,12 @@ impl Node {
         if let Some(addr) = config.metrics {
             let shared = shared.clone();
             let std_listener = std::net::TcpListener::bind(addr)?;
-            threads.push(std::thread::Builder::new().name("metrics".into()).spawn(move || {
+            // Detached: it waits in accept, and a node that stops need not wait for it.
+            std::thread::Builder::new().name("metrics".into()).spawn(move || {
                 if let Err(e) = metrics_loop(std_listener, shared) {
                     tracing::warn!("metrics server stopped: {e}");
                 }
-            })?);
+            })?;
         }
         Ok(Node { shared, threads, me })
     }
