@@ -142,6 +142,9 @@ pub struct Membership {
     announced_suspects: BTreeSet<MemberId>,
     joiners: BTreeMap<MemberId, (Member, Instant)>,
     reason_since: Option<Instant>,
+    /// Since when this member has had a reason to regroup that no view or completed
+    /// regroup resolved (not reset when a regroup is overtaken).
+    unresolved_since: Option<Instant>,
     suspect_resent_at: Option<Instant>,
     removed: VecDeque<Member>,
     catchup: HashMap<SocketAddr, Instant>,
@@ -198,6 +201,7 @@ impl Membership {
             announced_suspects: BTreeSet::new(),
             joiners: BTreeMap::new(),
             reason_since: None,
+            unresolved_since: None,
             suspect_resent_at: None,
             removed: VecDeque::new(),
             catchup: HashMap::new(),
@@ -762,7 +766,18 @@ impl Membership {
         }
         if !self.has_reason(now) {
             self.reason_since = None;
+            self.unresolved_since = None;
             return;
+        }
+        let unresolved = *self.unresolved_since.get_or_insert(now);
+        // Bounded failure handling: a member whose suspicion no regroup resolved within
+        // the time a regroup takes (a takeover and two stage-1 waits) cannot know that it
+        // is still in a view with quorum, so it stops acting as a member.
+        if self.status == Status::Member
+            && now.saturating_duration_since(unresolved)
+                >= self.config.regroup_takeover + 2 * self.config.regroup_max_wait
+        {
+            self.lose_quorum("no regroup resolved the suspicion in time");
         }
         let since = *self.reason_since.get_or_insert(now);
         if self.next_regroup_at.is_some_and(|t| now < t) {
@@ -906,6 +921,7 @@ impl Membership {
             tracing::info!(node = %self.me.name, view = base.id, "regroup found every member: no change");
             self.regroup = None;
             self.reason_since = None;
+            self.unresolved_since = None;
             if self.status == Status::NoQuorum {
                 tracing::info!(node = %self.me.name, view = base.id, "quorum confirmed: acting as a member again");
                 self.status = Status::Member;
@@ -965,6 +981,10 @@ impl Membership {
         self.regroup = None;
         self.cautious = true;
         self.next_regroup_at = Some(now + self.config.regroup_retransmit);
+        self.lose_quorum(why);
+    }
+
+    fn lose_quorum(&mut self, why: &str) {
         if self.status == Status::Member {
             let view = self.view.as_ref().map_or(0, |v| v.id);
             tracing::warn!(node = %self.me.name, view, "lost quorum ({why}): no longer acting as a member");
@@ -1159,6 +1179,7 @@ impl Membership {
         self.regroup = None;
         self.cautious = false;
         self.reason_since = None;
+        self.unresolved_since = None;
         self.next_regroup_at = None;
         self.next_join = None;
         self.suspicions.retain(|t, _| view.contains(*t));
@@ -1192,6 +1213,7 @@ impl Membership {
         self.announced_suspects.clear();
         self.joiners.clear();
         self.reason_since = None;
+        self.unresolved_since = None;
         self.gossip.clear();
         for d in &mut self.fast {
             d.clear();

@@ -192,3 +192,62 @@ fn two_nodes_continue_with_one_only_through_the_witness() {
         assert_eq!(with_quorum, usize::from(with_witness), "witness {with_witness}: {with_quorum} nodes kept quorum");
     }
 }
+
+#[test]
+fn an_even_split_leaves_quorum_with_the_tiebreakers_half() {
+    let config = Config::sim();
+    for_each_seed("even_split", 0..100, |seed| {
+        let mut sim = world(seed, 4, Faults::lossy(0.01), &config);
+        let mut checker = Checker::default();
+        run_to_convergence(&mut sim, &mut checker, Duration::from_secs(10))?;
+        let view = sim.node(NodeId(0)).unwrap().machine.view().unwrap().clone();
+        // Split so that the tie-breaker (the lowest id) is on a random side.
+        let mut ids: Vec<NodeId> = (0..4).map(NodeId).collect();
+        let k = sim.random_below(4) as usize;
+        ids.rotate_left(k);
+        let (a, b) = ids.split_at(2);
+        sim.partition(a, b);
+        sim.run_for(Duration::from_secs(4), |s| checker.check(s))?;
+        for side in [a, b] {
+            let has_tiebreaker = side.iter().any(|id| sim.node(*id).unwrap().machine.me().id == view.tiebreaker);
+            for id in side {
+                let n = sim.node(*id).unwrap();
+                if n.machine.has_quorum() != has_tiebreaker {
+                    return Err(sim.violation(format!(
+                        "{id}: quorum {} but its half {} the tie-breaker{}",
+                        n.machine.has_quorum(),
+                        if has_tiebreaker { "holds" } else { "lacks" },
+                        dump(&sim)
+                    )));
+                }
+            }
+        }
+        sim.heal();
+        run_to_convergence(&mut sim, &mut checker, Duration::from_secs(10))?;
+        Ok(())
+    });
+}
+
+#[test]
+fn a_second_crash_during_a_regroup_is_handled_in_cautious_mode() {
+    let config = Config::sim();
+    for_each_seed("cascaded_crashes", 0..200, |seed| {
+        let mut sim = world(seed, 7, Faults::lossy(0.02), &config);
+        let mut checker = Checker::default();
+        run_to_convergence(&mut sim, &mut checker, Duration::from_secs(10))?;
+        let first = NodeId(1 + sim.random_below(6) as u32);
+        sim.crash(first);
+        // Let the first regroup start, then crash another node in the middle of it.
+        let gap = config.buddy_fail_after() + Duration::from_millis(sim.random_below(150));
+        sim.run_for(gap, |s| checker.check(s))?;
+        let second = loop {
+            let c = NodeId(1 + sim.random_below(6) as u32);
+            if c != first {
+                break c;
+            }
+        };
+        sim.crash(second);
+        run_to_convergence(&mut sim, &mut checker, config.exclusion_bound() * 2)?;
+        Ok(())
+    });
+}
