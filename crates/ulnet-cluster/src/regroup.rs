@@ -26,6 +26,11 @@
 //!
 //! A regroup that is overtaken by a higher ballot, or that fails, leaves the node in
 //! **cautious mode**: the next regroup waits the full `regroup_max_wait` in stage 1.
+//!
+//! Quorum is lost, and the node stops acting as a member, when its own regroup cannot
+//! gather a quorum, or when a reason to regroup (a suspicion, a joiner) stays unresolved
+//! for `regroup_takeover + 2 × regroup_max_wait` (other nodes' regroups may be failing
+//! without telling it: a member must not keep acting on a view it cannot confirm).
 
 use crate::view::{MemberId, View};
 use crate::wire::Ballot;
