@@ -63,7 +63,9 @@ pub fn run() -> Result<bool> {
         if i > 0 {
             c.args(["--seeds", &addrs[0].to_string()]);
         }
-        children.push(c.env("ULNET_LOG", "error").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?);
+        children.push(
+            c.env("ULNET_LOG", "error").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?,
+        );
     }
     let result = (|| -> Result<bool> {
         let r = wait_for(&addrs, Duration::from_secs(10), |r| agreed(r, NODES))?;
