@@ -23,6 +23,11 @@ enum Command {
     Valsort(ulnet_sortbench::cli::ValsortArgs),
     /// The self-reconfiguring multi-tier data center.
     Dc(cmd::dc::DcArgs),
+    /// Run a cluster member: membership, control plane, counters.
+    Node(cmd::node::NodeArgs),
+    /// Ask a node about the cluster.
+    #[command(subcommand)]
+    Cluster(cmd::node::ClusterCommand),
     /// One process of `ulnet demo` (started by it).
     #[command(hide = true)]
     DemoNode(cmd::demo::DemoNodeArgs),
@@ -37,6 +42,8 @@ fn main() {
         Command::Bench(a) => cmd::bench::run(a),
         Command::Dc(a) => cmd::dc::run(a),
         Command::DemoNode(a) => cmd::demo::run_node(a),
+        Command::Node(a) => cmd::node::run_node(a),
+        Command::Cluster(c) => cmd::node::run_cluster(c),
         Command::Gensort(a) => ulnet_sortbench::cli::run_gensort(&a),
         Command::Valsort(a) => ulnet_sortbench::cli::run_valsort(&a),
     };

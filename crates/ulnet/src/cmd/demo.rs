@@ -101,8 +101,9 @@ pub fn run(args: DemoArgs) -> Result<i32> {
         sent - received,
         bad
     );
+    let membership_ok = super::demo_cluster::run()?;
     super::dc::demo()?;
-    Ok(if bad == 0 && sent == received { 0 } else { 1 })
+    Ok(if bad == 0 && sent == received && membership_ok { 0 } else { 1 })
 }
 
 pub fn run_node(a: DemoNodeArgs) -> Result<i32> {

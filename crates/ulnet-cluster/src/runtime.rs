@@ -1,0 +1,535 @@
+//! The thin runtime of `ulnet node`: binds [`Membership`] to a UDP socket and the clock,
+//! serves the control plane (ulnet-msg RPC over ulnet's TCP transport, authenticated with
+//! the cluster secret) on the same address, exports counters in Prometheus text format
+//! over HTTP, keeps durable state in the data directory, and hosts [`Service`]s.
+//!
+//! Two threads: the membership thread (UDP socket, timers, durable state, events) and the
+//! control thread (RPC, services, peer channels). A third, optional, serves metrics.
+
+use crate::events::{MemberState, MembershipEvent};
+use crate::membership::{Counters, Durable, Membership, Status};
+use crate::service::{RpcHandler, Service, ServiceContext};
+use crate::view::{Member, MemberId, View};
+use crate::witness::FileWitness;
+use crate::Config;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::{SocketAddr, UdpSocket};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use ulnet_core::{ChannelId, Endpoint, EndpointConfig};
+use ulnet_msg::rpc::{Rpc, RpcConfig};
+
+/// Control-plane method: cluster status as JSON (the `cluster status --json` shape).
+/// Method ids are on the wire: append only.
+pub const METHOD_STATUS: u16 = 1;
+/// Control-plane method: a service message between members (one-way).
+pub const METHOD_SERVICE_MESSAGE: u16 = 2;
+/// Lowest method id services may register.
+pub const METHOD_SERVICE_MIN: u16 = 100;
+
+/// How a node is started.
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// The node's name.
+    pub name: String,
+    /// UDP (membership) and TCP (control plane) address.
+    pub listen: SocketAddr,
+    /// Members or would-be members to join through; none forms a new cluster.
+    pub seeds: Vec<SocketAddr>,
+    /// Where durable state goes (identity, view, promises); none keeps nothing.
+    pub data_dir: Option<PathBuf>,
+    /// The cluster secret.
+    pub secret: Vec<u8>,
+    /// Protocol settings.
+    pub protocol: Config,
+    /// Append one JSON line per membership event here.
+    pub events_json: Option<PathBuf>,
+    /// Serve Prometheus counters over HTTP here.
+    pub metrics: Option<SocketAddr>,
+    /// Directory of the two-node quorum witness (a shared path).
+    pub witness_dir: Option<PathBuf>,
+}
+
+/// A member as `cluster status` reports it.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct MemberReport {
+    /// Its name.
+    pub name: String,
+    /// Its address.
+    pub addr: String,
+    /// `alive`, `suspect` or `dead`.
+    pub state: String,
+}
+
+/// The `cluster status --json` object.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq, Eq, Default)]
+pub struct StatusReport {
+    /// The installed view number (0: none).
+    pub view: u64,
+    /// Members and recently dead members.
+    pub members: Vec<MemberReport>,
+    /// Whether this node acts as a member of a view with quorum.
+    pub quorum: bool,
+    /// The reporting node's name.
+    pub node: String,
+    /// `joining`, `member` or `no_quorum`.
+    pub status: String,
+}
+
+struct Shared {
+    status: Mutex<StatusReport>,
+    counters: Mutex<Counters>,
+    stop: AtomicBool,
+}
+
+enum ToControl {
+    View(View, bool),
+    Event(MembershipEvent),
+}
+
+/// A running node.
+pub struct Node {
+    shared: Arc<Shared>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    me: Member,
+}
+
+fn ts_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    let _ = getrandom(&mut b);
+    u64::from_le_bytes(b)
+}
+
+fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")?.read_exact(buf)
+}
+
+fn write_durable(dir: &std::path::Path, d: &Durable) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join("member.json.tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(serde_json::to_string(d).map_err(std::io::Error::other)?.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join("member.json"))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+impl Node {
+    /// Starts the node and its services.
+    pub fn start(config: NodeConfig, services: Vec<Box<dyn Service>>) -> std::io::Result<Node> {
+        let (socket, ep) = bind_both(config.listen, &config.secret)?;
+        let listen = socket.local_addr()?;
+        let durable: Option<Durable> = config
+            .data_dir
+            .as_ref()
+            .and_then(|d| std::fs::read_to_string(d.join("member.json")).ok())
+            .and_then(|s| serde_json::from_str(&s).ok());
+        let seed = random_u64();
+        let mut machine = match durable {
+            Some(d) if d.me.addr == listen && d.me.name == config.name => {
+                let mut seeds = config.seeds.clone();
+                if let Some(v) = &d.view {
+                    seeds.extend(v.members.iter().map(|m| m.addr).filter(|a| *a != listen));
+                }
+                Membership::resume(config.protocol.clone(), d, &config.secret, seeds, seed)
+            }
+            _ => {
+                let me = Member { id: MemberId(random_u64() | 1), name: config.name.clone(), addr: listen };
+                Membership::new(config.protocol.clone(), me, &config.secret, config.seeds.clone(), seed)
+            }
+        };
+        if let Some(dir) = &config.witness_dir {
+            machine.set_witness(Box::new(FileWitness::new(dir)?));
+        }
+        let me = machine.me().clone();
+        let shared = Arc::new(Shared {
+            status: Mutex::new(StatusReport { node: me.name.clone(), status: "joining".into(), ..Default::default() }),
+            counters: Mutex::new(Counters::default()),
+            stop: AtomicBool::new(false),
+        });
+        let (to_control, from_membership) = mpsc::channel();
+        let mut threads = Vec::new();
+        {
+            let shared = shared.clone();
+            let config = config.clone();
+            threads.push(std::thread::Builder::new().name("membership".into()).spawn(move || {
+                if let Err(e) = membership_loop(machine, socket, &config, &shared, to_control) {
+                    tracing::error!("membership thread stopped: {e}");
+                }
+            })?);
+        }
+        {
+            let shared = shared.clone();
+            let me = me.clone();
+            threads.push(std::thread::Builder::new().name("control".into()).spawn(move || {
+                control_loop(ep, me, services, &shared, from_membership);
+            })?);
+        }
+        if let Some(addr) = config.metrics {
+            let shared = shared.clone();
+            let std_listener = std::net::TcpListener::bind(addr)?;
+            // Detached: it waits in accept, and a node that stops need not wait for it.
+            std::thread::Builder::new().name("metrics".into()).spawn(move || {
+                if let Err(e) = metrics_loop(std_listener, shared) {
+                    tracing::warn!("metrics server stopped: {e}");
+                }
+            })?;
+        }
+        Ok(Node { shared, threads, me })
+    }
+
+    /// This node.
+    pub fn me(&self) -> &Member {
+        &self.me
+    }
+
+    /// The current status report.
+    pub fn status(&self) -> StatusReport {
+        self.shared.status.lock().expect("status lock").clone()
+    }
+
+    /// The membership counters.
+    pub fn counters(&self) -> Counters {
+        *self.shared.counters.lock().expect("counters lock")
+    }
+
+    /// Asks the threads to stop.
+    pub fn stop(&self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+    }
+
+    /// Waits for the threads (after [`Node::stop`], or forever).
+    pub fn join(self) {
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Binds the membership socket (UDP) and the control plane (TCP) to the same address.
+/// With port 0 the kernel picks a UDP port whose TCP twin may be taken (by an outgoing
+/// connection, say): then another port is tried.
+fn bind_both(listen: SocketAddr, secret: &[u8]) -> std::io::Result<(UdpSocket, Endpoint)> {
+    const TRIES: usize = 64;
+    let mut last = None;
+    for _ in 0..TRIES {
+        let socket = UdpSocket::bind(listen)?;
+        let addr = socket.local_addr()?;
+        let mut endpoint_config = EndpointConfig::default();
+        endpoint_config.tcp.secret = secret.to_vec();
+        let mut ep = Endpoint::new(endpoint_config);
+        match ep.listen_tcp(&addr.to_string()) {
+            Ok(_) => return Ok((socket, ep)),
+            Err(e) if listen.port() == 0 => last = Some(e),
+            Err(e) => return Err(std::io::Error::other(format!("control plane on {addr}: {e}"))),
+        }
+    }
+    Err(std::io::Error::other(format!("no port free for both UDP and TCP after {TRIES} tries: {last:?}")))
+}
+
+fn report(machine: &Membership) -> StatusReport {
+    let members = machine
+        .member_states()
+        .into_iter()
+        .map(|(m, s)| MemberReport {
+            name: m.name,
+            addr: m.addr.to_string(),
+            state: match s {
+                MemberState::Alive => "alive",
+                MemberState::Suspect => "suspect",
+                MemberState::Dead => "dead",
+            }
+            .into(),
+        })
+        .collect();
+    StatusReport {
+        view: machine.view().map_or(0, |v| v.id),
+        members,
+        quorum: machine.has_quorum(),
+        node: machine.me().name.clone(),
+        status: match machine.status() {
+            Status::Joining => "joining",
+            Status::Member => "member",
+            Status::NoQuorum => "no_quorum",
+        }
+        .into(),
+    }
+}
+
+fn membership_loop(
+    mut machine: Membership,
+    socket: UdpSocket,
+    config: &NodeConfig,
+    shared: &Shared,
+    to_control: mpsc::Sender<ToControl>,
+) -> std::io::Result<()> {
+    let mut events_file = match &config.events_json {
+        Some(p) => Some(std::fs::OpenOptions::new().create(true).append(true).open(p)?),
+        None => None,
+    };
+    let mut durable_written = u64::MAX;
+    let mut buf = vec![0u8; crate::wire::PACKET_MAX];
+    machine.start(Instant::now());
+    while !shared.stop.load(Ordering::Relaxed) {
+        // Durable state first: nothing a promise produced leaves before it is on disk.
+        if let Some(dir) = &config.data_dir {
+            if machine.durable_version() != durable_written {
+                write_durable(dir, &machine.durable())?;
+                durable_written = machine.durable_version();
+            }
+        }
+        while let Some(t) = machine.poll_transmit() {
+            if let Err(e) = socket.send_to(&t.payload, t.dst) {
+                tracing::debug!(dst = %t.dst, "send failed: {e}");
+            }
+        }
+        let mut changed = false;
+        while let Some(e) = machine.poll_event() {
+            changed = true;
+            if let Some(f) = &mut events_file {
+                let line = e.to_json_line(ts_ms(), machine.view());
+                let _ = writeln!(f, "{line}");
+            }
+            if let MembershipEvent::ViewInstalled { view } = &e {
+                let _ = to_control.send(ToControl::View(view.clone(), true));
+            }
+            let _ = to_control.send(ToControl::Event(e));
+        }
+        if changed {
+            if let Some(f) = &mut events_file {
+                let _ = f.flush();
+            }
+        }
+        *shared.status.lock().expect("status lock") = report(&machine);
+        *shared.counters.lock().expect("counters lock") = machine.counters();
+        let now = Instant::now();
+        let wait = machine.poll_timeout().map_or(Duration::from_millis(100), |t| t.saturating_duration_since(now));
+        socket.set_read_timeout(Some(wait.clamp(Duration::from_micros(200), Duration::from_millis(100))))?;
+        match socket.recv_from(&mut buf) {
+            Ok((n, from)) => machine.handle_datagram(Instant::now(), from, &buf[..n]),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e) => tracing::debug!("receive failed: {e}"),
+        }
+        let now = Instant::now();
+        if machine.poll_timeout().is_some_and(|t| t <= now) {
+            machine.handle_timeout(now);
+        }
+    }
+    Ok(())
+}
+
+type Inbox = Arc<Mutex<Vec<(MemberId, u16, Vec<u8>)>>>;
+
+fn control_loop(
+    ep: Endpoint,
+    me: Member,
+    mut services: Vec<Box<dyn Service>>,
+    shared: &Arc<Shared>,
+    from_membership: mpsc::Receiver<ToControl>,
+) {
+    let mut rpc = Rpc::new(ep, RpcConfig { workers: 0, ..RpcConfig::default() });
+    {
+        let shared = shared.clone();
+        rpc.register_inline(METHOD_STATUS, move |_req, replier| {
+            let json = serde_json::to_vec(&*shared.status.lock().expect("status lock")).unwrap_or_default();
+            replier.reply(&[&json]);
+        });
+    }
+    let inbox: Inbox = Arc::new(Mutex::new(Vec::new()));
+    {
+        let inbox = inbox.clone();
+        rpc.register_inline(METHOD_SERVICE_MESSAGE, move |req, _replier| {
+            if req.payload.len() >= 10 {
+                let service = u16::from_le_bytes([req.payload[0], req.payload[1]]);
+                let from = MemberId(u64::from_le_bytes(req.payload[2..10].try_into().expect("8 bytes")));
+                inbox.lock().expect("inbox lock").push((from, service, req.payload[10..].to_vec()));
+            }
+        });
+    }
+    for s in &mut services {
+        for (method, mut handler) in s.rpc_methods() {
+            assert!(method >= METHOD_SERVICE_MIN, "service methods start at METHOD_SERVICE_MIN");
+            let f: RpcHandler = Box::new(move |p| handler(p));
+            let mut f = f;
+            rpc.register_inline(method, move |req, replier| match f(req.payload) {
+                Ok(body) => replier.reply(&[&body]),
+                Err(status) => replier.fail(status),
+            });
+        }
+    }
+    let mut view: Option<View> = None;
+    let mut quorum = false;
+    let mut peers: HashMap<MemberId, ChannelId> = HashMap::new();
+    let mut outbox = Vec::new();
+    while !shared.stop.load(Ordering::Relaxed) {
+        while let Ok(Some(_)) = rpc.endpoint().try_accept() {}
+        rpc.poll(256, |_| {});
+        for msg in from_membership.try_iter() {
+            for s in &mut services {
+                let mut ctx =
+                    ServiceContext { me: &me, view: view.as_ref(), quorum, service: s.id(), outbox: &mut outbox };
+                match &msg {
+                    ToControl::View(v, q) => {
+                        ctx.view = Some(v);
+                        ctx.quorum = *q;
+                        s.on_view(v, &mut ctx)
+                    }
+                    ToControl::Event(e) => s.on_event(e, &mut ctx),
+                }
+            }
+            match msg {
+                ToControl::View(v, q) => {
+                    peers.retain(|id, _| v.contains(*id));
+                    view = Some(v);
+                    quorum = q;
+                }
+                ToControl::Event(MembershipEvent::QuorumLost { .. } | MembershipEvent::Removed { .. }) => {
+                    quorum = false
+                }
+                ToControl::Event(_) => {}
+            }
+        }
+        let arrived = std::mem::take(&mut *inbox.lock().expect("inbox lock"));
+        for (from, service, data) in arrived {
+            if let Some(s) = services.iter_mut().find(|s| s.id() == service) {
+                let mut ctx = ServiceContext { me: &me, view: view.as_ref(), quorum, service, outbox: &mut outbox };
+                s.on_message(from, &data, &mut ctx);
+            }
+        }
+        let now = Instant::now();
+        for s in &mut services {
+            let mut ctx = ServiceContext { me: &me, view: view.as_ref(), quorum, service: s.id(), outbox: &mut outbox };
+            s.on_tick(now, &mut ctx);
+        }
+        for (to, service, data) in outbox.drain(..) {
+            let Some(member) = view.as_ref().and_then(|v| v.member(to)).cloned() else { continue };
+            let channel = match peers.get(&to) {
+                Some(c) => *c,
+                None => match rpc.endpoint().connect_tcp(&member.addr.to_string(), Duration::from_secs(1)) {
+                    Ok(c) => {
+                        peers.insert(to, c);
+                        c
+                    }
+                    Err(e) => {
+                        tracing::debug!(to = %member.name, "no channel: {e}");
+                        continue;
+                    }
+                },
+            };
+            let mut header = [0u8; 10];
+            header[..2].copy_from_slice(&service.to_le_bytes());
+            header[2..].copy_from_slice(&me.id.0.to_le_bytes());
+            if rpc.one_way(channel, METHOD_SERVICE_MESSAGE, &[&header, &data]).is_err() {
+                peers.remove(&to);
+            }
+        }
+        rpc.endpoint().flush_sends();
+        let _ = rpc.endpoint().wait(Some(Duration::from_millis(20)));
+    }
+}
+
+/// The counters in Prometheus text exposition format.
+pub fn prometheus_text(c: &Counters, status: &StatusReport) -> String {
+    let rows: [(&str, &str, u64); 14] = [
+        ("packets_sent_total", "Membership datagrams sent.", c.packets_sent),
+        ("heartbeats_sent_total", "Heartbeat and gossip datagrams sent.", c.heartbeats_sent),
+        ("packets_received_total", "Membership datagrams received and authenticated.", c.packets_received),
+        ("dropped_auth_total", "Datagrams dropped: failed authentication.", c.dropped_auth),
+        ("dropped_malformed_total", "Datagrams dropped: malformed.", c.dropped_malformed),
+        ("ignored_total", "Authenticated datagrams ignored.", c.ignored),
+        ("transmit_overflow_total", "Datagrams dropped: transmit queue full.", c.transmit_overflow),
+        ("event_overflow_total", "Events dropped: application did not poll.", c.event_overflow),
+        ("regroups_started_total", "Regroups proposed by this node.", c.regroups_started),
+        ("regroups_false_alarm_total", "Regroups that found every member.", c.regroups_false_alarm),
+        ("regroups_failed_total", "Regroups that failed or were overtaken.", c.regroups_failed),
+        ("views_installed_total", "Views installed.", c.views_installed),
+        ("suspicions_total", "Members this node started to suspect.", c.suspicions),
+        ("joins_sponsored_total", "Joins this node sponsored.", c.joins_sponsored),
+    ];
+    let mut out = String::new();
+    for (name, help, value) in rows {
+        out += &format!("# HELP ulnet_membership_{name} {help}\n# TYPE ulnet_membership_{name} counter\nulnet_membership_{name} {value}\n");
+    }
+    out += &format!(
+        "# HELP ulnet_membership_view Installed view number.\n# TYPE ulnet_membership_view gauge\nulnet_membership_view {}\n",
+        status.view
+    );
+    out += &format!(
+        "# HELP ulnet_membership_quorum Whether this node acts as a member of a view with quorum.\n# TYPE ulnet_membership_quorum gauge\nulnet_membership_quorum {}\n",
+        u8::from(status.quorum)
+    );
+    out
+}
+
+fn metrics_loop(listener: std::net::TcpListener, shared: Arc<Shared>) -> std::io::Result<()> {
+    use http_body_util::Full;
+    use hyper::body::Bytes;
+    use hyper::service::service_fn;
+    use hyper::{Request, Response};
+    use hyper_util::rt::TokioIo;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_io().build()?;
+    runtime.block_on(async move {
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        while !shared.stop.load(Ordering::Relaxed) {
+            let (stream, _) = listener.accept().await?;
+            let shared = shared.clone();
+            tokio::task::spawn(async move {
+                let service = service_fn(move |_req: Request<hyper::body::Incoming>| {
+                    let text = prometheus_text(
+                        &shared.counters.lock().expect("counters lock"),
+                        &shared.status.lock().expect("status lock"),
+                    );
+                    async move {
+                        Ok::<_, std::convert::Infallible>(
+                            Response::builder()
+                                .header("content-type", "text/plain; version=0.0.4")
+                                .body(Full::new(Bytes::from(text)))
+                                .expect("static response parts"),
+                        )
+                    }
+                });
+                let _ =
+                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+            });
+        }
+        Ok(())
+    })
+}
+
+/// Asks the node at `addr` for its status over the control plane.
+pub fn query_status(addr: &str, secret: &[u8], timeout: Duration) -> Result<StatusReport, String> {
+    let mut endpoint_config = EndpointConfig::default();
+    endpoint_config.tcp.secret = secret.to_vec();
+    let mut ep = Endpoint::new(endpoint_config);
+    let ch = ep.connect_tcp(addr, timeout).map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+    let mut rpc = Rpc::new(ep, RpcConfig { workers: 0, ..RpcConfig::default() });
+    match rpc.call(ch, METHOD_STATUS, &[], Some(timeout)).map_err(|e| e.to_string())? {
+        ulnet_msg::rpc::CallOutcome::Sent(_) => {}
+        ulnet_msg::rpc::CallOutcome::NoResource => return Err("no room to send".into()),
+    }
+    let deadline = Instant::now() + timeout;
+    let mut result = None;
+    while result.is_none() && Instant::now() < deadline {
+        rpc.poll(16, |e| match e {
+            ulnet_msg::rpc::RpcEvent::Reply { data, .. } => {
+                result = Some(serde_json::from_slice::<StatusReport>(data).map_err(|e| e.to_string()))
+            }
+            ulnet_msg::rpc::RpcEvent::Failed { error, .. } => result = Some(Err(error.to_string())),
+            ulnet_msg::rpc::RpcEvent::ChannelDown { error, .. } => result = Some(Err(error.to_string())),
+        });
+        if result.is_none() {
+            let _ = rpc.endpoint().wait(Some(Duration::from_millis(10)));
+        }
+    }
+    result.unwrap_or_else(|| Err("no answer".into()))
+}

@@ -1,0 +1,62 @@
+//! Forming and joining in the simulator: sponsor-based join through any seed, constant
+//! round trips, strangers kept out.
+
+mod util;
+
+use std::time::Duration;
+use ulnet_cluster::{membership::join_bound, Config};
+use ulnet_sim::{for_each_seed, Faults, NodeId};
+use util::*;
+
+#[test]
+fn nodes_form_one_view_through_their_seeds() {
+    for_each_seed("nodes_form_one_view_through_their_seeds", 0..200, |seed| {
+        let config = Config::sim();
+        let mut sim = world(seed, 7, Faults::lossy(0.05), &config);
+        let mut checker = Checker::default();
+        run_to_convergence(&mut sim, &mut checker, Duration::from_secs(10))?;
+        Ok(())
+    });
+}
+
+#[test]
+fn a_join_takes_constant_round_trips_whatever_the_cluster_size() {
+    let config = Config::sim();
+    let mut times = Vec::new();
+    for n in [4u32, 16, 32] {
+        let mut sim = world(1, n, Faults::default(), &config);
+        let mut checker = Checker::default();
+        run_to_convergence(&mut sim, &mut checker, Duration::from_secs(20)).unwrap();
+        // One more node joins an idle cluster.
+        sim.run_for(Duration::from_secs(1), |s| checker.check(s)).unwrap();
+        let joiner = restarted(NodeId(n), n + 1, 0, &config, 9, sim.start());
+        sim.add_node(joiner);
+        let took = run_to_convergence(&mut sim, &mut checker, Duration::from_secs(5)).unwrap();
+        times.push((n, took));
+    }
+    for (n, took) in &times {
+        assert!(*took <= join_bound(&config), "join into {n} nodes took {took:?}, bound {:?}", join_bound(&config));
+    }
+}
+
+#[test]
+fn strangers_without_the_secret_cannot_join_or_disturb() {
+    let config = Config::sim();
+    let mut sim = world(3, 4, Faults::default(), &config);
+    let mut checker = Checker::default();
+    run_to_convergence(&mut sim, &mut checker, Duration::from_secs(5)).unwrap();
+    let view_before = sim.node(NodeId(0)).unwrap().view_id();
+    let now = sim.now();
+    let seeds = (0..4).map(|j| addr_of(NodeId(j))).collect();
+    let mut stranger = SimMember::new(4, 0, config.clone(), seeds, b"wrong secret", 5);
+    stranger.machine.start(now);
+    sim.add_node(stranger);
+    sim.run_for(Duration::from_secs(3), |s| checker.check(s)).unwrap();
+    assert!(sim.node(NodeId(4)).unwrap().machine.view().is_none(), "the stranger got a view");
+    for i in 0..4 {
+        let n = sim.node(NodeId(i)).unwrap();
+        assert_eq!(n.view_id(), view_before, "the stranger changed the view");
+    }
+    let dropped: u64 = (0..4).map(|i| sim.node(NodeId(i)).unwrap().machine.counters().dropped_auth).sum();
+    assert!(dropped > 0, "the stranger's datagrams were not counted as dropped");
+}

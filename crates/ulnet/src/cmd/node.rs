@@ -1,0 +1,123 @@
+//! `ulnet node`: a cluster member daemon (membership over UDP, control plane over TCP on
+//! the same address, Prometheus counters over HTTP), and `ulnet cluster status`.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use ulnet_cluster::runtime::{query_status, Node, NodeConfig};
+use ulnet_cluster::Config;
+
+/// Arguments of `ulnet node`.
+#[derive(Args, Debug)]
+pub struct NodeArgs {
+    /// This node's name.
+    #[arg(long)]
+    name: String,
+    /// Address of the membership socket (UDP) and control plane (TCP).
+    #[arg(long)]
+    listen: SocketAddr,
+    /// Nodes to join through, comma-separated; none forms a new cluster.
+    #[arg(long, value_delimiter = ',')]
+    seeds: Vec<SocketAddr>,
+    /// Directory for durable state (identity, view, promises).
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// File holding the cluster secret.
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
+    /// Append one JSON line per membership event to this file.
+    #[arg(long)]
+    events_json: Option<PathBuf>,
+    /// Protocol profile: local, lan or wan.
+    #[arg(long, default_value = "local")]
+    profile: String,
+    /// Serve Prometheus counters over HTTP at this address.
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
+    /// Shared directory of the two-node quorum witness (lock files).
+    #[arg(long)]
+    witness_dir: Option<PathBuf>,
+}
+
+/// `ulnet cluster` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// Show a node's view of the cluster.
+    Status(StatusArgs),
+}
+
+/// Arguments of `ulnet cluster status`.
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// The node to ask.
+    #[arg(long)]
+    connect: String,
+    /// File holding the cluster secret.
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn read_secret(file: &Option<PathBuf>) -> Result<Vec<u8>> {
+    match file {
+        Some(f) => {
+            let s = std::fs::read(f).with_context(|| format!("reading the secret file {}", f.display()))?;
+            Ok(s.trim_ascii_end().to_vec())
+        }
+        None => {
+            tracing::warn!("no --secret-file: using the empty secret (development only)");
+            Ok(Vec::new())
+        }
+    }
+}
+
+pub fn run_node(a: NodeArgs) -> Result<i32> {
+    let Some(protocol) = Config::profile(&a.profile) else { bail!("unknown profile {} (local, lan, wan)", a.profile) };
+    if a.name.len() > ulnet_cluster::view::NAME_MAX {
+        bail!("--name is longer than {} bytes", ulnet_cluster::view::NAME_MAX);
+    }
+    let config = NodeConfig {
+        name: a.name,
+        listen: a.listen,
+        seeds: a.seeds,
+        data_dir: a.data_dir,
+        secret: read_secret(&a.secret_file)?,
+        protocol,
+        events_json: a.events_json,
+        metrics: a.metrics,
+        witness_dir: a.witness_dir,
+    };
+    let node = Node::start(config, Vec::new()).context("starting the node")?;
+    eprintln!("ulnet node {} listening on {}", node.me().name, node.me().addr);
+    node.join();
+    Ok(0)
+}
+
+pub fn run_cluster(c: ClusterCommand) -> Result<i32> {
+    match c {
+        ClusterCommand::Status(a) => {
+            let secret = read_secret(&a.secret_file)?;
+            let s = query_status(&a.connect, &secret, Duration::from_secs(3)).map_err(anyhow::Error::msg)?;
+            if a.json {
+                println!("{}", serde_json::to_string(&s)?);
+            } else {
+                println!(
+                    "node {} ({}), view {}, quorum {}",
+                    s.node,
+                    s.status,
+                    s.view,
+                    if s.quorum { "yes" } else { "no" }
+                );
+                println!("{:<20} {:<22} state", "name", "addr");
+                for m in &s.members {
+                    println!("{:<20} {:<22} {}", m.name, m.addr, m.state);
+                }
+            }
+            Ok(0)
+        }
+    }
+}
