@@ -534,7 +534,8 @@ impl Analysis {
         }
         if let Some(all) = self.sizes.first() {
             let _ = writeln!(o, "  {:>10} {:>10} {:>10}", "size <=", "messages", "bytes");
-            for p in all.cdf.iter().filter(|p| p.size.is_power_of_two() || p.size == 1) {
+            let last = all.cdf.len().saturating_sub(1);
+            for (_, p) in all.cdf.iter().enumerate().filter(|(i, p)| p.size.is_power_of_two() || *i == last) {
                 let _ = writeln!(o, "  {:>10} {:>9.1}% {:>9.1}%", p.size, 100.0 * p.count_frac, 100.0 * p.bytes_frac);
             }
         }
