@@ -21,6 +21,8 @@ enum Command {
     Gensort(ulnet_sortbench::cli::GensortArgs),
     /// Validate sorted Sort Benchmark records (compatible with valsort 1.5).
     Valsort(ulnet_sortbench::cli::ValsortArgs),
+    /// Communication tracing: study trace files, test samples for heavy tails.
+    Trace(cmd::trace::TraceArgs),
     /// One process of `ulnet demo` (started by it).
     #[command(hide = true)]
     DemoNode(cmd::demo::DemoNodeArgs),
@@ -36,7 +38,12 @@ fn main() {
         Command::DemoNode(a) => cmd::demo::run_node(a),
         Command::Gensort(a) => ulnet_sortbench::cli::run_gensort(&a),
         Command::Valsort(a) => ulnet_sortbench::cli::run_valsort(&a),
+        Command::Trace(a) => cmd::trace::run(a),
     };
+    // A trace started by ULNET_TRACE is finished before exit (exit runs no destructors).
+    if let Some(Err(e)) = ulnet_core::trace::stop_if_running() {
+        eprintln!("ulnet: warning: trace not finished: {e}");
+    }
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {

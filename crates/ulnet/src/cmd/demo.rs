@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use ulnet_core::{ChannelId, Endpoint, EndpointConfig, Event, SendOutcome};
+use ulnet_core::{ChannelId, Endpoint, EndpointConfig, Event, NodeId, SendOutcome};
 
 /// Arguments of `ulnet demo`.
 #[derive(Args, Debug)]
@@ -131,7 +131,7 @@ fn message_size(rng: &mut XorShift) -> usize {
 }
 
 fn node(run: &str, index: usize, nodes: usize, messages: u64) -> Result<NodeReport> {
-    let mut ep = Endpoint::new(EndpointConfig::default());
+    let mut ep = Endpoint::new(EndpointConfig { node_id: NodeId(index as u32), ..Default::default() });
     ep.listen_shm(&format!("{run}-{index}"))?;
     // peers[j] = channel to node j.
     let mut peers: Vec<Option<ChannelId>> = vec![None; nodes];

@@ -1,6 +1,8 @@
 //! One module per command.
 
 pub mod bench;
+pub mod bench_trace;
 pub mod clock;
 pub mod demo;
 pub mod stats;
+pub mod trace;
