@@ -251,8 +251,10 @@ fn draw_lines<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, c: &LineChart) 
         .y_label_area_size(70)
         .build_cartesian_2d(x0..x1, y0..y1)
         .map_err(draw_err(&c.name))?;
-    let fx = |v: &f64| if c.log_x { tick(10f64.powf(*v)) } else { tick(*v) };
-    let fy = |v: &f64| if c.log_y { tick(10f64.powf(*v)) } else { tick(*v) };
+    // Log axes are labelled at whole decades only.
+    let decade = |v: f64| if (v - v.round()).abs() < 1e-6 { tick(10f64.powf(v.round())) } else { String::new() };
+    let fx = |v: &f64| if c.log_x { decade(*v) } else { tick(*v) };
+    let fy = |v: &f64| if c.log_y { decade(*v) } else { tick(*v) };
     chart
         .configure_mesh()
         .x_desc(c.x_label.as_str())

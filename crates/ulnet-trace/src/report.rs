@@ -45,6 +45,9 @@ pub fn analysis_figures(a: &Analysis) -> Vec<Figure> {
             .collect(),
     }));
     for d in &a.sizes {
+        // From the last size below the smallest message on.
+        let first = d.cdf.iter().rposition(|p| p.count_frac == 0.0).unwrap_or(0);
+        let cdf = &d.cdf[first..];
         let who = d.node.map_or("all nodes".to_string(), |n| format!("node {n}"));
         let stem = d.node.map_or("sizes-all".to_string(), |n| format!("sizes-node-{n}"));
         figs.push(Figure::Lines(LineChart {
@@ -57,12 +60,12 @@ pub fn analysis_figures(a: &Analysis) -> Vec<Figure> {
             series: vec![
                 Series {
                     name: "by count".into(),
-                    points: d.cdf.iter().map(|p| (p.size as f64, p.count_frac)).collect(),
+                    points: cdf.iter().map(|p| (p.size as f64, p.count_frac)).collect(),
                     style: Style::Line,
                 },
                 Series {
                     name: "by bytes".into(),
-                    points: d.cdf.iter().map(|p| (p.size as f64, p.bytes_frac)).collect(),
+                    points: cdf.iter().map(|p| (p.size as f64, p.bytes_frac)).collect(),
                     style: Style::Line,
                 },
             ],
@@ -113,10 +116,10 @@ pub fn analysis_figures(a: &Analysis) -> Vec<Figure> {
             name: "latency".into(),
             title: "Request-response: time per stage (microseconds)".into(),
             y_label: "microseconds".into(),
-            categories: (1..=stages.len()).map(|i| format!("stage {i}")).collect(),
+            categories: stages.iter().map(|s| s.name.split(" (").next().unwrap_or(&s.name).to_string()).collect(),
+            // Medians and 90th percentiles: means are dominated by rare preemptions.
             groups: vec![
                 ("median".into(), stages.iter().map(|s| s.p50_us).collect()),
-                ("mean".into(), stages.iter().map(|s| s.mean_us).collect()),
                 ("p90".into(), stages.iter().map(|s| s.p90_us).collect()),
             ],
         }));

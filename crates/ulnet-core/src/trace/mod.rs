@@ -26,12 +26,14 @@
 mod clock;
 pub mod format;
 mod ring;
+mod slot;
 mod writer;
 
 pub use format::{decode_file, decode_prefix, DecodeError, Direction, MessageKind, Record, TraceFile};
 
 use crate::node::NodeId;
 use ring::Producer;
+use slot::{offset, Slot};
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,8 +45,11 @@ use writer::Session;
 pub const TRACE_ENV: &str = "ULNET_TRACE";
 /// The environment variable that sets [`TraceConfig::ring_records`] for `ULNET_TRACE`.
 pub const TRACE_RING_ENV: &str = "ULNET_TRACE_RING";
+/// The environment variable that turns [`TraceConfig::handler_times`] off (`0`).
+pub const TRACE_HANDLERS_ENV: &str = "ULNET_TRACE_HANDLERS";
 
 static ENABLED: AtomicBool = AtomicBool::new(false);
+static HANDLER_TIMES: AtomicBool = AtomicBool::new(true);
 /// The running session's id (0: none); a thread whose ring belongs to another session
 /// registers a new one.
 static SESSION_ID: AtomicU64 = AtomicU64::new(0);
@@ -58,20 +63,47 @@ pub struct TraceConfig {
     /// The node id written in the file header (records carry their own source and
     /// destination nodes).
     pub node_id: NodeId,
-    /// Records per thread ring, a power of two (rounded up). 65,536 records (6 MiB per
-    /// tracing thread): at a flush every 10 ms a thread can record 6.5 M messages/s
+    /// Records per thread ring, a power of two (rounded up). 65,536 records (4 MiB per
+    /// tracing thread, a 64-byte line per record): at a flush every 10 ms a thread can record 6.5 M messages/s
     /// without loss, more than RPC workloads send; raw streams of tiny messages faster than
     /// that drop records (counted in the file) rather than slow down.
     pub ring_records: usize,
     /// How often the writer drains the rings. 10 ms: short enough that rings rarely fill,
     /// long enough that the writer thread takes little CPU from the traced threads.
     pub flush_interval: Duration,
+    /// Time the handlers of received messages (two more clock reads per message). On by
+    /// default: the request–response breakdown needs them; off (`ULNET_TRACE_HANDLERS=0`)
+    /// for the cheapest tracing that still pairs requests and responses.
+    pub handler_times: bool,
 }
 
 impl TraceConfig {
     /// Settings with the documented defaults.
     pub fn new(path: impl Into<PathBuf>, node_id: NodeId) -> Self {
-        Self { path: path.into(), node_id, ring_records: 1 << 16, flush_interval: Duration::from_millis(10) }
+        Self {
+            path: path.into(),
+            node_id,
+            ring_records: 1 << 16,
+            flush_interval: Duration::from_millis(10),
+            handler_times: true,
+        }
+    }
+}
+
+impl TraceConfig {
+    /// Applies `ULNET_TRACE_RING` (records per ring) and `ULNET_TRACE_HANDLERS=0` (no
+    /// handler times) when they are set; values that do not parse are reported and ignored.
+    pub fn with_env(mut self) -> Self {
+        if let Ok(v) = std::env::var(TRACE_HANDLERS_ENV) {
+            self.handler_times = v.trim() != "0";
+        }
+        if let Ok(n) = std::env::var(TRACE_RING_ENV) {
+            match n.trim().parse::<usize>() {
+                Ok(n) if n >= 2 => self.ring_records = n,
+                _ => tracing::warn!(value = %n, "{TRACE_RING_ENV} is not a record count; using the default"),
+            }
+        }
+        self
     }
 }
 
@@ -118,6 +150,7 @@ pub fn start(config: TraceConfig) -> Result<(), TraceError> {
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let session = Session::start(id, &config)?;
     *current = Some(session);
+    HANDLER_TIMES.store(config.handler_times, Ordering::Relaxed);
     SESSION_ID.store(id, Ordering::Release);
     ENABLED.store(true, Ordering::Release);
     tracing::info!(path = %config.path.display(), node = %config.node_id, "tracing started");
@@ -164,13 +197,7 @@ pub fn start_from_env(node_id: NodeId) {
             return;
         }
         let path = path.replace("%p", &std::process::id().to_string()).replace("%n", &node_id.0.to_string());
-        let mut config = TraceConfig::new(path, node_id);
-        if let Ok(n) = std::env::var(TRACE_RING_ENV) {
-            match n.parse::<usize>() {
-                Ok(n) if n >= 2 => config.ring_records = n,
-                _ => tracing::warn!(value = %n, "{TRACE_RING_ENV} is not a record count; using the default"),
-            }
-        }
+        let config = TraceConfig::new(path, node_id).with_env();
         match start(config) {
             Ok(()) | Err(TraceError::AlreadyRunning(_)) => {}
             Err(e) => tracing::warn!("{TRACE_ENV}: tracing not started: {e}"),
@@ -189,38 +216,20 @@ struct Local {
     producer: Option<Producer>,
     session: u64,
     /// The record of the message being delivered, while its handler runs.
-    staged: Record,
+    staged: Slot,
     staged_open: bool,
 }
 
-const EMPTY_RECORD: Record = Record {
-    ticks: 0,
-    src_node: 0,
-    dst_node: 0,
-    channel: 0,
-    kind: 0,
-    direction: 0,
-    buffers: 0,
-    size: 0,
-    buffer_len: [0; 4],
-    request_id: 0,
-    enqueued: 0,
-    sent: 0,
-    received: 0,
-    handler_start: 0,
-    handler_end: 0,
-};
-
 thread_local! {
     static LOCAL: RefCell<Local> = const {
-        RefCell::new(Local { producer: None, session: 0, staged: EMPTY_RECORD, staged_open: false })
+        RefCell::new(Local { producer: None, session: 0, staged: Slot::EMPTY, staged_open: false })
     };
 }
 
 impl Local {
     /// Appends to this thread's ring, registering one with the running session first if
     /// needed. Does nothing when no session runs.
-    fn push(&mut self, record: &Record) {
+    fn push(&mut self, record: &Slot) {
         let current = SESSION_ID.load(Ordering::Acquire);
         if self.session != current || self.producer.is_none() {
             self.producer = None;
@@ -270,7 +279,7 @@ pub(crate) fn record_send(
         buffer_len = [0; 4];
     }
     let listed = buffer_len.iter().any(|&l| l != 0) || size == 0;
-    let record = Record {
+    let record = Slot {
         ticks: sent,
         src_node: nodes.0 .0,
         dst_node: nodes.1 .0,
@@ -281,9 +290,8 @@ pub(crate) fn record_send(
         size,
         buffer_len,
         request_id,
-        enqueued,
-        sent,
-        ..EMPTY_RECORD
+        stage_a: if enqueued == 0 { 0 } else { offset(enqueued, sent) },
+        ..Slot::EMPTY
     };
     with_local(|l| l.push(&record));
 }
@@ -299,15 +307,14 @@ pub(crate) fn open_receive(nodes: (NodeId, NodeId), channel: u32, size: u64) {
             let outer = l.staged;
             l.push(&outer);
         }
-        l.staged = Record {
+        l.staged = Slot {
             ticks: received,
             src_node: nodes.0 .0,
             dst_node: nodes.1 .0,
             channel,
             direction: Direction::Receive as u8,
             size,
-            received,
-            ..EMPTY_RECORD
+            ..Slot::EMPTY
         };
         l.staged_open = true;
     });
@@ -340,10 +347,13 @@ pub fn note_receive(kind: MessageKind, request_id: u64) {
 /// Marks the start of the handler of the message being delivered.
 #[inline(never)]
 pub fn handler_start() {
+    if !HANDLER_TIMES.load(Ordering::Relaxed) {
+        return;
+    }
     let t = clock::ticks();
     with_local(|l| {
         if l.staged_open {
-            l.staged.handler_start = t;
+            l.staged.stage_a = offset(l.staged.ticks, t);
         }
     });
 }
@@ -351,10 +361,13 @@ pub fn handler_start() {
 /// Marks the end of the handler of the message being delivered.
 #[inline(never)]
 pub fn handler_end() {
+    if !HANDLER_TIMES.load(Ordering::Relaxed) {
+        return;
+    }
     let t = clock::ticks();
     with_local(|l| {
         if l.staged_open {
-            l.staged.handler_end = t;
+            l.staged.stage_b = offset(l.staged.ticks, t);
         }
     });
 }
@@ -371,7 +384,7 @@ pub fn record_rma(kind: MessageKind, nodes: (NodeId, NodeId), channel: u32, size
         MessageKind::RmaRead | MessageKind::RmaWrite | MessageKind::RmaCas | MessageKind::RmaFaa
     ));
     let t = clock::ticks();
-    let record = Record {
+    let record = Slot {
         ticks: t,
         src_node: nodes.0 .0,
         dst_node: nodes.1 .0,
@@ -382,10 +395,9 @@ pub fn record_rma(kind: MessageKind, nodes: (NodeId, NodeId), channel: u32, size
         size,
         buffer_len: [size.min(u64::from(u32::MAX)) as u32, 0, 0, 0],
         request_id,
-        enqueued,
-        sent: t,
-        ..EMPTY_RECORD
+        stage_a: if enqueued == 0 { 0 } else { offset(enqueued, t) },
+        ..Slot::EMPTY
     };
-    let record = if size > u64::from(u32::MAX) { Record { buffers: 0, buffer_len: [0; 4], ..record } } else { record };
+    let record = if size > u64::from(u32::MAX) { Slot { buffers: 0, buffer_len: [0; 4], ..record } } else { record };
     with_local(|l| l.push(&record));
 }

@@ -20,7 +20,7 @@ use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use super::format::Record;
+use super::slot::Slot;
 
 #[cfg(not(loom))]
 #[derive(Debug)]
@@ -49,7 +49,7 @@ struct Padded<T>(T);
 /// A single-producer / single-consumer ring of records. See the module documentation.
 #[derive(Debug)]
 pub(crate) struct RecordRing {
-    slots: Box<[UnsafeCell<Record>]>,
+    slots: Box<[UnsafeCell<Slot>]>,
     mask: usize,
     /// Records ever popped (written by the consumer).
     head: Padded<AtomicUsize>,
@@ -71,7 +71,7 @@ impl RecordRing {
     pub(crate) fn new(capacity: usize) -> Self {
         assert!(capacity.is_power_of_two() && capacity >= 2, "ring capacity must be a power of two >= 2");
         Self {
-            slots: (0..capacity).map(|_| UnsafeCell::new(Record::default())).collect(),
+            slots: (0..capacity).map(|_| UnsafeCell::new(Slot::EMPTY)).collect(),
             mask: capacity - 1,
             head: Padded(AtomicUsize::new(0)),
             tail: Padded(AtomicUsize::new(0)),
@@ -86,7 +86,7 @@ impl RecordRing {
 
     /// Copies every published record into `out` (consumer side; one consumer at a time)
     /// and returns how many.
-    pub(crate) fn drain_into(&self, out: &mut Vec<Record>) -> usize {
+    pub(crate) fn drain_into(&self, out: &mut Vec<Slot>) -> usize {
         let head = self.head.0.load(Ordering::Relaxed);
         let tail = self.tail.0.load(Ordering::Acquire);
         debug_assert!(tail.wrapping_sub(head) <= self.mask + 1, "the producer never overruns the consumer");
@@ -122,7 +122,7 @@ impl Producer {
 
     /// Appends a record, or drops and counts it when the ring is full. Never waits.
     #[inline]
-    pub(crate) fn push(&mut self, record: &Record) -> bool {
+    pub(crate) fn push(&mut self, record: &Slot) -> bool {
         let ring = &*self.ring;
         if self.tail.wrapping_sub(self.head_seen) > ring.mask {
             self.head_seen = ring.head.0.load(Ordering::Acquire);
@@ -146,8 +146,8 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
-    fn rec(n: u64) -> Record {
-        Record { ticks: n, size: n, ..Default::default() }
+    fn rec(n: u64) -> Slot {
+        Slot { ticks: n, size: n, ..Slot::EMPTY }
     }
 
     #[test]
@@ -175,7 +175,7 @@ mod tests {
             let ring = ring.clone();
             std::thread::spawn(move || {
                 let mut out = Vec::new();
-                while out.last().is_none_or(|r: &Record| r.ticks != u64::MAX) {
+                while out.last().is_none_or(|r: &Slot| r.ticks != u64::MAX) {
                     ring.drain_into(&mut out);
                     std::hint::spin_loop();
                 }
@@ -218,7 +218,7 @@ mod loom_tests {
             });
             let mut p = Producer::new(ring.clone());
             for n in 1..=3u64 {
-                p.push(&Record { ticks: n, size: n, ..Default::default() });
+                p.push(&Slot { ticks: n, size: n, ..Slot::EMPTY });
             }
             let mut out = consumer.join().unwrap();
             ring.drain_into(&mut out);

@@ -4,6 +4,7 @@
 use super::clock;
 use super::format::{encode_block, BlockHeader, FileHeader, Record, BLOCK_FLAG_END, BLOCK_RECORDS_MAX};
 use super::ring::RecordRing;
+use super::slot::Slot;
 use super::{TraceConfig, TraceError, TraceSummary};
 use std::fs::File;
 use std::io::Write;
@@ -17,10 +18,12 @@ use std::time::Duration;
 struct Sink {
     file: std::io::BufWriter<File>,
     sequence: u32,
-    records: u64,
+    written: u64,
     bytes: u64,
-    /// Records drained from the rings, reused across flushes.
-    scratch: Vec<Record>,
+    /// Slots drained from the rings, reused across flushes.
+    scratch: Vec<Slot>,
+    /// Their file records, reused across flushes.
+    records: Vec<Record>,
     /// An encoded block, reused across flushes.
     block: Vec<u8>,
     /// The first write error; the writer stops writing after it and `stop` reports it.
@@ -65,9 +68,10 @@ impl Session {
             sink: Mutex::new(Sink {
                 file,
                 sequence: 0,
-                records: 0,
+                written: 0,
                 bytes: super::format::FILE_HEADER_LEN as u64,
                 scratch: Vec::with_capacity(BLOCK_RECORDS_MAX),
+                records: Vec::with_capacity(BLOCK_RECORDS_MAX),
                 block: Vec::with_capacity(64 + BLOCK_RECORDS_MAX * 96),
                 error: None,
             }),
@@ -122,11 +126,13 @@ impl Session {
                 }
                 let dropped = rings.iter().map(|r| r.dropped()).sum();
                 self.dropped_seen.store(dropped, Ordering::Relaxed);
-                let records = std::mem::take(&mut sink.scratch);
+                let mut records = std::mem::take(&mut sink.records);
+                records.clear();
+                records.extend(sink.scratch.iter().map(|s| s.to_record()));
                 for chunk in records.chunks(BLOCK_RECORDS_MAX) {
                     write_block(sink, chunk, 0, dropped);
                 }
-                sink.scratch = records;
+                sink.records = records;
             }
         }
         if end {
@@ -161,7 +167,7 @@ impl Session {
         }
         Ok(TraceSummary {
             path: self.path.clone(),
-            records: sink.records,
+            records: sink.written,
             dropped: self.dropped_seen.load(Ordering::Relaxed),
             bytes: sink.bytes,
         })
@@ -186,7 +192,7 @@ fn write_block(sink: &mut Sink, records: &[Record], flags: u16, dropped_total: u
     }
     match sink.file.write_all(&sink.block) {
         Ok(()) => {
-            sink.records += records.len() as u64;
+            sink.written += records.len() as u64;
             sink.bytes += sink.block.len() as u64;
         }
         Err(e) => {

@@ -16,7 +16,8 @@ pub fn node_id(server: bool) -> NodeId {
 
 /// Starts tracing into `path`.
 pub fn start(path: &Path, node: NodeId) -> Result<()> {
-    trace::start(TraceConfig::new(path, node)).with_context(|| format!("starting the trace into {}", path.display()))
+    trace::start(TraceConfig::new(path, node).with_env())
+        .with_context(|| format!("starting the trace into {}", path.display()))
 }
 
 /// Finishes the trace (if one runs) and says what it wrote on stderr.
