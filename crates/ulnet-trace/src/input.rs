@@ -150,7 +150,7 @@ pub fn text_sample(name: &str, text: &str, column: Option<&str>) -> Result<Sampl
     let headers: Vec<String> = if has_header {
         first_fields.iter().map(|s| s.trim_matches('"').to_string()).collect()
     } else {
-        (1..=first_fields.len()).map(|i| i.to_string()).collect()
+        (1..=first_fields.len()).map(|i| format!("column {i}")).collect()
     };
     let data = if has_header { &lines[1..] } else { &lines[..] };
     let index = match column {
