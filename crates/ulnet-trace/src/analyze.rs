@@ -317,7 +317,10 @@ fn latency(trace: &Trace) -> Option<Latency> {
         "server handler until response sent",
         "response transit (sent -> found by requester)",
     ];
+    // Without handler times (ULNET_TRACE_HANDLERS=0) the server's part is one stage.
+    let names_without_handlers = [names[0], "server holds the request (found -> response sent)", names[3]];
     let mut staged: [Vec<f64>; 4] = Default::default();
+    let mut staged_without_handlers: [Vec<f64>; 3] = Default::default();
     let (mut rtt, mut server_held, mut server_handler, mut client_handler) = (vec![], vec![], vec![], vec![]);
     let mut pairs = 0usize;
     let empty = Vec::new();
@@ -349,17 +352,24 @@ fn latency(trace: &Trace) -> Option<Latency> {
                     for (v, x) in staged.iter_mut().zip(d) {
                         v.push(x.expect("checked"));
                     }
+                } else if let (Some(a), Some(b), Some(c)) = (d[0], delta(s.received, o.sent), d[3]) {
+                    for (v, x) in staged_without_handlers.iter_mut().zip([a, b, c]) {
+                        v.push(x);
+                    }
                 }
             }
         }
     }
     let rtt_mean = (!rtt.is_empty()).then(|| rtt.iter().sum::<f64>() / rtt.len() as f64);
-    let staged_total: Option<f64> =
-        (!staged[0].is_empty()).then(|| staged.iter().map(|v| v.iter().sum::<f64>() / v.len() as f64).sum::<f64>());
-    let stages = if staged[0].is_empty() {
-        Vec::new()
+    let mean_sum = |v: &[Vec<f64>]| v.iter().map(|v| v.iter().sum::<f64>() / v.len() as f64).sum::<f64>();
+    let stages = if !staged[0].is_empty() {
+        let total = mean_sum(&staged);
+        names.iter().zip(staged).map(|(n, v)| stage(n, v, Some(total))).collect()
+    } else if !staged_without_handlers[0].is_empty() {
+        let total = mean_sum(&staged_without_handlers);
+        names_without_handlers.iter().zip(staged_without_handlers).map(|(n, v)| stage(n, v, Some(total))).collect()
     } else {
-        names.iter().zip(staged).map(|(n, v)| stage(n, v, staged_total)).collect()
+        Vec::new()
     };
     let mut totals = vec![stage("round trip at the requester (sent -> response found)", rtt, rtt_mean)];
     totals.push(stage("server holds the request (found -> response sent)", server_held, rtt_mean));
