@@ -114,9 +114,37 @@ fn trace_records_match_counters_and_name_both_nodes() {
     trace::start(TraceConfig::new(&path2, NodeId(9))).unwrap();
     assert!(trace::start(TraceConfig::new(&path2, NodeId(9))).is_err(), "one session at a time");
     exchange(&mut client, &mut server, ch, &[200; 3]);
+    // A large posted message is one record per side, not one per fragment.
+    let before = server.counters();
+    let big = vec![1u8; 1 << 20];
+    assert_eq!(client.post_send(ch, big, 7).unwrap(), SendOutcome::InProgress(7));
+    let (mut complete, mut whole) = (false, false);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !(complete && whole) {
+        assert!(std::time::Instant::now() < deadline, "the large message did not go through");
+        client.poll(64, |e| complete |= matches!(e, Event::SendComplete { token: 7, .. }));
+        server.poll(64, |e| {
+            if let Event::Message { data, message_len, offset, .. } = e {
+                whole |= offset + data.len() as u64 == message_len;
+            }
+        });
+    }
+    let fragments = server.counters().deliveries_received - before.deliveries_received;
+    assert!(fragments > 1, "1 MiB arrives in fragments");
+    // One-sided operations are recorded by the RMA layer through this hook.
+    trace::record_rma(MessageKind::RmaWrite, (NodeId(9), NodeId(5)), ch.0, 4096, 0, trace::now());
     trace::stop().unwrap();
     let file2 = trace::decode_file(&std::fs::read(&path2).unwrap()).unwrap();
-    assert_eq!(file2.records.iter().filter(|r| r.direction() == Direction::Send).count(), 3);
+    let sends2: Vec<_> = file2.records.iter().filter(|r| r.direction() == Direction::Send).collect();
+    assert_eq!(sends2.len(), 5, "3 small, 1 posted, 1 RMA");
+    let posted = sends2.iter().find(|r| r.size == 1 << 20).unwrap();
+    assert!(posted.enqueued > 0 && posted.enqueued <= posted.sent, "a posted send has its queueing stage");
+    assert_eq!((posted.buffers, posted.buffer_len[0]), (1, 1 << 20));
+    let rma = sends2.iter().find(|r| r.message_kind() == MessageKind::RmaWrite).unwrap();
+    assert_eq!((rma.size, rma.src_node, rma.dst_node), (4096, 9, 5));
+    let recvs2: Vec<_> = file2.records.iter().filter(|r| r.direction() == Direction::Receive).collect();
+    assert_eq!(recvs2.len(), 4, "one receive record for the fragmented message");
+    assert_eq!(recvs2.iter().filter(|r| r.size == 1 << 20).count(), 1);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
