@@ -4,5 +4,6 @@ pub mod bench;
 pub mod bench_trace;
 pub mod clock;
 pub mod demo;
+pub mod demo_trace;
 pub mod stats;
 pub mod trace;
