@@ -33,13 +33,16 @@ mod cq;
 pub mod descriptor;
 mod endpoint;
 pub mod error;
+pub mod node;
 mod sys;
+pub mod trace;
 pub mod transport;
 mod wait;
 
 pub use cq::{Completion, CompletionKind, CompletionQueue};
 pub use endpoint::{ChannelId, Endpoint, EndpointConfig, EndpointCounters, EndpointId, Event, ReplyTo, Upcall};
 pub use error::{ChannelError, ConnectError, SendError};
+pub use node::NodeId;
 pub use transport::{Capabilities, Responder, SendOutcome, Transport, TransportKind};
 
 /// Most buffers in one gather list.

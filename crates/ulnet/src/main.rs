@@ -28,6 +28,8 @@ enum Command {
     /// Ask a node about the cluster.
     #[command(subcommand)]
     Cluster(cmd::node::ClusterCommand),
+    /// Communication tracing: study trace files, test samples for heavy tails.
+    Trace(cmd::trace::TraceArgs),
     /// One process of `ulnet demo` (started by it).
     #[command(hide = true)]
     DemoNode(cmd::demo::DemoNodeArgs),
@@ -46,7 +48,12 @@ fn main() {
         Command::Cluster(c) => cmd::node::run_cluster(c),
         Command::Gensort(a) => ulnet_sortbench::cli::run_gensort(&a),
         Command::Valsort(a) => ulnet_sortbench::cli::run_valsort(&a),
+        Command::Trace(a) => cmd::trace::run(a),
     };
+    // A trace started by ULNET_TRACE is finished before exit (exit runs no destructors).
+    if let Some(Err(e)) = ulnet_core::trace::stop_if_running() {
+        eprintln!("ulnet: warning: trace not finished: {e}");
+    }
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {

@@ -122,6 +122,11 @@ pub trait Transport: Send {
     /// The channel's readiness probe, shared with completion queues and waiters.
     fn probe(&self) -> std::sync::Arc<dyn ReadyProbe>;
 
+    /// The node at the other end, when the transport learned it (in its handshake).
+    fn peer_node(&self) -> Option<crate::node::NodeId> {
+        None
+    }
+
     /// Bytes waiting in the receive queue (a lower bound) and its capacity, for the
     /// "almost full" condition.
     fn receive_backlog(&self) -> (u64, u64);

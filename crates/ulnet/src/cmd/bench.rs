@@ -114,6 +114,10 @@ pub struct BenchArgs {
     /// tag-matching receive into a user buffer does (default: consume in place).
     #[arg(long)]
     recv_copy: bool,
+    /// Trace every message into FILE (this process; node 0) and FILE.peer (the peer
+    /// process this command starts; node 1), for `ulnet trace analyze`.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<std::path::PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -185,7 +189,17 @@ pub fn run(args: BenchArgs) -> Result<i32> {
     if params.size == 0 && args.test != Test::AmLat {
         bail!("--size must be at least 1 byte");
     }
-    let config = EndpointConfig::default();
+    let node = super::bench_trace::node_id(args.server);
+    if let Some(path) = &args.trace {
+        super::bench_trace::start(path, node)?;
+    }
+    let result = run_traced(&args, &params, node);
+    super::bench_trace::finish(args.trace.as_deref())?;
+    result
+}
+
+fn run_traced(args: &BenchArgs, params: &Params, node: ulnet_core::NodeId) -> Result<i32> {
+    let config = EndpointConfig { node_id: node, ..Default::default() };
     let mut ep = Endpoint::new(config);
     if args.server {
         let listen = args.listen.clone().context("--server needs --listen")?;
@@ -200,8 +214,8 @@ pub fn run(args: BenchArgs) -> Result<i32> {
         std::io::Write::flush(&mut std::io::stdout())?;
         let ch = ep.accept(CONNECT_TIMEOUT)?;
         match params.test {
-            Test::RpcLat | Test::RpcRate => serve_rpc(ep, &params),
-            _ => serve(&mut ep, ch, &params)?,
+            Test::RpcLat | Test::RpcRate => serve_rpc(ep, params),
+            _ => serve(&mut ep, ch, params)?,
         }
         return Ok(0);
     }
@@ -213,7 +227,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
                 TransportArg::Shm => format!("bench-{}-{}", std::process::id(), params.test.name()),
                 TransportArg::Tcp => "127.0.0.1:0".to_string(),
             };
-            let (c, bound) = spawn_server(&args, &listen, &params)?;
+            let (c, bound) = spawn_server(args, &listen, params)?;
             child = Some(c);
             bound
         }
@@ -225,13 +239,13 @@ pub fn run(args: BenchArgs) -> Result<i32> {
     let report = match params.test {
         Test::AmLat | Test::AmBw | Test::MsgRate => {
             let report =
-                if params.test == Test::AmLat { latency(&mut ep, ch, &params)? } else { stream(&mut ep, ch, &params)? };
+                if params.test == Test::AmLat { latency(&mut ep, ch, params)? } else { stream(&mut ep, ch, params)? };
             ep.close(ch);
             report
         }
         Test::RpcLat | Test::RpcRate => {
             let mut rpc = Rpc::new(ep, RpcConfig { workers: 0, ..Default::default() });
-            let report = rpc_client(&mut rpc, ch, &params)?;
+            let report = rpc_client(&mut rpc, ch, params)?;
             rpc.endpoint().close(ch);
             report
         }
@@ -254,6 +268,7 @@ fn spawn_server(args: &BenchArgs, listen: &str, p: &Params) -> Result<(Child, St
         .args(["--size", &p.size.to_string(), "--iters", &p.iters.to_string(), "--warmup", &p.warmup.to_string()])
         .args(p.recv_copy.then_some("--recv-copy"))
         .args(["--outstanding", &p.outstanding.to_string()])
+        .args(super::bench_trace::peer_args(args.trace.as_deref()))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()

@@ -1,9 +1,12 @@
 //! One module per command.
 
 pub mod bench;
+pub mod bench_trace;
 pub mod clock;
 pub mod dc;
 pub mod demo;
 pub mod demo_cluster;
 pub mod node;
+pub mod demo_trace;
 pub mod stats;
+pub mod trace;

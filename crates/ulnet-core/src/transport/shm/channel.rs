@@ -275,6 +275,8 @@ pub struct ShmChannel {
     failure: Option<ChannelError>,
     empty_polls: u32,
     peer_gone: bool,
+    /// The peer's node id, from the handshake.
+    pub(crate) peer_node: crate::node::NodeId,
 }
 
 impl ShmChannel {
@@ -322,6 +324,7 @@ impl ShmChannel {
             failure: None,
             empty_polls: 0,
             peer_gone: false,
+            peer_node: crate::node::NodeId::UNKNOWN,
         })
     }
 
@@ -511,6 +514,10 @@ impl Transport for ShmChannel {
             }
         }
         Ok(0)
+    }
+
+    fn peer_node(&self) -> Option<crate::node::NodeId> {
+        Some(self.peer_node)
     }
 
     fn probe(&self) -> Arc<dyn ReadyProbe> {
