@@ -1,0 +1,4 @@
+//! The distributed sort.
+
+pub mod radix;
+pub mod store;

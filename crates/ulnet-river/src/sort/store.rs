@@ -1,0 +1,298 @@
+//! Where a node keeps the records of its partition: an in-memory arena, which in external
+//! mode spills sorted runs to disk whenever it reaches its memory bound; and the ways out
+//! of it: a one-pass sort of the arena, or a merge of the runs.
+
+use super::radix::{entries_of, entry, index_of, sort_emitting};
+use crate::disk::DiskSource;
+use crate::error::RiverError;
+use crate::flow::{Sink, Source};
+use crate::pool::{Buffer, MemPool};
+use crate::DiskSink;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A spilled, sorted run.
+#[derive(Debug)]
+pub struct Run {
+    /// Its file (removed when the store is dropped).
+    pub path: PathBuf,
+    /// Records in it.
+    pub records: u64,
+}
+
+/// The records of a node's partition.
+#[derive(Debug)]
+pub struct RecordStore {
+    record_size: usize,
+    arena: Vec<u8>,
+    /// Most bytes the arena holds before it spills (external mode), or `None`.
+    spill_at: Option<usize>,
+    runs: Vec<Run>,
+    run_prefix: PathBuf,
+    write_pool: MemPool,
+    spill_time: Duration,
+    records: u64,
+}
+
+impl RecordStore {
+    /// An in-memory store with room reserved for `expected` bytes.
+    pub fn in_memory(record_size: usize, expected: usize, write_pool: MemPool) -> Self {
+        RecordStore {
+            record_size,
+            arena: Vec::with_capacity(expected),
+            spill_at: None,
+            runs: Vec::new(),
+            run_prefix: PathBuf::new(),
+            write_pool,
+            spill_time: Duration::ZERO,
+            records: 0,
+        }
+    }
+
+    /// A store that sorts and spills its arena to `run_prefix.N` files whenever it holds
+    /// `arena_bytes`.
+    pub fn spilling(record_size: usize, arena_bytes: usize, run_prefix: PathBuf, write_pool: MemPool) -> Self {
+        let arena_bytes = (arena_bytes / record_size).max(1) * record_size;
+        RecordStore {
+            record_size,
+            arena: Vec::with_capacity(arena_bytes),
+            spill_at: Some(arena_bytes),
+            runs: Vec::new(),
+            run_prefix,
+            write_pool,
+            spill_time: Duration::ZERO,
+            records: 0,
+        }
+    }
+
+    /// Records taken in.
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// Runs spilled so far.
+    pub fn runs(&self) -> &[Run] {
+        &self.runs
+    }
+
+    /// Time spent sorting and writing runs.
+    pub fn spill_time(&self) -> Duration {
+        self.spill_time
+    }
+
+    /// Sorts the arena and writes it as a run.
+    fn spill(&mut self) -> Result<(), RiverError> {
+        if self.arena.is_empty() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        let path = PathBuf::from(format!("{}.{}", self.run_prefix.display(), self.runs.len()));
+        let file = File::create(&path).map_err(|e| RiverError::io(format!("creating run {}", path.display()), e))?;
+        let records = (self.arena.len() / self.record_size) as u64;
+        // Register the run before writing, so a failure still removes its file.
+        self.runs.push(Run { path, records });
+        let mut sink = DiskSink::new(Arc::new(file), 0, self.write_pool.clone(), self.record_size);
+        emit_sorted(&self.arena, self.record_size, &mut sink)?;
+        sink.close()?;
+        self.arena.clear();
+        self.spill_time += started.elapsed();
+        Ok(())
+    }
+
+    /// Writes the partition, sorted, to `out`: the arena in one pass when nothing was
+    /// spilled, else the arena spilled as a last run and every run merged. `read_pool`
+    /// feeds the merge's run readers.
+    pub fn write_sorted(mut self, out: &mut dyn Sink, read_pool_bytes: usize) -> Result<(), RiverError> {
+        if self.runs.is_empty() {
+            return emit_sorted(&self.arena, self.record_size, out);
+        }
+        self.spill()?;
+        self.arena = Vec::new();
+        merge_runs(&self.runs, self.record_size, read_pool_bytes, out)
+    }
+}
+
+impl Sink for RecordStore {
+    fn sink_records(&mut self, records: &[u8]) -> Result<(), RiverError> {
+        if let Some(limit) = self.spill_at {
+            if self.arena.len() + records.len() > limit {
+                self.spill()?;
+            }
+        }
+        self.arena.extend_from_slice(records);
+        self.records += (records.len() / self.record_size) as u64;
+        Ok(())
+    }
+
+    fn close(&mut self) -> Result<(), RiverError> {
+        Ok(())
+    }
+}
+
+impl Drop for RecordStore {
+    fn drop(&mut self) {
+        for run in &self.runs {
+            let _ = std::fs::remove_file(&run.path);
+        }
+    }
+}
+
+/// Sorts `records` and sinks them in order, bucket by bucket (the sink writes the first
+/// buckets while later ones are sorted).
+pub fn emit_sorted(records: &[u8], record_size: usize, out: &mut dyn Sink) -> Result<(), RiverError> {
+    let mut failure = None;
+    let mut staged: Vec<u8> = Vec::with_capacity(4096 * record_size);
+    sort_emitting(entries_of(records, record_size), |bucket| {
+        if failure.is_some() {
+            return;
+        }
+        for &e in bucket {
+            let i = index_of(e) * record_size;
+            staged.extend_from_slice(&records[i..i + record_size]);
+            if staged.len() >= 4096 * record_size {
+                if let Err(err) = out.sink_records(&staged) {
+                    failure = Some(err);
+                    return;
+                }
+                staged.clear();
+            }
+        }
+    });
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if !staged.is_empty() {
+        out.sink_records(&staged)?;
+    }
+    Ok(())
+}
+
+struct RunReader {
+    source: DiskSource,
+    buffer: Option<Buffer>,
+    at: usize,
+}
+
+impl RunReader {
+    fn current<'a>(&'a self, record_size: usize) -> Option<&'a [u8]> {
+        self.buffer.as_ref().map(|b| &b.as_slice()[self.at..self.at + record_size])
+    }
+
+    fn advance(&mut self, record_size: usize) -> Result<(), RiverError> {
+        self.at += record_size;
+        if self.buffer.as_ref().is_some_and(|b| self.at >= b.len()) {
+            self.buffer = None;
+            self.at = 0;
+            self.buffer = self.source.next_buffer()?;
+        }
+        Ok(())
+    }
+}
+
+/// Merges sorted runs into `out` with a heap of the runs' current keys; each run is read
+/// ahead by a [`DiskSource`] with two buffers of its share of `read_pool_bytes`.
+pub fn merge_runs(
+    runs: &[Run],
+    record_size: usize,
+    read_pool_bytes: usize,
+    out: &mut dyn Sink,
+) -> Result<(), RiverError> {
+    let per_buffer =
+        (read_pool_bytes / (2 * runs.len().max(1))).clamp(record_size, 8 << 20) / record_size * record_size;
+    let mut readers = Vec::with_capacity(runs.len());
+    for run in runs {
+        let pool = MemPool::heap(2, per_buffer);
+        let len = run.records * record_size as u64;
+        let mut source = DiskSource::open(&run.path, 0..len, record_size, pool, None)?;
+        let buffer = source.next_buffer()?;
+        readers.push(RunReader { source, buffer, at: 0 });
+    }
+    let mut heap: BinaryHeap<Reverse<u128>> = BinaryHeap::with_capacity(readers.len());
+    for (i, r) in readers.iter().enumerate() {
+        if let Some(rec) = r.current(record_size) {
+            heap.push(Reverse(entry(rec, i as u64)));
+        }
+    }
+    let mut staged: Vec<u8> = Vec::with_capacity(4096 * record_size);
+    while let Some(Reverse(top)) = heap.pop() {
+        let i = index_of(top);
+        let reader = &mut readers[i];
+        staged.extend_from_slice(reader.current(record_size).expect("a run in the heap has a record"));
+        if staged.len() >= 4096 * record_size {
+            out.sink_records(&staged)?;
+            staged.clear();
+        }
+        reader.advance(record_size)?;
+        if let Some(rec) = reader.current(record_size) {
+            heap.push(Reverse(entry(rec, i as u64)));
+        }
+    }
+    if !staged.is_empty() {
+        out.sink_records(&staged)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::VecSink;
+
+    fn records(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n * 100)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    fn sorted_keys(data: &[u8]) -> Vec<Vec<u8>> {
+        let mut k: Vec<Vec<u8>> = data.chunks(100).map(|r| r.to_vec()).collect();
+        k.sort_by(|a, b| a[..10].cmp(&b[..10]));
+        k
+    }
+
+    #[test]
+    fn spilling_store_merges_to_the_same_order_as_one_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = records(5000, 7);
+        let pool = MemPool::heap(2, 64 << 10);
+        let mut store = RecordStore::spilling(100, 700 * 100, dir.path().join("run"), pool.clone());
+        for piece in data.chunks(300 * 100) {
+            store.sink_records(piece).unwrap();
+        }
+        assert_eq!(store.records(), 5000);
+        assert!(store.runs().len() >= 7, "runs: {}", store.runs().len());
+        let mut out = Vec::new();
+        store.write_sorted(&mut VecSink::new(&mut out, 100), 1 << 20).unwrap();
+        let got: Vec<Vec<u8>> = out.chunks(100).map(|r| r.to_vec()).collect();
+        let want = sorted_keys(&data);
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g[..10], w[..10]);
+        }
+        assert_eq!(ulnet_sortbench::Checksum::of_records(&out), ulnet_sortbench::Checksum::of_records(&data));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "runs are removed");
+        assert!(pool.all_returned());
+    }
+
+    #[test]
+    fn in_memory_store_sorts_in_one_pass() {
+        let data = records(3000, 11);
+        let mut store = RecordStore::in_memory(100, data.len(), MemPool::heap(1, 4096));
+        store.sink_records(&data).unwrap();
+        let mut out = Vec::new();
+        store.write_sorted(&mut VecSink::new(&mut out, 100), 0).unwrap();
+        let s = ulnet_sortbench::Summary::of_records(&out).unwrap();
+        assert!(s.is_sorted());
+        assert_eq!(s.checksum, ulnet_sortbench::Checksum::of_records(&data));
+    }
+}
