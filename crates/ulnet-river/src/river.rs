@@ -328,6 +328,12 @@ impl<S: Sink> River<S> {
                 if inner.progress()? > 0 {
                     continue;
                 }
+                if let Some(f) = from {
+                    if let Some(why) = &inner.peers[f].down {
+                        let reason = format!("lost before sending message {tag} ({why})");
+                        return Err(RiverError::NodeFailed { node: f, reason });
+                    }
+                }
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     return Err(RiverError::Timeout {

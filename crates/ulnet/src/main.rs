@@ -21,6 +21,11 @@ enum Command {
     Gensort(ulnet_sortbench::cli::GensortArgs),
     /// Validate sorted Sort Benchmark records (compatible with valsort 1.5).
     Valsort(ulnet_sortbench::cli::ValsortArgs),
+    /// Sort Sort Benchmark records across nodes (River, Millennium Sort).
+    Sort(cmd::sort::SortArgs),
+    /// One node of `ulnet sort` (started by it).
+    #[command(hide = true)]
+    SortNode(cmd::sort::SortNodeArgs),
     /// One process of `ulnet demo` (started by it).
     #[command(hide = true)]
     DemoNode(cmd::demo::DemoNodeArgs),
@@ -36,6 +41,8 @@ fn main() {
         Command::DemoNode(a) => cmd::demo::run_node(a),
         Command::Gensort(a) => ulnet_sortbench::cli::run_gensort(&a),
         Command::Valsort(a) => ulnet_sortbench::cli::run_valsort(&a),
+        Command::Sort(a) => cmd::sort::run(a),
+        Command::SortNode(a) => cmd::sort::run_node_command(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

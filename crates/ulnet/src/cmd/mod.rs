@@ -3,4 +3,5 @@
 pub mod bench;
 pub mod clock;
 pub mod demo;
+pub mod sort;
 pub mod stats;
