@@ -124,30 +124,59 @@ pub fn splitters_from(mut samples: Vec<u128>, nodes: usize) -> Vec<u128> {
     (1..nodes).map(|k| samples[k * samples.len() / nodes]).collect()
 }
 
-/// A sink that validates what passes through it (valsort's checks, on the fly).
-struct Validating<'a> {
-    inner: &'a mut dyn Sink,
+/// The sorted output's way to disk: records are copied once, straight into the disk
+/// sink's buffers; each full buffer is validated (valsort's checks, with verify) and
+/// handed to the writer thread.
+struct OutputWriter<'a> {
+    disk: DiskSink,
+    current: Option<crate::Buffer>,
     validator: Option<Validator>,
     records: u64,
     progress: &'a mut dyn FnMut(Phase, u64),
     last_progress: Instant,
 }
 
-impl Sink for Validating<'_> {
+impl OutputWriter<'_> {
+    fn hand_over(&mut self) -> Result<(), RiverError> {
+        if let Some(full) = self.current.take() {
+            if let Some(v) = &mut self.validator {
+                v.push(full.as_slice());
+            }
+            self.records += (full.len() / RECORD_SIZE) as u64;
+            if self.last_progress.elapsed() > Duration::from_millis(50) {
+                (self.progress)(Phase::Write, self.records);
+                self.last_progress = Instant::now();
+            }
+            self.disk.sink_buffer(full)?;
+        }
+        Ok(())
+    }
+}
+
+impl Sink for OutputWriter<'_> {
+    #[inline]
     fn sink_records(&mut self, records: &[u8]) -> Result<(), RiverError> {
-        if let Some(v) = &mut self.validator {
-            v.push(records);
+        let mut rest = records;
+        while !rest.is_empty() {
+            let current = match &mut self.current {
+                Some(b) => b,
+                None => self.current.insert(self.disk.buffer()),
+            };
+            let room = current.remaining() / RECORD_SIZE * RECORD_SIZE;
+            let take = room.min(rest.len());
+            current.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            if current.remaining() < RECORD_SIZE {
+                self.hand_over()?;
+            }
         }
-        self.records += (records.len() / RECORD_SIZE) as u64;
-        if self.last_progress.elapsed() > Duration::from_millis(50) {
-            (self.progress)(Phase::Write, self.records);
-            self.last_progress = Instant::now();
-        }
-        self.inner.sink_records(records)
+        Ok(())
     }
 
     fn close(&mut self) -> Result<(), RiverError> {
-        self.inner.close()
+        self.hand_over()?;
+        (self.progress)(Phase::Write, self.records);
+        self.disk.close()
     }
 }
 
@@ -179,7 +208,9 @@ pub fn run_node(
     let expected = (total / size as u64) as usize * RECORD_SIZE;
 
     let store = match job.memory {
-        None => RecordStore::in_memory(RECORD_SIZE, expected + expected / 16, write_pool.clone()),
+        // Address space for the whole input: a partition can never be larger.
+        None => RecordStore::in_memory(RECORD_SIZE, input_len as usize, write_pool.clone())
+            .map_err(|e| RiverError::io("reserving the record arena", e))?,
         Some(m) => {
             if m < FIXED_MEMORY + (16 << 20) {
                 return Err(RiverError::io(
@@ -201,6 +232,7 @@ pub fn run_node(
                 prefix,
                 write_pool.clone(),
             )
+            .map_err(|e| RiverError::io("reserving the record arena", e))?
         }
     };
     let river = River::new(ep, rank, peers, store, RiverConfig::default(), Some(bell.clone()));
@@ -391,22 +423,20 @@ fn node_body(
     let file = Arc::new(file);
 
     // Sort, writing behind.
-    let mut disk = DiskSink::new(file.clone(), offset, write_pool.clone(), RECORD_SIZE);
-    let summary = {
-        let mut out = Validating {
-            inner: &mut disk,
-            validator: job.verify.then(Validator::default),
-            records: 0,
-            progress,
-            last_progress: Instant::now(),
-        };
-        store.write_sorted(&mut out, (READ_BUFFERS * READ_BUFFER_BYTES).max(64 << 20))?;
-        let written = out.records;
-        (out.progress)(Phase::Write, written);
-        out.validator.map(|v| v.finish())
+    let mut out = OutputWriter {
+        disk: DiskSink::new(file.clone(), offset, write_pool.clone(), RECORD_SIZE),
+        current: None,
+        validator: job.verify.then(Validator::default),
+        records: 0,
+        progress,
+        last_progress: Instant::now(),
     };
+    store.write_sorted(&mut out, (READ_BUFFERS * READ_BUFFER_BYTES).max(64 << 20))?;
+    out.hand_over()?;
     let t_sorted = since_start();
-    disk.close()?;
+    out.close()?;
+    let summary = out.validator.take().map(Validator::finish);
+    drop(out);
     if job.fsync {
         file.sync_all().map_err(|e| RiverError::io("syncing the output", e))?;
     }

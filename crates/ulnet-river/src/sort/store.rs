@@ -8,12 +8,74 @@ use crate::error::RiverError;
 use crate::flow::{Sink, Source};
 use crate::pool::{Buffer, MemPool};
 use crate::DiskSink;
+use memmap2::{Advice, MmapMut, MmapOptions};
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Records in memory: an anonymous mapping reserved at its largest size up front (pages
+/// are only backed when written) and backed by huge pages where the kernel allows, so
+/// filling it costs a fault per 2 MiB instead of per 4 KiB.
+pub struct Arena {
+    map: MmapMut,
+    len: usize,
+}
+
+impl std::fmt::Debug for Arena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Arena").field("len", &self.len).field("capacity", &self.map.len()).finish()
+    }
+}
+
+impl Arena {
+    /// Reserves `capacity` bytes (address space only, until written).
+    pub fn with_capacity(capacity: usize) -> std::io::Result<Self> {
+        let map = MmapOptions::new().len(capacity.max(1)).no_reserve_swap().map_anon()?;
+        let _ = map.advise(Advice::HugePage);
+        Ok(Arena { map, len: 0 })
+    }
+
+    /// The records held.
+    pub fn as_slice(&self) -> &[u8] {
+        &self.map[..self.len]
+    }
+
+    /// Bytes held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Nothing held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes it can hold.
+    pub fn capacity(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Appends `data`, moving to a mapping twice as large if it does not fit.
+    pub fn extend_from_slice(&mut self, data: &[u8]) -> std::io::Result<()> {
+        if self.len + data.len() > self.map.len() {
+            let mut bigger = Arena::with_capacity((self.len + data.len()).max(2 * self.map.len()))?;
+            bigger.map[..self.len].copy_from_slice(self.as_slice());
+            bigger.len = self.len;
+            *self = bigger;
+        }
+        self.map[self.len..self.len + data.len()].copy_from_slice(data);
+        self.len += data.len();
+        Ok(())
+    }
+
+    /// Empties it (its pages stay, for the next fill).
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+}
 
 /// A spilled, sorted run.
 #[derive(Debug)]
@@ -28,7 +90,7 @@ pub struct Run {
 #[derive(Debug)]
 pub struct RecordStore {
     record_size: usize,
-    arena: Vec<u8>,
+    arena: Arena,
     /// Most bytes the arena holds before it spills (external mode), or `None`.
     spill_at: Option<usize>,
     runs: Vec<Run>,
@@ -39,34 +101,40 @@ pub struct RecordStore {
 }
 
 impl RecordStore {
-    /// An in-memory store with room reserved for `expected` bytes.
-    pub fn in_memory(record_size: usize, expected: usize, write_pool: MemPool) -> Self {
-        RecordStore {
+    /// An in-memory store with room reserved for `reserve` bytes (address space only; it
+    /// grows past that if need be).
+    pub fn in_memory(record_size: usize, reserve: usize, write_pool: MemPool) -> std::io::Result<Self> {
+        Ok(RecordStore {
             record_size,
-            arena: Vec::with_capacity(expected),
+            arena: Arena::with_capacity(reserve)?,
             spill_at: None,
             runs: Vec::new(),
             run_prefix: PathBuf::new(),
             write_pool,
             spill_time: Duration::ZERO,
             records: 0,
-        }
+        })
     }
 
     /// A store that sorts and spills its arena to `run_prefix.N` files whenever it holds
     /// `arena_bytes`.
-    pub fn spilling(record_size: usize, arena_bytes: usize, run_prefix: PathBuf, write_pool: MemPool) -> Self {
+    pub fn spilling(
+        record_size: usize,
+        arena_bytes: usize,
+        run_prefix: PathBuf,
+        write_pool: MemPool,
+    ) -> std::io::Result<Self> {
         let arena_bytes = (arena_bytes / record_size).max(1) * record_size;
-        RecordStore {
+        Ok(RecordStore {
             record_size,
-            arena: Vec::with_capacity(arena_bytes),
+            arena: Arena::with_capacity(arena_bytes)?,
             spill_at: Some(arena_bytes),
             runs: Vec::new(),
             run_prefix,
             write_pool,
             spill_time: Duration::ZERO,
             records: 0,
-        }
+        })
     }
 
     /// Records taken in.
@@ -96,7 +164,7 @@ impl RecordStore {
         // Register the run before writing, so a failure still removes its file.
         self.runs.push(Run { path, records });
         let mut sink = DiskSink::new(Arc::new(file), 0, self.write_pool.clone(), self.record_size);
-        emit_sorted(&self.arena, self.record_size, &mut sink)?;
+        emit_sorted(self.arena.as_slice(), self.record_size, &mut sink)?;
         sink.close()?;
         self.arena.clear();
         self.spill_time += started.elapsed();
@@ -106,12 +174,11 @@ impl RecordStore {
     /// Writes the partition, sorted, to `out`: the arena in one pass when nothing was
     /// spilled, else the arena spilled as a last run and every run merged. `read_pool`
     /// feeds the merge's run readers.
-    pub fn write_sorted(mut self, out: &mut dyn Sink, read_pool_bytes: usize) -> Result<(), RiverError> {
+    pub fn write_sorted<S: Sink + ?Sized>(mut self, out: &mut S, read_pool_bytes: usize) -> Result<(), RiverError> {
         if self.runs.is_empty() {
-            return emit_sorted(&self.arena, self.record_size, out);
+            return emit_sorted(self.arena.as_slice(), self.record_size, out);
         }
         self.spill()?;
-        self.arena = Vec::new();
         merge_runs(&self.runs, self.record_size, read_pool_bytes, out)
     }
 }
@@ -123,7 +190,7 @@ impl Sink for RecordStore {
                 self.spill()?;
             }
         }
-        self.arena.extend_from_slice(records);
+        self.arena.extend_from_slice(records).map_err(|e| RiverError::io("growing the record arena", e))?;
         self.records += (records.len() / self.record_size) as u64;
         Ok(())
     }
@@ -141,34 +208,27 @@ impl Drop for RecordStore {
     }
 }
 
-/// Sorts `records` and sinks them in order, bucket by bucket (the sink writes the first
-/// buckets while later ones are sorted).
-pub fn emit_sorted(records: &[u8], record_size: usize, out: &mut dyn Sink) -> Result<(), RiverError> {
+/// Sorts `records` and sinks them in order, one record per call (a sink that stages
+/// into its own buffers copies each record once), bucket by bucket: the sink writes the
+/// first buckets while later ones are sorted.
+pub fn emit_sorted<S: Sink + ?Sized>(records: &[u8], record_size: usize, out: &mut S) -> Result<(), RiverError> {
     let mut failure = None;
-    let mut staged: Vec<u8> = Vec::with_capacity(4096 * record_size);
     sort_emitting(entries_of(records, record_size), |bucket| {
         if failure.is_some() {
             return;
         }
         for &e in bucket {
             let i = index_of(e) * record_size;
-            staged.extend_from_slice(&records[i..i + record_size]);
-            if staged.len() >= 4096 * record_size {
-                if let Err(err) = out.sink_records(&staged) {
-                    failure = Some(err);
-                    return;
-                }
-                staged.clear();
+            if let Err(err) = out.sink_records(&records[i..i + record_size]) {
+                failure = Some(err);
+                return;
             }
         }
     });
-    if let Some(e) = failure {
-        return Err(e);
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
-    if !staged.is_empty() {
-        out.sink_records(&staged)?;
-    }
-    Ok(())
 }
 
 struct RunReader {
@@ -195,11 +255,11 @@ impl RunReader {
 
 /// Merges sorted runs into `out` with a heap of the runs' current keys; each run is read
 /// ahead by a [`DiskSource`] with two buffers of its share of `read_pool_bytes`.
-pub fn merge_runs(
+pub fn merge_runs<S: Sink + ?Sized>(
     runs: &[Run],
     record_size: usize,
     read_pool_bytes: usize,
-    out: &mut dyn Sink,
+    out: &mut S,
 ) -> Result<(), RiverError> {
     let per_buffer =
         (read_pool_bytes / (2 * runs.len().max(1))).clamp(record_size, 8 << 20) / record_size * record_size;
@@ -265,7 +325,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let data = records(5000, 7);
         let pool = MemPool::heap(2, 64 << 10);
-        let mut store = RecordStore::spilling(100, 700 * 100, dir.path().join("run"), pool.clone());
+        let mut store = RecordStore::spilling(100, 700 * 100, dir.path().join("run"), pool.clone()).unwrap();
         for piece in data.chunks(300 * 100) {
             store.sink_records(piece).unwrap();
         }
@@ -287,7 +347,7 @@ mod tests {
     #[test]
     fn in_memory_store_sorts_in_one_pass() {
         let data = records(3000, 11);
-        let mut store = RecordStore::in_memory(100, data.len(), MemPool::heap(1, 4096));
+        let mut store = RecordStore::in_memory(100, 1000, MemPool::heap(1, 4096)).unwrap();
         store.sink_records(&data).unwrap();
         let mut out = Vec::new();
         store.write_sorted(&mut VecSink::new(&mut out, 100), 0).unwrap();
