@@ -36,8 +36,8 @@ pub enum RiverError {
         /// What was wrong.
         reason: String,
     },
-    /// A peer reported that it failed, for the reason it gives.
-    #[error("node {node} aborted: {reason}")]
+    /// A peer reported that the run failed, for the reason it gives.
+    #[error("{reason} (reported by node {node})")]
     Aborted {
         /// The node's rank.
         node: usize,

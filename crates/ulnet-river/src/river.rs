@@ -321,7 +321,8 @@ impl<S: Sink> River<S> {
         loop {
             {
                 let mut inner = self.inner.borrow_mut();
-                if let Some(i) = inner.controls.iter().position(|(p, t, _)| *t == tag && from.is_none_or(|f| f == *p)) {
+                if let Some(i) = inner.controls.iter().position(|(p, t, _)| *t == tag && from.map_or(true, |f| f == *p))
+                {
                     let (p, _, data) = inner.controls.remove(i).expect("found above");
                     return Ok((p, data));
                 }
@@ -452,7 +453,7 @@ impl<S: Sink> River<S> {
 
 impl<S: Sink> Inner<S> {
     fn fail(&mut self, e: RiverError) -> RiverError {
-        tracing::warn!(error = %e, "river failed");
+        tracing::debug!(error = %e, "river failed");
         if self.failure.is_none() {
             self.failure = Some(match &e {
                 RiverError::NodeFailed { node, reason } => {

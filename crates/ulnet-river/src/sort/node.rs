@@ -41,17 +41,53 @@ const TAG_COMMIT: u32 = 5;
 /// Samples each node takes from its slice. 1,024: with 4 nodes the splitters land within
 /// about 1.5% of the ideal quantiles, for a few hundred microseconds of page reads.
 const SAMPLES_PER_NODE: u64 = 1024;
-/// Read-ahead buffers and their size: 4 × 4 MB keeps the disk streaming while the node
-/// partitions.
-const READ_BUFFERS: usize = 4;
-const READ_BUFFER_BYTES: usize = 40_000 * RECORD_SIZE;
-/// Write-behind buffers: as many and as large.
-const WRITE_BUFFERS: usize = 4;
-const WRITE_BUFFER_BYTES: usize = 40_000 * RECORD_SIZE;
-/// Memory a node needs besides its arena: read and write pools, network staging, slack.
-const FIXED_MEMORY: u64 = ((READ_BUFFERS * READ_BUFFER_BYTES + WRITE_BUFFERS * WRITE_BUFFER_BYTES) as u64) + (16 << 20);
+/// Read-ahead and write-behind buffers per node: 4 each keeps the disk streaming while
+/// the node partitions (reading) or sorts (writing).
+const IO_BUFFERS: usize = 4;
+/// Size of each without a memory bound: 4 MB, large enough that per-call costs vanish.
+const IO_BUFFER_BYTES: usize = 40_000 * RECORD_SIZE;
 /// Bytes the sort needs per arena byte: the record plus two 16-byte entries per 100 bytes.
 const SORT_OVERHEAD: f64 = 1.32;
+/// Memory kept aside for everything not counted (stacks, channel rings, the heap).
+const SLACK_BYTES: u64 = 2 << 20;
+
+/// How a node divides its memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryPlan {
+    /// Size of each read and write buffer.
+    pub io_buffer_bytes: usize,
+    /// Most bytes of records held before spilling a run (`None`: no bound).
+    pub arena_bytes: Option<usize>,
+    /// Read-ahead memory for the merge of runs.
+    pub merge_read_bytes: usize,
+}
+
+impl MemoryPlan {
+    /// The plan for a bound of `memory` bytes per node (`None`: unbounded) among `nodes`.
+    /// With a bound, the terms are: 8 I/O buffers of `memory / 64` (at most 4 MB), the
+    /// river's network buffers, slack, and the arena with its sort overhead in the rest;
+    /// the merge reads runs with everything but the write buffers.
+    pub fn new(memory: Option<u64>, nodes: usize, river: &RiverConfig) -> Result<Self, RiverError> {
+        let Some(m) = memory else {
+            return Ok(MemoryPlan { io_buffer_bytes: IO_BUFFER_BYTES, arena_bytes: None, merge_read_bytes: 64 << 20 });
+        };
+        let io = ((m / 64) as usize).clamp(1000 * RECORD_SIZE, IO_BUFFER_BYTES) / RECORD_SIZE * RECORD_SIZE;
+        let network = ((nodes - 1) * (river.staged_chunks + 2) * river.chunk_bytes()) as u64;
+        let fixed = (2 * IO_BUFFERS * io) as u64 + network + SLACK_BYTES;
+        if m < fixed + (1 << 20) {
+            return Err(RiverError::io(
+                "--memory",
+                std::io::Error::other(format!(
+                    "a bound of {m} bytes per node is too small; at least {} needed",
+                    fixed + (1 << 20)
+                )),
+            ));
+        }
+        let arena = ((m - fixed) as f64 / SORT_OVERHEAD) as usize / RECORD_SIZE * RECORD_SIZE;
+        let merge_read_bytes = (m - (IO_BUFFERS * io) as u64 - network - SLACK_BYTES) as usize;
+        Ok(MemoryPlan { io_buffer_bytes: io, arena_bytes: Some(arena), merge_read_bytes })
+    }
+}
 /// Longest a node waits for a step of another node (a dead node is seen at once through
 /// its channel; this only bounds a hung one).
 const STEP_TIMEOUT: Duration = Duration::from_secs(600);
@@ -193,7 +229,9 @@ pub fn run_node(
     let size = peers.len();
     assert_eq!(size, job.nodes, "the mesh has as many nodes as the job");
     let bell = Doorbell::new().map_err(|e| RiverError::io("making a doorbell", e))?;
-    let write_pool = MemPool::sector_aligned(WRITE_BUFFERS, WRITE_BUFFER_BYTES, 4096)
+    let river_config = RiverConfig::default();
+    let plan = MemoryPlan::new(job.memory, size, &river_config)?;
+    let write_pool = MemPool::sector_aligned(IO_BUFFERS, plan.io_buffer_bytes, 4096)
         .map_err(|e| RiverError::io("allocating write buffers", e))?;
 
     let input_len = std::fs::metadata(&job.input)
@@ -207,21 +245,11 @@ pub fn run_node(
     let last = total * (rank as u64 + 1) / size as u64;
     let expected = (total / size as u64) as usize * RECORD_SIZE;
 
-    let store = match job.memory {
+    let store = match plan.arena_bytes {
         // Address space for the whole input: a partition can never be larger.
         None => RecordStore::in_memory(RECORD_SIZE, input_len as usize, write_pool.clone())
             .map_err(|e| RiverError::io("reserving the record arena", e))?,
-        Some(m) => {
-            if m < FIXED_MEMORY + (16 << 20) {
-                return Err(RiverError::io(
-                    "--memory",
-                    std::io::Error::other(format!(
-                        "a bound of {m} bytes is too small; at least {} needed",
-                        FIXED_MEMORY + (16 << 20)
-                    )),
-                ));
-            }
-            let arena = ((m - FIXED_MEMORY) as f64 / SORT_OVERHEAD) as usize;
+        Some(arena) => {
             let dir = job.temp_dir.clone().unwrap_or_else(|| {
                 job.output.parent().filter(|p| !p.as_os_str().is_empty()).map_or_else(|| ".".into(), Path::to_path_buf)
             });
@@ -235,15 +263,19 @@ pub fn run_node(
             .map_err(|e| RiverError::io("reserving the record arena", e))?
         }
     };
-    let river = River::new(ep, rank, peers, store, RiverConfig::default(), Some(bell.clone()));
-    let result = node_body(job, &river, rank, size, total, first..last, &bell, &write_pool, progress);
+    let river = River::new(ep, rank, peers, store, river_config, Some(bell.clone()));
+    let result = node_body(job, &river, rank, size, total, first..last, &bell, &write_pool, &plan, progress);
     match result {
         Ok(report) => {
             river.shutdown();
             Ok(report)
         }
         Err(e) => {
-            river.abort(&format!("node {rank}: {e}"));
+            // Tell the others the root cause (a cause reported by another node is theirs
+            // to spread).
+            if !matches!(e, RiverError::Aborted { .. }) {
+                river.abort(&e.to_string());
+            }
             let _ = std::fs::remove_file(job.partial_partition_file(rank));
             if rank == 0 {
                 let _ = std::fs::remove_file(job.partial_output());
@@ -263,6 +295,7 @@ fn node_body(
     slice: std::ops::Range<u64>,
     bell: &Doorbell,
     write_pool: &MemPool,
+    plan: &MemoryPlan,
     progress: &mut dyn FnMut(Phase, u64),
 ) -> Result<Option<SortReport>, RiverError> {
     let since_start = || (now_ns().saturating_sub(job.start_unix_ns)) as f64 / 1e9;
@@ -339,7 +372,7 @@ fn node_body(
     let t_ready = since_start();
 
     // Read and distribute.
-    let read_pool = MemPool::sector_aligned(READ_BUFFERS, READ_BUFFER_BYTES, 4096)
+    let read_pool = MemPool::sector_aligned(IO_BUFFERS, plan.io_buffer_bytes, 4096)
         .map_err(|e| RiverError::io("allocating read buffers", e))?;
     let mut source = DiskSource::open(
         &job.input,
@@ -431,7 +464,7 @@ fn node_body(
         progress,
         last_progress: Instant::now(),
     };
-    store.write_sorted(&mut out, (READ_BUFFERS * READ_BUFFER_BYTES).max(64 << 20))?;
+    store.write_sorted(&mut out, plan.merge_read_bytes)?;
     out.hand_over()?;
     let t_sorted = since_start();
     out.close()?;

@@ -179,6 +179,8 @@ impl RecordStore {
             return emit_sorted(self.arena.as_slice(), self.record_size, out);
         }
         self.spill()?;
+        // The merge reads with the memory the arena had.
+        self.arena = Arena::with_capacity(0).map_err(|e| RiverError::io("releasing the arena", e))?;
         merge_runs(&self.runs, self.record_size, read_pool_bytes, out)
     }
 }
@@ -238,7 +240,7 @@ struct RunReader {
 }
 
 impl RunReader {
-    fn current<'a>(&'a self, record_size: usize) -> Option<&'a [u8]> {
+    fn current(&self, record_size: usize) -> Option<&[u8]> {
         self.buffer.as_ref().map(|b| &b.as_slice()[self.at..self.at + record_size])
     }
 

@@ -245,9 +245,12 @@ fn run_from_environment(a: SortArgs, t0: u128) -> Result<i32> {
         mesh.transport = MeshTransport::Tcp {
             coordinator: p.coordinator.clone(),
             bind_host: "0.0.0.0".into(),
-            advertise_host: std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|h| h.trim().to_string())
-                .unwrap_or_else(|_| "127.0.0.1".into()),
+            // Slurm names the node it placed us on; otherwise the host's own name.
+            advertise_host: std::env::var("SLURMD_NODENAME").ok().unwrap_or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_string())
+                    .unwrap_or_else(|_| "127.0.0.1".into())
+            }),
         };
     }
     mesh.secret = secret(&a)?;
