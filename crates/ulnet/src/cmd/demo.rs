@@ -101,6 +101,7 @@ pub fn run(args: DemoArgs) -> Result<i32> {
         sent - received,
         bad
     );
+    super::sort_demo::run(args.nodes)?;
     Ok(if bad == 0 && sent == received { 0 } else { 1 })
 }
 

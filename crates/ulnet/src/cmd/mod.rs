@@ -4,4 +4,5 @@ pub mod bench;
 pub mod clock;
 pub mod demo;
 pub mod sort;
+pub mod sort_demo;
 pub mod stats;
