@@ -44,8 +44,9 @@ const SAMPLES_PER_NODE: u64 = 1024;
 /// Read-ahead and write-behind buffers per node: 4 each keeps the disk streaming while
 /// the node partitions (reading) or sorts (writing).
 const IO_BUFFERS: usize = 4;
-/// Size of each without a memory bound: 4 MB, large enough that per-call costs vanish.
-const IO_BUFFER_BYTES: usize = 40_000 * RECORD_SIZE;
+/// Size of each without a memory bound: 1 MB, large enough that per-call costs vanish,
+/// small enough that the pools cost little to fault in.
+const IO_BUFFER_BYTES: usize = 10_000 * RECORD_SIZE;
 /// Bytes the sort needs per arena byte: the record plus two 16-byte entries per 100 bytes.
 const SORT_OVERHEAD: f64 = 1.32;
 /// Memory kept aside for everything not counted (stacks, channel rings, the heap).
