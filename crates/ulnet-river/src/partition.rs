@@ -19,7 +19,9 @@ impl<F: FnMut(&[u8]) -> usize> Partitioner for F {
 }
 
 /// A sink that sends each record to `sinks[partitioner.partition(record)]`, and closes
-/// them all when closed.
+/// them all when closed. Records are staged per destination and handed on
+/// [`STAGED_RECORDS`] at a time, so the sinks see slices of many records rather than a
+/// call per record.
 ///
 /// ```
 /// use ulnet_river::{PartitionSink, Sink, VecSink};
@@ -38,15 +40,21 @@ impl<F: FnMut(&[u8]) -> usize> Partitioner for F {
 pub struct PartitionSink<'a, P: Partitioner> {
     partitioner: P,
     sinks: Vec<Box<dyn Sink + 'a>>,
+    staged: Vec<Vec<u8>>,
     record_size: usize,
     counts: Vec<u64>,
 }
+
+/// Records staged per destination before they are handed on: 64 (6.4 KB of 100-byte
+/// records) stays in the first-level cache and makes the per-call cost of a sink vanish.
+pub const STAGED_RECORDS: usize = 64;
 
 impl<'a, P: Partitioner> PartitionSink<'a, P> {
     /// Routes records of `record_size` bytes to `sinks` by `partitioner`.
     pub fn new(partitioner: P, sinks: Vec<Box<dyn Sink + 'a>>, record_size: usize) -> Self {
         let counts = vec![0; sinks.len()];
-        PartitionSink { partitioner, sinks, record_size, counts }
+        let staged = (0..sinks.len()).map(|_| Vec::with_capacity(STAGED_RECORDS * record_size)).collect();
+        PartitionSink { partitioner, sinks, staged, record_size, counts }
     }
 
     /// Records routed to each sink so far.
@@ -60,11 +68,17 @@ impl<P: Partitioner> Sink for PartitionSink<'_, P> {
         if records.len() % self.record_size != 0 {
             return Err(RiverError::PartialRecord { len: records.len(), record_size: self.record_size });
         }
+        let full = STAGED_RECORDS * self.record_size;
         for record in records.chunks_exact(self.record_size) {
             let to = self.partitioner.partition(record);
             assert!(to < self.sinks.len(), "partitioner chose sink {to} of {}", self.sinks.len());
             self.counts[to] += 1;
-            self.sinks[to].sink_records(record)?;
+            let staged = &mut self.staged[to];
+            staged.extend_from_slice(record);
+            if staged.len() >= full {
+                self.sinks[to].sink_records(staged)?;
+                staged.clear();
+            }
         }
         Ok(())
     }
@@ -74,8 +88,12 @@ impl<P: Partitioner> Sink for PartitionSink<'_, P> {
     }
 
     fn close(&mut self) -> Result<(), RiverError> {
-        for s in &mut self.sinks {
-            s.close()?;
+        for (sink, staged) in self.sinks.iter_mut().zip(&mut self.staged) {
+            if !staged.is_empty() {
+                sink.sink_records(staged)?;
+                staged.clear();
+            }
+            sink.close()?;
         }
         Ok(())
     }
