@@ -34,7 +34,7 @@ for keys in uniform skewed; do
         [ "$mode" = external ] && extra=(--memory 128MiB --temp-dir "$D")
         out="$D/matrix.out"
         report=$($U sort --input "$in" --output "$out" --nodes "$nodes" --json "${extra[@]}")
-        secs=$(echo "$report" | python3 -c 'import sys,json; r=json.load(sys.stdin); print(f"{r[\"total_s\"]:.2f}", r["mode"])')
+        secs=$(echo "$report" | python3 -c 'import sys,json; r=json.load(sys.stdin); print("%.2f" % r["total_s"], r["mode"])')
         v=$($U valsort "$out" 2>&1 || true)
         sum_out=$(echo "$v" | awk '/^Checksum:/{print $2}')
         recs=$(echo "$v" | awk '/^Records:/{print $2}')
