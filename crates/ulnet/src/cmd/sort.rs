@@ -290,7 +290,7 @@ struct Bars {
 impl Bars {
     fn new(total: u64) -> Self {
         let multi = MultiProgress::with_draw_target(ProgressDrawTarget::stderr_with_hz(10));
-        let style = ProgressStyle::with_template("{prefix:>16} [{bar:40}] {pos}/{len} records ({per_sec})")
+        let style = ProgressStyle::with_template("{prefix:>16} [{bar:40}] {human_pos}/{human_len} records, {elapsed}")
             .expect("a valid template")
             .progress_chars("=> ");
         let read = multi.add(ProgressBar::new(total).with_style(style.clone()).with_prefix("read+distribute"));
