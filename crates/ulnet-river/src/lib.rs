@@ -10,7 +10,8 @@
 //! * [`DiskSource`] and [`DiskSink`]: asynchronous reads ahead and writes behind on
 //!   threads of their own ([`disk`]).
 //! * [`NetSink`] and [`NetSource`]: records to and from other nodes over ulnet channels,
-//!   with credit flow control ([`river`]).
+//!   with credit flow control ([`river`]), whose accounting is a sans-IO state machine
+//!   ([`credit::FlowControl`]) also run under the simulator.
 //! * [`PartitionSink`]: routes each record by an application rule ([`partition`]).
 //! * [`River`]: the node's part of the distributed queue, with [`RiverSink`] for its own
 //!   records, explicit end of stream from every source and a precise meaning of "run dry"
@@ -20,6 +21,7 @@
 //! disk-to-disk distributed sort of Sort Benchmark records.
 #![deny(missing_docs)]
 
+pub mod credit;
 pub mod disk;
 mod doorbell;
 pub mod error;

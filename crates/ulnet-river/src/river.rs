@@ -49,6 +49,7 @@
 //! # Ok(()) }
 //! ```
 
+use crate::credit::{FlowControl, FlowError};
 use crate::doorbell::Doorbell;
 use crate::error::RiverError;
 use crate::flow::Sink;
@@ -121,27 +122,22 @@ pub struct RiverCounters {
     pub naps: u64,
 }
 
-/// Receive state of one peer: its records flowing into our store.
+/// Receive state of one peer: its messages, arriving in fragments, reassembled into whole
+/// records flowing into our store (the accounting is the [`FlowControl`]'s).
 #[derive(Debug, Default)]
 pub struct NetSource {
     /// Bytes of a record split across two fragments.
     carry: Vec<u8>,
-    /// Records still expected in the data message being received.
+    /// Records of the data message being received.
     in_message: Option<u64>,
-    /// Records received in whole data messages.
-    records: u64,
-    /// Records the peer declared in its end of stream.
-    end_of_stream: Option<u64>,
-    /// Chunks consumed and not yet credited back.
-    owed_credits: u32,
     /// A control message being assembled from fragments: its tag and bytes so far.
     control: Option<(u32, Vec<u8>)>,
 }
 
 impl NetSource {
-    /// Whether the peer's stream has ended and every record it declared has arrived.
-    pub fn is_dry(&self) -> bool {
-        self.end_of_stream == Some(self.records) && self.in_message.is_none()
+    /// Whether no message is half received.
+    pub fn is_idle(&self) -> bool {
+        self.in_message.is_none() && self.control.is_none()
     }
 }
 
@@ -150,12 +146,9 @@ struct Peer {
     channel: Option<ChannelId>,
     down: Option<String>,
     // Sending.
-    credits: u32,
     staging: Option<Buffer>,
     staged_records: u64,
     ready: VecDeque<Buffer>,
-    sent_records: u64,
-    end_sent: bool,
     sink_open: bool,
     // Receiving.
     source: NetSource,
@@ -174,8 +167,8 @@ struct Inner<S> {
     doorbell: Option<Doorbell>,
     counters: RiverCounters,
     failure: Option<RiverError>,
-    /// Peers that may go away without an error: the run is over for them.
-    finished: bool,
+    /// Credits and ends of stream (the sans-IO part).
+    flow: FlowControl,
     /// Wake-ups in a row that found nothing to do (see `nap_if_futile`).
     futile_wakeups: u32,
 }
@@ -213,6 +206,7 @@ impl<S: Sink> River<S> {
         assert!(rank < peers.len() && peers[rank].is_none(), "peers[rank] must be None");
         assert!(config.chunk_records > 0 && config.credits > 0, "chunks and credits must be positive");
         let remote = peers.len() - 1;
+        let peers_len = peers.len();
         // Staging plus sealed chunks for each peer: the network's whole buffer memory.
         let pool_count = (remote * (config.staged_chunks + 2)).max(1);
         let pool = MemPool::registered(pool_count, config.chunk_bytes(), 1)
@@ -222,19 +216,14 @@ impl<S: Sink> River<S> {
             .map(|&channel| Peer {
                 channel,
                 down: None,
-                credits: config.credits,
                 staging: None,
                 staged_records: 0,
                 ready: VecDeque::new(),
-                sent_records: 0,
-                end_sent: channel.is_none(),
                 sink_open: false,
-                source: NetSource {
-                    end_of_stream: if channel.is_none() { Some(0) } else { None },
-                    ..Default::default()
-                },
+                source: NetSource::default(),
             })
             .collect();
+        let flow = FlowControl::new(rank, peers_len, config.credits);
         River {
             inner: Rc::new(RefCell::new(Inner {
                 ep,
@@ -249,7 +238,7 @@ impl<S: Sink> River<S> {
                 doorbell,
                 counters: RiverCounters::default(),
                 failure: None,
-                finished: false,
+                flow,
                 futile_wakeups: 0,
             })),
         }
@@ -284,8 +273,9 @@ impl<S: Sink> River<S> {
     pub fn net_sink(&self, peer: usize) -> NetSink<S> {
         let mut inner = self.inner.borrow_mut();
         let rank = inner.rank;
+        let ended = inner.flow.end_sent(peer);
         let p = &mut inner.peers[peer];
-        assert!(peer != rank && !p.sink_open && !p.end_sent, "one net sink per peer");
+        assert!(peer != rank && !p.sink_open && !ended, "one net sink per peer");
         p.sink_open = true;
         NetSink { river: self.clone(), peer, closed: false }
     }
@@ -341,7 +331,7 @@ impl<S: Sink> River<S> {
                     continue;
                 }
                 if let Some(f) = from {
-                    if let Some(why) = &inner.peers[f].down {
+                    if let (Some(why), false) = (&inner.peers[f].down, f == inner.rank) {
                         let reason = format!("lost before sending message {tag} ({why})");
                         return Err(RiverError::NodeFailed { node: f, reason });
                     }
@@ -370,7 +360,7 @@ impl<S: Sink> River<S> {
         }
         // Peers no sink was made for get an empty stream.
         for j in 0..inner.peers.len() {
-            if !inner.peers[j].end_sent {
+            if !inner.flow.end_sent(j) {
                 inner.finish_peer(j)?;
             }
         }
@@ -387,7 +377,7 @@ impl<S: Sink> River<S> {
             if inner.progress()? > 0 {
                 idle_since = Instant::now();
             }
-            if inner.peers.iter().all(|p| p.source.is_dry()) {
+            if inner.flow.is_dry() && inner.peers.iter().all(|p| p.source.is_idle()) {
                 inner.send_owed_credits(true)?;
                 if let Some(store) = inner.store.as_mut() {
                     store.close()?;
@@ -395,7 +385,7 @@ impl<S: Sink> River<S> {
                 return Ok(());
             }
             if idle_since.elapsed() > inner.config.idle_timeout {
-                let waiting: Vec<usize> = (0..inner.peers.len()).filter(|&j| !inner.peers[j].source.is_dry()).collect();
+                let waiting: Vec<usize> = (0..inner.peers.len()).filter(|&j| !inner.flow.has_ended(j)).collect();
                 return Err(RiverError::Timeout {
                     what: format!("the end of stream of nodes {waiting:?}"),
                     secs: inner.config.idle_timeout.as_secs_f64(),
@@ -407,7 +397,8 @@ impl<S: Sink> River<S> {
 
     /// Records received from each peer so far (index = rank).
     pub fn received_per_peer(&self) -> Vec<u64> {
-        self.inner.borrow().peers.iter().map(|p| p.source.records).collect()
+        let inner = self.inner.borrow();
+        (0..inner.peers.len()).map(|j| inner.flow.received_records(j)).collect()
     }
 
     /// Takes the store out (after [`River::run_dry`]); data arriving later is an error.
@@ -439,7 +430,7 @@ impl<S: Sink> River<S> {
     /// Marks the run over: from now on a peer that goes away is not a failure (it may
     /// have finished and exited first).
     pub fn finish(&self) {
-        self.inner.borrow_mut().finished = true;
+        self.inner.borrow_mut().flow.finish();
     }
 
     /// Whether the channel to `peer` is down.
@@ -450,7 +441,7 @@ impl<S: Sink> River<S> {
     /// Sends everything queued and closes every channel cleanly.
     pub fn shutdown(&self) {
         let mut inner = self.inner.borrow_mut();
-        inner.finished = true;
+        inner.flow.finish();
         let deadline = Instant::now() + Duration::from_secs(5);
         while !inner.ep.flush_sends() && Instant::now() < deadline {
             inner.ep.poll(64, |_| {});
@@ -540,7 +531,7 @@ impl<S: Sink> Inner<S> {
     }
 
     fn receive(&mut self) -> Result<usize, RiverError> {
-        let Inner { ep, peers, store, controls, config, counters, finished, .. } = self;
+        let Inner { ep, peers, store, controls, config, counters, flow, .. } = self;
         let rs = config.record_size;
         let mut error: Option<RiverError> = None;
         let mut downs: Vec<(usize, ChannelError)> = Vec::new();
@@ -553,7 +544,7 @@ impl<S: Sink> Inner<S> {
                 Event::Message { channel, data, message_len, offset, .. } => {
                     let Some(j) = rank_of(peers, channel) else { return };
                     let p = &mut peers[j];
-                    let result = deliver(p, j, store, controls, counters, rs, data, message_len, offset);
+                    let result = deliver(p, j, flow, store, controls, counters, rs, data, message_len, offset);
                     if let Err(e) = result {
                         error = Some(e);
                     }
@@ -567,15 +558,13 @@ impl<S: Sink> Inner<S> {
             }
         });
         for (j, why) in downs {
-            let p = &mut peers[j];
-            p.down = Some(why.to_string());
-            let ended = p.source.end_of_stream.is_some();
-            if !*finished && !ended && error.is_none() {
-                let reason = match why {
-                    ChannelError::Closed => "closed its channel before its end of stream".to_string(),
-                    other => format!("lost before its end of stream ({other})"),
-                };
-                error = Some(RiverError::NodeFailed { node: j, reason });
+            peers[j].down = Some(why.to_string());
+            let why = match why {
+                ChannelError::Closed => "it closed its channel".to_string(),
+                other => other.to_string(),
+            };
+            if let Err(e) = flow.on_channel_down(j, &why) {
+                error.get_or_insert(e.into());
             }
         }
         if let Some(e) = error {
@@ -585,24 +574,17 @@ impl<S: Sink> Inner<S> {
     }
 
     fn send_owed_credits(&mut self, all: bool) -> Result<usize, RiverError> {
-        let batch = (self.config.credits / 4).max(1);
         let mut sent = 0;
-        for j in 0..self.peers.len() {
-            let owed = self.peers[j].source.owed_credits;
-            if owed == 0 || (!all && owed < batch) {
-                continue;
-            }
+        while let Some((j, n)) = self.flow.poll_credit(all) {
             let Some(ch) = self.peers[j].channel else { continue };
-            if self.peers[j].down.is_some() {
-                continue;
-            }
-            let h = Header { kind: Kind::Credit, aux: owed, value: 0 }.encode();
+            let h = Header { kind: Kind::Credit, aux: n, value: 0 }.encode();
             match self.ep.send(ch, &[&h]) {
-                Ok(SendOutcome::Done) | Ok(SendOutcome::InProgress(_)) => {
-                    self.peers[j].source.owed_credits = 0;
-                    sent += 1;
+                Ok(SendOutcome::Done) | Ok(SendOutcome::InProgress(_)) => sent += 1,
+                Ok(SendOutcome::NoResource) => {
+                    self.counters.channel_full += 1;
+                    self.flow.unsent_credit(j, n);
+                    break;
                 }
-                Ok(SendOutcome::NoResource) => self.counters.channel_full += 1,
                 Err(e) => return Err(self.fail(RiverError::Send { node: j, source: e })),
             }
         }
@@ -612,15 +594,14 @@ impl<S: Sink> Inner<S> {
     /// Sends sealed chunks to peer `j` while credit allows.
     fn flush_ready(&mut self, j: usize) -> Result<usize, RiverError> {
         let mut work = 0;
-        while self.peers[j].credits > 0 && !self.peers[j].ready.is_empty() {
+        while self.flow.may_send(j) && !self.peers[j].ready.is_empty() {
             let ch = self.peers[j].channel.expect("only peers have chunks");
             let chunk = self.peers[j].ready.front().expect("non-empty");
             match self.ep.send(ch, &[chunk.as_slice()]) {
                 Ok(SendOutcome::Done) | Ok(SendOutcome::InProgress(_)) => {
                     let chunk = self.peers[j].ready.pop_front().expect("non-empty");
                     let records = ((chunk.len() - HEADER_LEN) / self.config.record_size) as u64;
-                    self.peers[j].credits -= 1;
-                    self.peers[j].sent_records += records;
+                    self.flow.on_data_sent(j, records);
                     self.counters.records_sent += records;
                     self.counters.chunks_sent += 1;
                     work += 1;
@@ -678,7 +659,7 @@ impl<S: Sink> Inner<S> {
                 });
             }
             // A full channel (not lack of credit) frees without a doorbell: look again soon.
-            let timeout = if self.peers[j].credits > 0 { Duration::from_millis(1) } else { Duration::from_millis(100) };
+            let timeout = if self.flow.credits(j) > 0 { Duration::from_millis(1) } else { Duration::from_millis(100) };
             self.wait(Some(timeout))?;
         }
     }
@@ -722,9 +703,9 @@ impl<S: Sink> Inner<S> {
         self.seal(j);
         self.drain_to(j, 0)?;
         let ch = self.peers[j].channel.expect("a peer");
-        let h = Header { kind: Kind::EndOfStream, aux: 0, value: self.peers[j].sent_records }.encode();
+        let h = Header { kind: Kind::EndOfStream, aux: 0, value: self.flow.sent_records(j) }.encode();
         self.send_small(j, ch, &[&h])?;
-        self.peers[j].end_sent = true;
+        self.flow.end_of_stream(j);
         self.peers[j].sink_open = false;
         Ok(())
     }
@@ -765,6 +746,7 @@ impl<S: Sink> Inner<S> {
 fn deliver<S: Sink>(
     p: &mut Peer,
     j: usize,
+    flow: &mut FlowControl,
     store: &mut Option<S>,
     controls: &mut VecDeque<(usize, u32, Vec<u8>)>,
     counters: &mut RiverCounters,
@@ -782,29 +764,14 @@ fn deliver<S: Sink>(
         let h = Header::decode(data, message_len, rs).map_err(|e| protocol(e.to_string()))?;
         match h.kind {
             Kind::Data => {
-                if p.source.end_of_stream.is_some() {
+                if flow.has_ended(j) {
                     return Err(protocol("data after its end of stream".into()));
                 }
                 p.source.in_message = Some(h.value);
                 body = &data[HEADER_LEN..];
             }
-            Kind::Credit => {
-                p.credits = p.credits.saturating_add(h.aux);
-                return Ok(());
-            }
-            Kind::EndOfStream => {
-                if p.source.end_of_stream.is_some() {
-                    return Err(protocol("a second end of stream".into()));
-                }
-                if h.value != p.source.records {
-                    return Err(protocol(format!(
-                        "end of stream declares {} records, {} arrived",
-                        h.value, p.source.records
-                    )));
-                }
-                p.source.end_of_stream = Some(h.value);
-                return Ok(());
-            }
+            Kind::Credit => return Ok(flow.on_credit(j, h.aux)?),
+            Kind::EndOfStream => return Ok(flow.on_end_of_stream(j, h.value)?),
             Kind::Control | Kind::Abort | Kind::Hello => {
                 let payload = &data[HEADER_LEN..];
                 return match h.kind {
@@ -860,8 +827,7 @@ fn deliver<S: Sink>(
             return Err(protocol("a data message ended inside a record".into()));
         }
         let records = p.source.in_message.take().expect("in a data message");
-        p.source.records += records;
-        p.source.owed_credits += 1;
+        flow.on_data(j, records)?;
         counters.records_received += records;
     }
     Ok(())
@@ -917,5 +883,14 @@ impl<S: Sink> Sink for NetSink<S> {
         }
         self.closed = true;
         self.river.inner.borrow_mut().finish_peer(self.peer)
+    }
+}
+
+impl From<FlowError> for RiverError {
+    fn from(e: FlowError) -> Self {
+        match e {
+            FlowError::Protocol { node, reason } => RiverError::Protocol { node, reason },
+            FlowError::Lost { node, reason } => RiverError::NodeFailed { node, reason },
+        }
     }
 }
