@@ -100,7 +100,7 @@ pub struct NodeReport {
     pub records: u64,
     /// Runs spilled (external mode).
     pub runs: usize,
-    /// Seconds spent sorting and writing runs during read and distribute.
+    /// Seconds receiving waited for a run to be written (external mode).
     pub spill_s: f64,
     /// Records sent to other nodes.
     pub records_sent: u64,
