@@ -210,12 +210,12 @@ impl RecordStore {
         if self.runs.is_empty() {
             return emit_sorted(self.arena.as_slice(), self.record_size, out);
         }
-        self.spill()?;
+        // The half being filled stays in memory as the last run; the other is released,
+        // and the merge reads the spilled runs with what is left.
         self.finish_spill()?;
-        // The merge reads with the memory the halves had.
-        self.arena = Arena::with_capacity(0).map_err(|e| RiverError::io("releasing the arena", e))?;
         self.spare = None;
-        merge_runs(&self.runs, self.record_size, read_pool_bytes, out)
+        let kept = (self.arena.capacity() as f64 * SORT_MEMORY_PER_BYTE) as usize;
+        merge_runs(&self.runs, self.record_size, read_pool_bytes.saturating_sub(kept), Some(self.arena.as_slice()), out)
     }
 }
 
@@ -244,6 +244,11 @@ impl Drop for RecordStore {
         }
     }
 }
+
+/// Memory an in-memory run takes per byte of records while it is merged: the records and
+/// a 4-byte index per record, plus the sort's two 16-byte entries per record while it is
+/// ordered.
+const SORT_MEMORY_PER_BYTE: f64 = 1.32;
 
 /// Records gathered before they are handed to the sink: 640 (64 KB) stays in the
 /// second-level cache, and the sink copies them in one go.
@@ -297,45 +302,66 @@ pub fn emit_sorted<S: Sink + ?Sized>(records: &[u8], record_size: usize, out: &m
     Ok(())
 }
 
-struct RunReader {
-    source: DiskSource,
-    buffer: Option<Buffer>,
-    at: usize,
+/// A sorted run being merged: read ahead from its file, or in memory in sorted order.
+enum RunReader<'a> {
+    Disk { source: DiskSource, buffer: Option<Buffer>, at: usize },
+    Memory { records: &'a [u8], order: Vec<u32>, at: usize },
 }
 
-impl RunReader {
+impl RunReader<'_> {
+    #[inline]
     fn current(&self, record_size: usize) -> Option<&[u8]> {
-        self.buffer.as_ref().map(|b| &b.as_slice()[self.at..self.at + record_size])
+        match self {
+            RunReader::Disk { buffer, at, .. } => buffer.as_ref().map(|b| &b.as_slice()[*at..*at + record_size]),
+            RunReader::Memory { records, order, at } => {
+                order.get(*at).map(|&i| &records[i as usize * record_size..(i as usize + 1) * record_size])
+            }
+        }
     }
 
+    #[inline]
     fn advance(&mut self, record_size: usize) -> Result<(), RiverError> {
-        self.at += record_size;
-        if self.buffer.as_ref().is_some_and(|b| self.at >= b.len()) {
-            self.buffer = None;
-            self.at = 0;
-            self.buffer = self.source.next_buffer()?;
+        match self {
+            RunReader::Disk { source, buffer, at } => {
+                *at += record_size;
+                if buffer.as_ref().is_some_and(|b| *at >= b.len()) {
+                    *buffer = None;
+                    *at = 0;
+                    *buffer = source.next_buffer()?;
+                }
+            }
+            RunReader::Memory { at, .. } => *at += 1,
         }
         Ok(())
     }
 }
 
-/// Merges sorted runs into `out` with a heap of the runs' current keys; each run is read
-/// ahead by a [`DiskSource`] with two buffers of its share of `read_pool_bytes`.
+/// Merges sorted runs into `out` with a heap of the runs' current keys: the spilled ones,
+/// each read ahead by a [`DiskSource`] with two buffers of its share of `read_pool_bytes`
+/// (at least 64 KiB each), and `in_memory` records (unsorted) as one more run.
 pub fn merge_runs<S: Sink + ?Sized>(
     runs: &[Run],
     record_size: usize,
     read_pool_bytes: usize,
+    in_memory: Option<&[u8]>,
     out: &mut S,
 ) -> Result<(), RiverError> {
-    let per_buffer =
-        (read_pool_bytes / (2 * runs.len().max(1))).clamp(record_size, 8 << 20) / record_size * record_size;
-    let mut readers = Vec::with_capacity(runs.len());
+    let per_buffer = (read_pool_bytes / (2 * runs.len().max(1))).clamp(64 << 10, 8 << 20) / record_size * record_size;
+    let mut readers = Vec::with_capacity(runs.len() + 1);
     for run in runs {
         let pool = MemPool::heap(2, per_buffer);
         let len = run.records * record_size as u64;
         let mut source = DiskSource::open(&run.path, 0..len, record_size, pool, None)?;
         let buffer = source.next_buffer()?;
-        readers.push(RunReader { source, buffer, at: 0 });
+        readers.push(RunReader::Disk { source, buffer, at: 0 });
+    }
+    if let Some(records) = in_memory.filter(|r| !r.is_empty()) {
+        assert!(records.len() / record_size < u32::MAX as usize, "in-memory run indexes are 32 bits");
+        let mut order = Vec::with_capacity(records.len() / record_size);
+        sort_emitting(entries_of(records, record_size), |bucket| {
+            order.extend(bucket.iter().map(|&e| index_of(e) as u32))
+        });
+        readers.push(RunReader::Memory { records, order, at: 0 });
     }
     let mut heap: BinaryHeap<Reverse<u128>> = BinaryHeap::with_capacity(readers.len());
     for (i, r) in readers.iter().enumerate() {
