@@ -9,8 +9,6 @@ use crate::flow::{Sink, Source};
 use crate::pool::{Buffer, MemPool};
 use crate::DiskSink;
 use memmap2::{Advice, MmapMut, MmapOptions};
-use std::cmp::Reverse;
-use std::collections::BinaryHeap;
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -245,6 +243,71 @@ impl Drop for RecordStore {
     }
 }
 
+/// The key of a run that has no records left: above every real entry (whose low bits
+/// hold a run index far below 2^48 - 1).
+const EXHAUSTED: u128 = u128::MAX;
+
+/// A tournament tree of losers over the runs' current keys: the smallest is found with
+/// one comparison per level (log2 of the runs) when the winner's run moves on, half of
+/// what a binary heap's sift takes.
+struct LoserTree {
+    /// `nodes[0]` is the winner; `nodes[1..k]` hold the loser of each match.
+    nodes: Vec<usize>,
+    keys: Vec<u128>,
+}
+
+impl LoserTree {
+    fn new(keys: Vec<u128>) -> Self {
+        let k = keys.len();
+        let empty = usize::MAX;
+        let mut nodes = vec![empty; k.max(1)];
+        for leaf in 0..k {
+            let mut w = leaf;
+            let mut node = (leaf + k) / 2;
+            while node > 0 {
+                if nodes[node] == empty {
+                    nodes[node] = w;
+                    w = empty;
+                    break;
+                }
+                if keys[nodes[node]] < keys[w] {
+                    std::mem::swap(&mut nodes[node], &mut w);
+                }
+                node /= 2;
+            }
+            if w != empty {
+                nodes[0] = w;
+            }
+        }
+        LoserTree { nodes, keys }
+    }
+
+    /// The run with the smallest current key, unless every run is exhausted.
+    #[inline]
+    fn winner(&self) -> Option<usize> {
+        let w = *self.nodes.first()?;
+        (w != usize::MAX && self.keys[w] != EXHAUSTED).then_some(w)
+    }
+
+    /// The winner's run moved on to `key`: replays its matches up to the root.
+    #[inline]
+    fn replace_winner(&mut self, key: u128) {
+        let k = self.keys.len();
+        let mut w = self.nodes[0];
+        self.keys[w] = key;
+        let mut node = (w + k) / 2;
+        while node > 0 {
+            let other = self.nodes[node];
+            if self.keys[other] < self.keys[w] {
+                self.nodes[node] = w;
+                w = other;
+            }
+            node /= 2;
+        }
+        self.nodes[0] = w;
+    }
+}
+
 /// Memory an in-memory run takes per byte of records while it is merged: the records and
 /// a 4-byte index per record, plus the sort's two 16-byte entries per record while it is
 /// ordered.
@@ -363,29 +426,22 @@ pub fn merge_runs<S: Sink + ?Sized>(
         });
         readers.push(RunReader::Memory { records, order, at: 0 });
     }
-    let mut heap: BinaryHeap<Reverse<u128>> = BinaryHeap::with_capacity(readers.len());
-    for (i, r) in readers.iter().enumerate() {
-        if let Some(rec) = r.current(record_size) {
-            heap.push(Reverse(entry(rec, i as u64)));
-        }
-    }
+    let keys = readers
+        .iter()
+        .enumerate()
+        .map(|(i, r)| r.current(record_size).map_or(EXHAUSTED, |rec| entry(rec, i as u64)))
+        .collect();
+    let mut tree = LoserTree::new(keys);
     let mut staged: Vec<u8> = Vec::with_capacity(GATHER_RECORDS * record_size);
-    // The smallest current record is replaced in place (one sift instead of a pop and a push).
-    while let Some(mut top) = heap.peek_mut() {
-        let i = index_of(top.0);
+    while let Some(i) = tree.winner() {
         let reader = &mut readers[i];
-        push_record(&mut staged, reader.current(record_size).expect("a run in the heap has a record"));
+        push_record(&mut staged, reader.current(record_size).expect("a run in the tree has a record"));
         if staged.len() == GATHER_RECORDS * record_size {
             out.sink_records(&staged)?;
             staged.clear();
         }
         reader.advance(record_size)?;
-        match reader.current(record_size) {
-            Some(rec) => *top = Reverse(entry(rec, i as u64)),
-            None => {
-                std::collections::binary_heap::PeekMut::pop(top);
-            }
-        }
+        tree.replace_winner(reader.current(record_size).map_or(EXHAUSTED, |rec| entry(rec, i as u64)));
     }
     if !staged.is_empty() {
         out.sink_records(&staged)?;
@@ -438,6 +494,31 @@ mod tests {
         assert_eq!(ulnet_sortbench::Checksum::of_records(&out), ulnet_sortbench::Checksum::of_records(&data));
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "runs are removed");
         assert!(pool.all_returned());
+    }
+
+    #[test]
+    fn loser_tree_yields_runs_in_key_order() {
+        for k in 1..12usize {
+            let runs: Vec<Vec<u128>> = (0..k)
+                .map(|r| {
+                    let mut v: Vec<u128> =
+                        (0..(r * 7 % 5)).map(|i| ((i * 31 + r * 17) % 23) as u128 * 64 + r as u128).collect();
+                    v.sort_unstable();
+                    v
+                })
+                .collect();
+            let mut at = vec![0usize; k];
+            let mut tree = LoserTree::new(runs.iter().map(|r| r.first().copied().unwrap_or(EXHAUSTED)).collect());
+            let mut got = Vec::new();
+            while let Some(w) = tree.winner() {
+                got.push(runs[w][at[w]]);
+                at[w] += 1;
+                tree.replace_winner(runs[w].get(at[w]).copied().unwrap_or(EXHAUSTED));
+            }
+            let mut want: Vec<u128> = runs.concat();
+            want.sort_unstable();
+            assert_eq!(got, want, "{k} runs");
+        }
     }
 
     #[test]
