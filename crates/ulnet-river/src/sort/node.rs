@@ -496,6 +496,8 @@ fn node_body(
         spill_s,
         records_sent: counters.records_sent,
         credit_waits: counters.credit_waits,
+        sleeps: counters.sleeps,
+        naps: counters.naps,
         input_checksum: job.verify.then(|| format!("{:x}", input_checksum.value())),
         summary,
     };

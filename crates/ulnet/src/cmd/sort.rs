@@ -20,7 +20,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ulnet_river::mesh::{MeshConfig, MeshTransport};
 use ulnet_river::sort::launch::{from_mpi, from_slurm};
@@ -317,6 +317,10 @@ impl Bars {
     }
 }
 
+/// Lines of each node's stderr kept (the rest is dropped): enough for its error and the
+/// warnings before it.
+const NODE_LOG_LINES: usize = 64;
+
 enum NodeEvent {
     Progress(usize, Phase, u64),
     Report(Box<SortReport>),
@@ -391,6 +395,7 @@ fn launch(mut a: SortArgs, t0: u128) -> Result<i32> {
     let cwd = std::env::current_dir()?;
 
     let (tx, rx) = mpsc::channel::<NodeEvent>();
+    let node_logs: Vec<Arc<Mutex<Vec<String>>>> = (0..size).map(|_| Arc::default()).collect();
     let mut children: Vec<Child> = Vec::with_capacity(size);
     for rank in 0..size {
         let mut args = node_args(&a, &job, rank, size, t0);
@@ -412,7 +417,9 @@ fn launch(mut a: SortArgs, t0: u128) -> Result<i32> {
             c.args(&args);
             c
         };
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        // Nodes' stderr is kept: on failure their first error joins the launcher's one-line
+        // message; on success whatever they logged is passed on.
+        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
@@ -423,6 +430,16 @@ fn launch(mut a: SortArgs, t0: u128) -> Result<i32> {
         if a.print_pids {
             eprintln!("ulnet sort: node {rank} pid {}", child.id());
         }
+        let err = child.stderr.take().expect("piped stderr");
+        let log = node_logs[rank].clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
+                if log.len() < NODE_LOG_LINES {
+                    log.push(line);
+                }
+            }
+        });
         let out = child.stdout.take().expect("piped stdout");
         let tx = tx.clone();
         std::thread::spawn(move || {
@@ -486,11 +503,25 @@ fn launch(mut a: SortArgs, t0: u128) -> Result<i32> {
     if let Some(b) = &bars {
         b.finish();
     }
+    let logs: Vec<Vec<String>> =
+        node_logs.iter().map(|l| std::mem::take(&mut *l.lock().unwrap_or_else(|e| e.into_inner()))).collect();
     if let Some(f) = failure {
         for p in sort_job.partial_files() {
             let _ = std::fs::remove_file(p);
         }
-        bail!("sort failed: {f}; no output was written");
+        // The first error a surviving node reported says what the others saw.
+        // (a node that saw it first-hand rather than one told by another).
+        let errors: Vec<&str> = logs.iter().flatten().filter_map(|l| l.strip_prefix("ulnet: error: ")).collect();
+        let seen = errors
+            .iter()
+            .find(|e| !e.contains("(reported by node"))
+            .or(errors.first())
+            .map(|e| format!(" ({e})"))
+            .unwrap_or_default();
+        bail!("sort failed: {f}{seen}; no output was written");
+    }
+    for line in logs.iter().flatten() {
+        eprintln!("{line}");
     }
     let mut report = *report.context("node 0 ended without a report")?;
     report.total_s = now_ns().saturating_sub(t0) as f64 / 1e9;
