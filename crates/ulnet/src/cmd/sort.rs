@@ -397,7 +397,7 @@ fn launch(mut a: SortArgs, t0: u128) -> Result<i32> {
     let (tx, rx) = mpsc::channel::<NodeEvent>();
     let node_logs: Vec<Arc<Mutex<Vec<String>>>> = (0..size).map(|_| Arc::default()).collect();
     let mut children: Vec<Child> = Vec::with_capacity(size);
-    for rank in 0..size {
+    for (rank, log) in node_logs.iter().enumerate() {
         let mut args = node_args(&a, &job, rank, size, t0);
         let mut cmd = if ssh {
             args.extend(["--tcp".into(), "--coordinator".into(), coordinator.clone()]);
@@ -431,7 +431,7 @@ fn launch(mut a: SortArgs, t0: u128) -> Result<i32> {
             eprintln!("ulnet sort: node {rank} pid {}", child.id());
         }
         let err = child.stderr.take().expect("piped stderr");
-        let log = node_logs[rank].clone();
+        let log = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(Result::ok) {
                 let mut log = log.lock().unwrap_or_else(|e| e.into_inner());
