@@ -758,8 +758,8 @@ fn deliver<S: Sink>(
     let protocol = |reason: String| RiverError::Protocol { node: j, reason };
     let mut body = data;
     if offset == 0 {
-        if p.source.in_message.is_some() {
-            return Err(protocol("a message started inside a data message".into()));
+        if !p.source.is_idle() {
+            return Err(protocol("a message started inside another".into()));
         }
         let h = Header::decode(data, message_len, rs).map_err(|e| protocol(e.to_string()))?;
         match h.kind {

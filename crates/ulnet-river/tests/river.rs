@@ -203,3 +203,55 @@ fn an_abort_carries_the_peer_s_reason() {
     let err = misbehaving_peer(vec![message(Kind::Abort, 0, 9, b"disk full")]);
     assert!(matches!(&err, RiverError::Aborted { node: 1, reason } if reason == "disk full"), "{err}");
 }
+
+mod random_input {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn any_message() -> impl Strategy<Value = Vec<u8>> {
+        prop_oneof![
+            proptest::collection::vec(any::<u8>(), 1..64),
+            (1u8..=6, any::<u32>(), 0u64..4, proptest::collection::vec(any::<u8>(), 0..400)).prop_map(
+                |(kind, aux, value, payload)| {
+                    let mut m = vec![kind, ulnet_river::wire::VERSION, 0, 0];
+                    m.extend_from_slice(&aux.to_le_bytes());
+                    m.extend_from_slice(&value.to_le_bytes());
+                    m.extend_from_slice(&payload);
+                    m
+                }
+            ),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+
+        /// Whatever a peer sends, the river ends with a result (an error naming the peer,
+        /// or dry when the bytes happen to make a valid stream), never a panic or a hang.
+        #[test]
+        fn random_messages_from_a_peer_end_in_an_error_or_dry(messages in proptest::collection::vec(any_message(), 1..8)) {
+            let job = job("fuzz");
+            let j2 = job.clone();
+            let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+            let peer = std::thread::spawn(move || {
+                let (mut ep, peers) = mesh::connect(&MeshConfig::shm(&j2, 1, 2)).unwrap();
+                let ch = peers[0].unwrap();
+                for m in &messages {
+                    let _ = ep.send(ch, &[m]);
+                }
+                let _ = done_rx.recv_timeout(Duration::from_secs(10));
+            });
+            let (ep, peers) = mesh::connect(&MeshConfig::shm(&job, 0, 2)).unwrap();
+            let config = RiverConfig { idle_timeout: Duration::from_millis(300), ..RiverConfig::default() };
+            let river = River::new(ep, 0, peers, Collect::default(), config, None);
+            let result = river.close_local().and_then(|()| river.run_dry());
+            if let Err(e) = &result {
+                let named = matches!(e, RiverError::Protocol { node: 1, .. } | RiverError::Aborted { node: 1, .. }
+                    | RiverError::NodeFailed { node: 1, .. } | RiverError::Timeout { .. });
+                prop_assert!(named, "unexpected error {e}");
+            }
+            done_tx.send(()).unwrap();
+            peer.join().unwrap();
+        }
+    }
+}
