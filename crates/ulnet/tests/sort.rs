@@ -380,3 +380,39 @@ fn launcher_refuses_bad_input() {
     let out = ulnet(&["sort", "--launcher", "slurm", "--input", input.to_str().unwrap(), "--output", "x"]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("start it with srun or mpirun"));
 }
+
+#[test]
+fn nodes_stop_and_clean_up_when_the_launcher_dies() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.dat");
+    let output = dir.path().join("out.dat");
+    gensort(&input, 300_000, RecordFormat::BINARY);
+    let mut launcher = Command::new(ULNET)
+        .args(["sort", "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()])
+        .args(["--nodes", "3", "--print-pids", "--debug-read-delay-ms", "300"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(launcher.stderr.take().unwrap());
+    let mut pids = Vec::new();
+    while pids.len() < 3 {
+        let mut line = String::new();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "launcher ended early");
+        if let Some((_, pid)) = line.trim().split_once(" pid ") {
+            pids.push(pid.to_string());
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let alive = |pid: &str| Command::new("kill").args(["-0", pid]).stderr(Stdio::null()).status().unwrap().success();
+    while pids.iter().any(|p| alive(p)) {
+        assert!(Instant::now() < deadline, "nodes still running after their launcher died");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(leftovers, vec![std::ffi::OsString::from("in.dat")], "no partial files left");
+}

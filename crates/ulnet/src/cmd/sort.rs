@@ -129,6 +129,9 @@ pub struct SortNodeArgs {
     /// Command start, Unix time in ns.
     #[arg(long)]
     t0: u128,
+    /// Stop when standard input closes: the launcher (or the ssh session to it) is gone.
+    #[arg(long)]
+    watch_stdin: bool,
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -211,6 +214,24 @@ pub fn run_node_command(n: SortNodeArgs) -> Result<i32> {
     mesh.transport = transport;
     mesh.secret = secret(&n.sort)?;
     let job = job_of(&n.sort, n.job.clone(), n.size, n.t0);
+    if n.watch_stdin {
+        // A node whose launcher died (or whose ssh session was cut) must not linger holding
+        // ports and files: the launcher keeps our stdin open for as long as it waits for us.
+        let rank = n.rank;
+        let mut partial = vec![job.partial_partition_file(rank)];
+        if rank == 0 {
+            partial.push(job.partial_output());
+        }
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            while matches!(std::io::Read::read(&mut std::io::stdin(), &mut buf), Ok(n) if n > 0) {}
+            for p in &partial {
+                let _ = std::fs::remove_file(p);
+            }
+            eprintln!("ulnet: error: node {rank}: the launcher went away; stopping");
+            std::process::exit(1);
+        });
+    }
     let place = NodePlace { rank: n.rank, mesh };
     let rank = n.rank;
     let mut progress = |phase: Phase, records: u64| {
@@ -337,7 +358,7 @@ fn shell_quote(s: &str) -> String {
 
 /// The arguments every node gets: the job as the launcher was given it.
 fn node_args(a: &SortArgs, job: &str, rank: usize, size: usize, t0: u128) -> Vec<String> {
-    let mut v: Vec<String> = vec!["sort-node".into(), "--job".into(), job.into()];
+    let mut v: Vec<String> = vec!["sort-node".into(), "--watch-stdin".into(), "--job".into(), job.into()];
     v.extend(["--rank".into(), rank.to_string(), "--size".into(), size.to_string(), "--t0".into(), t0.to_string()]);
     v.extend(["--input".into(), a.input.display().to_string(), "--output".into(), a.output.display().to_string()]);
     if let Some(m) = a.memory {
@@ -396,6 +417,8 @@ fn launch(mut a: SortArgs, t0: u128) -> Result<i32> {
 
     let (tx, rx) = mpsc::channel::<NodeEvent>();
     let node_logs: Vec<Arc<Mutex<Vec<String>>>> = (0..size).map(|_| Arc::default()).collect();
+    // Held open until the nodes are done: a node stops when its stdin closes.
+    let mut stdins = Vec::with_capacity(size);
     let mut children: Vec<Child> = Vec::with_capacity(size);
     for (rank, log) in node_logs.iter().enumerate() {
         let mut args = node_args(&a, &job, rank, size, t0);
@@ -419,7 +442,7 @@ fn launch(mut a: SortArgs, t0: u128) -> Result<i32> {
         };
         // Nodes' stderr is kept: on failure their first error joins the launcher's one-line
         // message; on success whatever they logged is passed on.
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
@@ -430,6 +453,7 @@ fn launch(mut a: SortArgs, t0: u128) -> Result<i32> {
         if a.print_pids {
             eprintln!("ulnet sort: node {rank} pid {}", child.id());
         }
+        stdins.push(child.stdin.take());
         let err = child.stderr.take().expect("piped stderr");
         let log = log.clone();
         std::thread::spawn(move || {
@@ -503,6 +527,7 @@ fn launch(mut a: SortArgs, t0: u128) -> Result<i32> {
     if let Some(b) = &bars {
         b.finish();
     }
+    drop(stdins);
     let logs: Vec<Vec<String>> =
         node_logs.iter().map(|l| std::mem::take(&mut *l.lock().unwrap_or_else(|e| e.into_inner()))).collect();
     if let Some(f) = failure {
