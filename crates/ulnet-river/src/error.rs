@@ -66,6 +66,15 @@ pub enum RiverError {
     /// The sink was already closed.
     #[error("the sink is closed")]
     Closed,
+    /// The settings cannot work (a memory bound too small for the buffers, say).
+    #[error("bad settings: {0}")]
+    Config(String),
+    /// The input is not what it was declared to be.
+    #[error("bad input: {0}")]
+    Input(String),
+    /// The output failed its validation: it must not be used.
+    #[error("the output failed validation: {0}")]
+    Verification(String),
 }
 
 impl RiverError {

@@ -76,13 +76,10 @@ impl MemoryPlan {
         let network = ((nodes - 1) * (river.staged_chunks + 2) * river.chunk_bytes()) as u64;
         let fixed = (2 * IO_BUFFERS * io) as u64 + network + SLACK_BYTES;
         if m < fixed + (1 << 20) {
-            return Err(RiverError::io(
-                "--memory",
-                std::io::Error::other(format!(
-                    "a bound of {m} bytes per node is too small; at least {} needed",
-                    fixed + (1 << 20)
-                )),
-            ));
+            return Err(RiverError::Config(format!(
+                "--memory {m} is too small for a node's buffers; at least {} bytes are needed",
+                fixed + (1 << 20)
+            )));
         }
         let arena = ((m - fixed) as f64 / SORT_OVERHEAD) as usize / RECORD_SIZE * RECORD_SIZE;
         let merge_read_bytes = (m - (IO_BUFFERS * io) as u64 - network - SLACK_BYTES) as usize;
@@ -320,12 +317,9 @@ fn node_body(
         (samples, ascii)
     };
     if job.format == FormatChoice::Ascii && !ascii {
-        return Err(RiverError::io(
-            "checking the records",
-            std::io::Error::other(format!(
-                "--ascii given but node {rank}'s slice holds records that are not gensort -a lines"
-            )),
-        ));
+        return Err(RiverError::Input(format!(
+            "--ascii given but node {rank}'s slice holds records that are not gensort -a lines"
+        )));
     }
     let encode_entries = |flag: bool, entries: &[u128]| {
         let mut m = vec![u8::from(flag)];
@@ -478,7 +472,7 @@ fn node_body(
     let summary = match summary {
         Some(Ok(s)) => Some(hex(&s.to_bytes())),
         Some(Err(_)) if my_records == 0 => None,
-        Some(Err(e)) => return Err(RiverError::io("validating the output", std::io::Error::other(e.to_string()))),
+        Some(Err(e)) => return Err(RiverError::Verification(e.to_string())),
         None => None,
     };
     let counters = river.counters();
@@ -571,7 +565,7 @@ fn rename(from: &Path, to: &Path) -> Result<(), RiverError> {
 /// Checks the partitions' summaries in order: sorted within and across partitions, every
 /// record there, and the checksum of the output equal to that of the input.
 fn verify(reports: &[NodeReport], total: u64) -> Result<bool, RiverError> {
-    let fail = |why: String| RiverError::io("verifying the output", std::io::Error::other(why));
+    let fail = RiverError::Verification;
     let mut summaries = Vec::new();
     let mut input = Checksum::default();
     for r in reports {
