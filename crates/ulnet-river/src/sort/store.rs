@@ -331,7 +331,7 @@ fn push_record(staged: &mut Vec<u8>, record: &[u8]) {
 }
 
 /// Sorts `records` and sinks them in order, bucket by bucket (the sink writes the first
-/// buckets while later ones are sorted), gathered [`GATHER_RECORDS`] at a time.
+/// buckets while later ones are sorted), gathered 640 records (64 KB) at a time.
 pub fn emit_sorted<S: Sink + ?Sized>(records: &[u8], record_size: usize, out: &mut S) -> Result<(), RiverError> {
     let mut failure = None;
     let mut staged: Vec<u8> = Vec::with_capacity(GATHER_RECORDS * record_size);
