@@ -565,6 +565,25 @@ impl Endpoint {
         Ok(self.run_upcalls())
     }
 
+    /// Like [`Endpoint::wait`], also waking when one of `extra` becomes readable: a thread
+    /// that serves its channels and a local producer (an eventfd another thread writes when
+    /// it has handed over work) sleeps on both at once instead of polling either.
+    pub fn wait_also(
+        &mut self,
+        extra: &[std::os::fd::BorrowedFd<'_>],
+        timeout: Option<Duration>,
+    ) -> std::io::Result<usize> {
+        if !self.is_readable() {
+            self.flush_sends();
+            let probes: Vec<Arc<dyn ReadyProbe>> =
+                self.channels.iter().flatten().filter(|s| !s.down).map(|s| s.probe.clone()).collect();
+            if crate::wait::sleep_on(&probes, extra, timeout)? {
+                self.counters.sleeps += 1;
+            }
+        }
+        Ok(self.run_upcalls())
+    }
+
     /// Writes every channel's queued sends (TCP coalesces small messages until the next
     /// poll, wait, flush or close). Returns `true` when nothing is left queued.
     pub fn flush_sends(&mut self) -> bool {

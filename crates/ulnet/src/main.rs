@@ -30,6 +30,11 @@ enum Command {
     Cluster(cmd::node::ClusterCommand),
     /// Communication tracing: study trace files, test samples for heavy tails.
     Trace(cmd::trace::TraceArgs),
+    /// Sort Sort Benchmark records across nodes (River, Millennium Sort).
+    Sort(cmd::sort::SortArgs),
+    /// One node of `ulnet sort` (started by it).
+    #[command(hide = true)]
+    SortNode(cmd::sort::SortNodeArgs),
     /// One process of `ulnet demo` (started by it).
     #[command(hide = true)]
     DemoNode(cmd::demo::DemoNodeArgs),
@@ -49,6 +54,8 @@ fn main() {
         Command::Gensort(a) => ulnet_sortbench::cli::run_gensort(&a),
         Command::Valsort(a) => ulnet_sortbench::cli::run_valsort(&a),
         Command::Trace(a) => cmd::trace::run(a),
+        Command::Sort(a) => cmd::sort::run(a),
+        Command::SortNode(a) => cmd::sort::run_node_command(a),
     };
     // A trace started by ULNET_TRACE is finished before exit (exit runs no destructors).
     if let Some(Err(e)) = ulnet_core::trace::stop_if_running() {

@@ -107,6 +107,7 @@ pub fn run(args: DemoArgs) -> Result<i32> {
     );
     super::demo_trace::report(args.trace.as_deref(), reports.len())?;
     let membership_ok = super::demo_cluster::run()?;
+    super::sort_demo::run(args.nodes)?;
     super::dc::demo()?;
     Ok(if bad == 0 && sent == received && membership_ok { 0 } else { 1 })
 }

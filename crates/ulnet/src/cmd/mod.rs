@@ -8,5 +8,7 @@ pub mod demo;
 pub mod demo_cluster;
 pub mod node;
 pub mod demo_trace;
+pub mod sort;
+pub mod sort_demo;
 pub mod stats;
 pub mod trace;
