@@ -33,6 +33,7 @@ mod cq;
 pub mod descriptor;
 mod endpoint;
 pub mod error;
+pub mod rma;
 mod sys;
 pub mod transport;
 mod wait;
