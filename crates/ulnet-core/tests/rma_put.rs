@@ -15,8 +15,11 @@ use ulnet_core::rma::{
     PUT_INLINE_MAX,
 };
 
-/// Polls until `n` completions arrived; returns them as (token, result) in arrival order.
-fn completions(me: &mut Rma, n: usize) -> Vec<(u64, Result<Option<Vec<u8>>, RmaError>)> {
+/// A completion as the tests keep it: token, and the data of a get or atomic.
+type Owned = (u64, Result<Option<Vec<u8>>, RmaError>);
+
+/// Polls until `n` completions arrived; returns them in arrival order.
+fn completions(me: &mut Rma, n: usize) -> Vec<Owned> {
     let mut got = Vec::new();
     let deadline = Instant::now() + T;
     while got.len() < n {
@@ -157,14 +160,9 @@ fn fence_orders_operations_across_targets(mode: Mode) {
     me.fence();
     let mut refused_at_first = None;
     let deadline = Instant::now() + T;
-    loop {
-        match me.put(&rb, 0, &[1u8; 8], 2).unwrap() {
-            RmaOutcome::NoResource => {
-                refused_at_first.get_or_insert(true);
-                me.poll(64, |_| {});
-            }
-            _ => break,
-        }
+    while me.put(&rb, 0, &[1u8; 8], 2).unwrap() == RmaOutcome::NoResource {
+        refused_at_first.get_or_insert(true);
+        me.poll(64, |_| {});
         assert!(Instant::now() < deadline);
     }
     refused_at_first.get_or_insert(false);

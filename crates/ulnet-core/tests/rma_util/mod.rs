@@ -57,9 +57,9 @@ impl Mode {
 #[macro_export]
 macro_rules! for_every_transport {
     ($($name:ident),* $(,)?) => {
-        mod shm_mapped { $( #[test] fn $name() { super::$name(crate::rma_util::Mode::ShmMapped) } )* }
-        mod shm_channel { $( #[test] fn $name() { super::$name(crate::rma_util::Mode::ShmChannel) } )* }
-        mod tcp { $( #[test] fn $name() { super::$name(crate::rma_util::Mode::Tcp) } )* }
+        mod shm_mapped { $( #[test] fn $name() { super::$name($crate::rma_util::Mode::ShmMapped) } )* }
+        mod shm_channel { $( #[test] fn $name() { super::$name($crate::rma_util::Mode::ShmChannel) } )* }
+        mod tcp { $( #[test] fn $name() { super::$name($crate::rma_util::Mode::Tcp) } )* }
     };
 }
 
