@@ -92,12 +92,6 @@ impl Region {
     }
 
     #[inline(always)]
-    fn byte(&self, off: usize) -> &AtomicU8 {
-        // SAFETY: callers pass offsets inside the checked range; AtomicU8 is a u8.
-        unsafe { AtomicU8::from_ptr(self.ptr.as_ptr().add(off)) }
-    }
-
-    #[inline(always)]
     fn check_writable(&self) {
         assert!(self.writable, "store into a read-only mapping");
     }
@@ -134,19 +128,27 @@ impl Region {
     /// Copies `dst.len()` bytes from `off`, each aligned word with one 64-bit load.
     pub(crate) fn copy_out(&self, off: usize, dst: &mut [u8]) {
         self.check(off, dst.len());
-        let mut i = 0;
-        while i < dst.len() && !(off + i).is_multiple_of(8) {
-            dst[i] = self.byte(off + i).load(Ordering::Relaxed);
-            i += 1;
+        let len = dst.len();
+        // SAFETY: `off..off + len` is inside the mapping (checked once above).
+        let base = unsafe { self.ptr.as_ptr().add(off) };
+        let head = base.align_offset(8).min(len);
+        let words = (len - head) / 8;
+        for (i, b) in dst[..head].iter_mut().enumerate() {
+            // SAFETY: inside the checked range; every access to the region is atomic.
+            *b = unsafe { AtomicU8::from_ptr(base.add(i)) }.load(Ordering::Relaxed);
         }
-        while i + 8 <= dst.len() {
-            let w = self.word(off + i).load(Ordering::Relaxed);
-            dst[i..i + 8].copy_from_slice(&w.to_ne_bytes());
-            i += 8;
+        let out = dst[head..head + words * 8].as_mut_ptr();
+        for w in 0..words {
+            // SAFETY: the source word is inside the checked range and 8-aligned (`head`
+            // aligns it); the destination is inside `dst` (sliced above), written unaligned.
+            unsafe {
+                let v = AtomicU64::from_ptr(base.add(head + w * 8).cast::<u64>()).load(Ordering::Relaxed);
+                out.add(w * 8).cast::<u64>().write_unaligned(v);
+            }
         }
-        while i < dst.len() {
-            dst[i] = self.byte(off + i).load(Ordering::Relaxed);
-            i += 1;
+        for i in head + words * 8..len {
+            // SAFETY: inside the checked range.
+            dst[i] = unsafe { AtomicU8::from_ptr(base.add(i)) }.load(Ordering::Relaxed);
         }
     }
 
@@ -154,19 +156,27 @@ impl Region {
     pub(crate) fn copy_in(&self, off: usize, src: &[u8]) {
         self.check_writable();
         self.check(off, src.len());
-        let mut i = 0;
-        while i < src.len() && !(off + i).is_multiple_of(8) {
-            self.byte(off + i).store(src[i], Ordering::Relaxed);
-            i += 1;
+        let len = src.len();
+        // SAFETY: `off..off + len` is inside the mapping (checked once above).
+        let base = unsafe { self.ptr.as_ptr().add(off) };
+        let head = base.align_offset(8).min(len);
+        let words = (len - head) / 8;
+        for (i, &b) in src[..head].iter().enumerate() {
+            // SAFETY: inside the checked range; every access to the region is atomic.
+            unsafe { AtomicU8::from_ptr(base.add(i)) }.store(b, Ordering::Relaxed);
         }
-        while i + 8 <= src.len() {
-            let w = u64::from_ne_bytes(src[i..i + 8].try_into().expect("8 bytes"));
-            self.word(off + i).store(w, Ordering::Relaxed);
-            i += 8;
+        let from = src[head..head + words * 8].as_ptr();
+        for w in 0..words {
+            // SAFETY: the source is inside `src` (sliced above), read unaligned; the
+            // destination word is inside the checked range and 8-aligned.
+            unsafe {
+                let v = from.add(w * 8).cast::<u64>().read_unaligned();
+                AtomicU64::from_ptr(base.add(head + w * 8).cast::<u64>()).store(v, Ordering::Relaxed);
+            }
         }
-        while i < src.len() {
-            self.byte(off + i).store(src[i], Ordering::Relaxed);
-            i += 1;
+        for (i, &b) in src.iter().enumerate().skip(head + words * 8) {
+            // SAFETY: inside the checked range.
+            unsafe { AtomicU8::from_ptr(base.add(i)) }.store(b, Ordering::Relaxed);
         }
     }
 

@@ -3,6 +3,8 @@
 //! Without `--server/--connect` the command starts its own peer process on this host
 //! (`ulnet bench TEST --server ...`) and measures across the two processes.
 
+mod rma;
+
 use super::clock::{ticks, CycleClock};
 use super::stats;
 use anyhow::{bail, Context, Result};
@@ -26,9 +28,26 @@ pub enum Test {
     RpcLat,
     /// RPC rate: calls/s with `--outstanding` calls in flight.
     RpcRate,
+    /// One-sided put ping-pong latency (one-way = round trip / 2).
+    PutLat,
+    /// One-sided get latency: the time of one whole get, as ucx_perftest's ucp_get.
+    GetLat,
+    /// Remote compare-and-swap ping-pong latency (one-way = round trip / 2).
+    CasLat,
+    /// Remote fetch-and-add ping-pong latency (one-way = round trip / 2).
+    FaaLat,
+    /// One-sided put bandwidth, MB/s.
+    PutBw,
+    /// One-sided get bandwidth, MB/s.
+    GetBw,
 }
 
 impl Test {
+    /// One-sided tests, run by `bench::rma`.
+    fn is_rma(self) -> bool {
+        matches!(self, Test::PutLat | Test::GetLat | Test::CasLat | Test::FaaLat | Test::PutBw | Test::GetBw)
+    }
+
     fn name(self) -> &'static str {
         match self {
             Test::AmLat => "am-lat",
@@ -36,6 +55,12 @@ impl Test {
             Test::MsgRate => "msg-rate",
             Test::RpcLat => "rpc-lat",
             Test::RpcRate => "rpc-rate",
+            Test::PutLat => "put-lat",
+            Test::GetLat => "get-lat",
+            Test::CasLat => "cas-lat",
+            Test::FaaLat => "faa-lat",
+            Test::PutBw => "put-bw",
+            Test::GetBw => "get-bw",
         }
     }
     fn default_size(self) -> usize {
@@ -44,6 +69,8 @@ impl Test {
             Test::AmBw => 1 << 20,
             Test::MsgRate => 8,
             Test::RpcLat | Test::RpcRate => 128,
+            Test::PutLat | Test::GetLat | Test::CasLat | Test::FaaLat => 8,
+            Test::PutBw | Test::GetBw => 64 << 10,
         }
     }
     fn default_iters(self) -> u64 {
@@ -53,6 +80,8 @@ impl Test {
             Test::MsgRate => 5_000_000,
             Test::RpcLat => 100_000,
             Test::RpcRate => 2_000_000,
+            Test::PutLat | Test::GetLat | Test::CasLat | Test::FaaLat => 100_000,
+            Test::PutBw | Test::GetBw => 50_000,
         }
     }
 }
@@ -114,6 +143,10 @@ pub struct BenchArgs {
     /// tag-matching receive into a user buffer does (default: consume in place).
     #[arg(long)]
     recv_copy: bool,
+    /// RMA tests over shm: send every operation through the target's engine over a
+    /// shared-memory channel instead of mapping the segment.
+    #[arg(long)]
+    no_map: bool,
 }
 
 #[derive(Serialize)]
@@ -182,6 +215,9 @@ const ACK: &[u8] = b"A";
 
 pub fn run(args: BenchArgs) -> Result<i32> {
     let params = Params::from(&args);
+    if params.test.is_rma() {
+        return rma::run(&args, &params);
+    }
     if params.size == 0 && args.test != Test::AmLat {
         bail!("--size must be at least 1 byte");
     }
@@ -235,6 +271,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             rpc.endpoint().close(ch);
             report
         }
+        _ => unreachable!("RMA tests are run by bench::rma"),
     };
     if let Some(mut c) = child {
         let status = c.wait()?;
@@ -403,6 +440,9 @@ fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
                 }
             }
             Test::RpcLat | Test::RpcRate => unreachable!("RPC tests are served by serve_rpc"),
+            Test::PutLat | Test::GetLat | Test::CasLat | Test::FaaLat | Test::PutBw | Test::GetBw => {
+                unreachable!("RMA tests are run by bench::rma")
+            }
             Test::AmBw | Test::MsgRate => {
                 if answered == 0 && whole >= p.warmup {
                     send_blocking(ep, ch, ACK)?;
