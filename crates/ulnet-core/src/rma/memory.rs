@@ -146,9 +146,9 @@ impl Region {
                 out.add(w * 8).cast::<u64>().write_unaligned(v);
             }
         }
-        for i in head + words * 8..len {
+        for (i, b) in dst.iter_mut().enumerate().skip(head + words * 8) {
             // SAFETY: inside the checked range.
-            dst[i] = unsafe { AtomicU8::from_ptr(base.add(i)) }.load(Ordering::Relaxed);
+            *b = unsafe { AtomicU8::from_ptr(base.add(i)) }.load(Ordering::Relaxed);
         }
     }
 
