@@ -25,6 +25,7 @@ use crate::sys::doorbell::Doorbell;
 use crate::transport::shm::{ShmConfig, ShmListener};
 use crate::transport::tcp::{TcpChannelListener, TcpConfig};
 use crate::transport::{ReadyProbe, SendOutcome, Transport};
+use rustix::event::{PollFd, PollFlags};
 use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -261,25 +262,50 @@ impl Engine {
         work
     }
 
-    /// Sleeps until a channel, listener or the inbox has something, or `timeout` passes;
-    /// then looks at the listeners.
+    /// Sleeps until a channel, listener or the inbox has something, or `timeout` passes,
+    /// then serves what woke it: new channels and rendezvous clients only when a listener
+    /// fired, so an ordinary wake-up for a request costs no extra system call. (The arm →
+    /// sleep → disarm order is `wait::sleep_on`'s.)
     pub(crate) fn sleep(&mut self, timeout: Option<Duration>) {
         for ch in &mut self.channels {
             let _ = ch.transport.flush();
         }
-        let probes: Vec<Arc<dyn ReadyProbe>> =
-            self.channels.iter().filter(|c| c.state.deferred.is_empty()).map(|c| c.probe.clone()).collect();
-        let deferred = self.channels.iter().any(|c| !c.state.deferred.is_empty());
-        let mut extra: Vec<BorrowedFd<'_>> = self.acceptors.iter().map(|a| a.wait_fd()).collect();
-        extra.extend(self.rendezvous.iter().flat_map(|r| r.wait_fds()));
-        extra.push(self.inbox.doorbell.as_fd());
         // A channel holding back responses is retried soon rather than waited on.
+        let deferred = self.channels.iter().any(|c| !c.state.deferred.is_empty());
         let timeout = if deferred { Some(Duration::from_millis(1)) } else { timeout };
-        if let Err(e) = crate::wait::sleep_on(&probes, &extra, timeout) {
-            tracing::warn!("RMA engine sleep failed: {e}");
+        let probes: Vec<&Arc<dyn ReadyProbe>> =
+            self.channels.iter().filter(|c| c.state.deferred.is_empty()).map(|c| &c.probe).collect();
+        let armed = probes.iter().take_while(|p| p.arm()).count();
+        let (mut listener_fired, mut inbox_fired) = (false, false);
+        if armed == probes.len() {
+            let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(probes.len() * 2 + 4);
+            for p in &probes {
+                fds.extend(p.wait_fds().into_iter().map(|fd| PollFd::from_borrowed_fd(fd, PollFlags::IN)));
+            }
+            let listeners_at = fds.len();
+            fds.extend(self.acceptors.iter().map(|a| PollFd::from_borrowed_fd(a.wait_fd(), PollFlags::IN)));
+            fds.extend(
+                self.rendezvous.iter().flat_map(|r| r.wait_fds()).map(|fd| PollFd::from_borrowed_fd(fd, PollFlags::IN)),
+            );
+            fds.push(PollFd::from_borrowed_fd(self.inbox.doorbell.as_fd(), PollFlags::IN));
+            let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+            match rustix::event::poll(&mut fds, ms) {
+                Ok(_) | Err(rustix::io::Errno::INTR) => {}
+                Err(e) => tracing::warn!("RMA engine sleep failed: {e}"),
+            }
+            let (inbox, rest) = fds.split_last().expect("the inbox is always there");
+            inbox_fired = !inbox.revents().is_empty();
+            listener_fired = rest[listeners_at..].iter().any(|f| !f.revents().is_empty());
         }
-        self.inbox.doorbell.clear();
-        self.listen();
+        for p in &probes[..armed] {
+            p.disarm();
+        }
+        if inbox_fired {
+            self.inbox.doorbell.clear();
+        }
+        if listener_fired {
+            self.listen();
+        }
     }
 
     /// The engine thread's loop, until the inbox says stop.

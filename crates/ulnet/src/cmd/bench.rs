@@ -3,6 +3,7 @@
 //! Without `--server/--connect` the command starts its own peer process on this host
 //! (`ulnet bench TEST --server ...`) and measures across the two processes.
 
+mod file_service;
 mod rma;
 
 use super::clock::{ticks, CycleClock};
@@ -40,6 +41,9 @@ pub enum Test {
     PutBw,
     /// One-sided get bandwidth, MB/s.
     GetBw,
+    /// File service by one-sided reads (DX) against RPC: client latency and server CPU per
+    /// operation for GetAttribute, LookupName, ReadFile 1K/4K/8K (prints its own table).
+    FileService,
 }
 
 impl Test {
@@ -61,6 +65,7 @@ impl Test {
             Test::FaaLat => "faa-lat",
             Test::PutBw => "put-bw",
             Test::GetBw => "get-bw",
+            Test::FileService => "file-service",
         }
     }
     fn default_size(self) -> usize {
@@ -71,6 +76,7 @@ impl Test {
             Test::RpcLat | Test::RpcRate => 128,
             Test::PutLat | Test::GetLat | Test::CasLat | Test::FaaLat => 8,
             Test::PutBw | Test::GetBw => 64 << 10,
+            Test::FileService => 8,
         }
     }
     fn default_iters(self) -> u64 {
@@ -82,6 +88,7 @@ impl Test {
             Test::RpcRate => 2_000_000,
             Test::PutLat | Test::GetLat | Test::CasLat | Test::FaaLat => 100_000,
             Test::PutBw | Test::GetBw => 50_000,
+            Test::FileService => 20_000,
         }
     }
 }
@@ -147,6 +154,10 @@ pub struct BenchArgs {
     /// shared-memory channel instead of mapping the segment.
     #[arg(long)]
     no_map: bool,
+    /// file-service: how long both servers keep polling after their last request before
+    /// they sleep in the kernel (0: sleep at once, as an interrupt-driven server would).
+    #[arg(long, default_value_t = 0)]
+    server_spin_us: u64,
 }
 
 #[derive(Serialize)]
@@ -217,6 +228,9 @@ pub fn run(args: BenchArgs) -> Result<i32> {
     let params = Params::from(&args);
     if params.test.is_rma() {
         return rma::run(&args, &params);
+    }
+    if params.test == Test::FileService {
+        return file_service::run(&args, &params);
     }
     if params.size == 0 && args.test != Test::AmLat {
         bail!("--size must be at least 1 byte");
@@ -440,8 +454,14 @@ fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
                 }
             }
             Test::RpcLat | Test::RpcRate => unreachable!("RPC tests are served by serve_rpc"),
-            Test::PutLat | Test::GetLat | Test::CasLat | Test::FaaLat | Test::PutBw | Test::GetBw => {
-                unreachable!("RMA tests are run by bench::rma")
+            Test::PutLat
+            | Test::GetLat
+            | Test::CasLat
+            | Test::FaaLat
+            | Test::PutBw
+            | Test::GetBw
+            | Test::FileService => {
+                unreachable!("RMA tests are run by bench::rma and bench::file_service")
             }
             Test::AmBw | Test::MsgRate => {
                 if answered == 0 && whole >= p.warmup {
