@@ -14,8 +14,8 @@ use crate::transport::{Capabilities, ReadyProbe, Responder, SendOutcome, Transpo
 use crate::{Delivery, GATHER_MAX};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
 /// Largest message a channel carries (streamed in fragments beyond one buffer).
@@ -38,6 +38,10 @@ const EMPTY_POLLS_PER_LIVENESS_CHECK: u32 = 4096;
 pub(crate) struct ShmProbe {
     mem: Arc<MappedMem>,
     ring: RingPlace,
+    /// The consumer's head after its last poll. The head published in the mapping lags it
+    /// (consumed records are released in batches), and the slot there still holds a
+    /// consumed record, so readiness must be judged from this one.
+    consumed: AtomicU64,
     doorbell: Doorbell,
     socket: OwnedFd,
     check_peer: AtomicBool,
@@ -46,8 +50,8 @@ pub(crate) struct ShmProbe {
 impl ReadyProbe for ShmProbe {
     #[inline]
     fn is_ready(&self) -> bool {
-        // The owner publishes its head after every poll, so this is where the next record goes.
-        let head = self.mem.load_u64(self.ring.head_off, Ordering::Relaxed);
+        // Where the next record goes: the owner stores its head after every poll.
+        let head = self.consumed.load(Ordering::Relaxed);
         let off = self.ring.ring_off + (head & (self.ring.capacity as u64 - 1)) as usize;
         self.mem.load_u64(off, Ordering::Acquire) != 0
     }
@@ -298,6 +302,7 @@ impl ShmChannel {
             doorbell: rx_doorbell,
             socket: socket.as_fd().try_clone_to_owned()?,
             check_peer: AtomicBool::new(false),
+            consumed: AtomicU64::new(0),
         });
         Ok(ShmChannel {
             rx: RxHalf {
@@ -475,6 +480,7 @@ impl Transport for ShmChannel {
             }
             delivered += 1;
         }
+        self.probe.consumed.store(self.rx.ring.head(), Ordering::Relaxed);
         // Zero and release consumed records in batches, far behind the lines the sender is
         // writing now (see `RingConsumer`): a batch while busy, or a smaller one when idle.
         let unreleased = self.rx.ring.unreleased();
