@@ -101,7 +101,7 @@ fn bulk_store_and_get(mode: Mode) {
     let mut bulk = BulkAm::new();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
     let deadline = Instant::now() + T;
-    let mut drive = |bulk: &mut BulkAm, rpc: &mut Rpc, rma: &mut Rma| {
+    let drive = |bulk: &mut BulkAm, rpc: &mut Rpc, rma: &mut Rma| {
         bulk.poll(rpc, rma, |e| panic!("{e:?}"));
         rpc.poll(64, |e| assert!(!matches!(e, RpcEvent::Failed { .. } | RpcEvent::ChannelDown { .. }), "{e:?}"));
         assert!(Instant::now() < deadline, "timed out");
