@@ -321,3 +321,134 @@ fn notice(
         table.notifications.push(Notification { segment: entered.shared.id, importer, kind, offset, len: len as u32 });
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::rma::notify::Notifications;
+    use crate::rma::rights::{Access, Generation, NotifyMode, SegmentId};
+    use crate::rma::wire::{decode_response, Request};
+    use proptest::prelude::*;
+    use std::time::Duration;
+
+    const LEN: usize = 256;
+
+    /// A request drawn to reach every check: real or wrong segment and generation, offsets
+    /// near the end and beyond, aligned or not.
+    fn request() -> impl Strategy<Value = (u8, bool, bool, u64, u32, u64, Vec<u8>, u64)> {
+        (
+            0u8..6,
+            any::<bool>(),
+            any::<bool>(),
+            prop_oneof![0u64..300, Just(u64::MAX - 3), any::<u64>()],
+            0u32..40,
+            any::<u64>(),
+            proptest::collection::vec(any::<u8>(), 0..40),
+            any::<u64>(),
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+        /// Whatever arrives, the target answers in protocol, and memory changes exactly as
+        /// the accepted puts and atomics say: refusals change nothing.
+        #[test]
+        fn target_applies_exactly_what_it_accepts(
+            reqs in proptest::collection::vec(request(), 1..24),
+            noise in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..8),
+            rights in 0u8..8,
+        ) {
+            let notes = Notifications::new(16).unwrap();
+            let table = Arc::new(ExportTable::new(NodeId(1), 4, notes, Duration::from_millis(10)));
+            let grant = Rights::from_bits_truncate(rights);
+            let seg = table.export("s", LEN, &Access::none().grant(NodeId(2), grant), NotifyMode::Never, None).unwrap();
+            let mut model = vec![0u8; LEN];
+            let mut target = Target::new(table.clone(), Arc::new(TargetCells::default()));
+            let mut importer = None;
+            for junk in &noise {
+                let _ = target.handle(junk, &mut importer, 1024);
+            }
+            prop_assert_eq!(importer, None, "noise never introduces anyone");
+            let hello = [Request { token: 0, notify: false, op: Op::Hello { node: NodeId(2), version: VERSION } }];
+            let mut head = [0u8; wire::HEADER_LEN + 16];
+            let msg = hello[0].encode_head(&mut head).to_vec();
+            prop_assert!(matches!(target.handle(&msg, &mut importer, 1024), Reply::Header(_)));
+            for (kind, right_seg, right_gen, offset, len, operand, data, token) in reqs {
+                let place = Place {
+                    segment: if right_seg { seg.id() } else { SegmentId(seg.id().0 + 1) },
+                    generation: if right_gen { seg.generation() } else { Generation(seg.generation().0 + 1) },
+                    offset,
+                };
+                let op = match kind {
+                    0 => Op::Get { place, len },
+                    1 => Op::Put { place, data: &data },
+                    2 => Op::CompareSwap { place, expected: operand & 1, desired: operand },
+                    3 => Op::FetchAdd { place, addend: operand },
+                    4 => Op::Lookup { name: b"s" },
+                    _ => Op::Hello { node: NodeId(3), version: VERSION },
+                };
+                let req = Request { token, notify: false, op };
+                let mut msg = req.encode_head(&mut head).to_vec();
+                msg.extend_from_slice(req.body_tail());
+                // The model: the checks in the target's order.
+                let (need, n, atomic) = match op {
+                    Op::Get { len, .. } => (Rights::READ, u64::from(len), false),
+                    Op::Put { data, .. } => (Rights::WRITE, data.len() as u64, false),
+                    Op::CompareSwap { .. } | Op::FetchAdd { .. } => (Rights::ATOMIC, 8, true),
+                    _ => (Rights::NONE, 0, false),
+                };
+                let expect = if matches!(op, Op::Hello { .. }) {
+                    Err(AccessError::Malformed)
+                } else if matches!(op, Op::Lookup { .. }) {
+                    Ok(())
+                } else if !right_seg {
+                    Err(AccessError::UnknownSegment)
+                } else if !right_gen {
+                    Err(AccessError::StaleGeneration)
+                } else if !grant.contains(need) {
+                    Err(AccessError::Denied)
+                } else if offset.checked_add(n).is_none_or(|end| end > LEN as u64) {
+                    Err(AccessError::OutOfBounds)
+                } else if atomic && offset % 8 != 0 {
+                    Err(AccessError::Misaligned)
+                } else {
+                    Ok(())
+                };
+                let reply = match target.handle(&msg, &mut importer, 1024) {
+                    Reply::Header(h) => decode_response(&h).map(|r| format!("{r:?}")).map_err(|e| e.to_string()),
+                    Reply::WithData(h, d) => {
+                        let mut all = h.to_vec();
+                        all.extend_from_slice(d);
+                        decode_response(&all).map(|r| format!("{r:?}")).map_err(|e| e.to_string())
+                    }
+                    Reply::Nothing => Err("no reply".into()),
+                };
+                let reply = reply.map_err(TestCaseError::fail)?;
+                match expect {
+                    Err(e) => prop_assert!(reply.contains(&format!("{e:?}")), "{:?} -> {} (wanted {:?})", op, reply, e),
+                    Ok(()) => {
+                        prop_assert!(!reply.contains("Refused"), "{:?} -> {}", op, reply);
+                        let at = offset as usize;
+                        match op {
+                            Op::Put { data, .. } => model[at..at + data.len()].copy_from_slice(data),
+                            Op::CompareSwap { expected, desired, .. } => {
+                                let w = u64::from_ne_bytes(model[at..at + 8].try_into().unwrap());
+                                if w == expected {
+                                    model[at..at + 8].copy_from_slice(&desired.to_ne_bytes());
+                                }
+                            }
+                            Op::FetchAdd { addend, .. } => {
+                                let w = u64::from_ne_bytes(model[at..at + 8].try_into().unwrap());
+                                model[at..at + 8].copy_from_slice(&w.wrapping_add(addend).to_ne_bytes());
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                let mut now = vec![0u8; LEN];
+                seg.read(0, &mut now);
+                prop_assert_eq!(&now, &model, "memory after {:?}", op);
+            }
+        }
+    }
+}
