@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 4 figures: one-sided operations of ulnet against ucx_perftest, alternating runs in
-# one invocation (bench/compare.py). Writes bench/results/rma.md.
+# one invocation (bench/compare.py). Writes bench/results/rma.md and rma-shm-long.md.
 #
 # Over shm, ulnet maps the peer's segment (loads, stores, lock xadd), as UCX's sm/posix
 # transports do. What each side measures:
@@ -22,3 +22,9 @@ python3 bench/compare.py --rounds "${ROUNDS:-5}" --markdown bench/results/rma.md
   "faa-lat 8 B, shm|faa-lat --transport shm --size 8 --iters 100000|$UCX faa-lat shm 8 100000|p50_us|<=1.0" \
   "faa-lat 8 B, tcp (ping-pong vs ucp_add posting)|faa-lat --transport tcp --size 8 --iters 20000|$UCX faa-lat tcp 8 20000|p50_us|<=1.0" \
   "get-lat 8 B, tcp|get-lat --transport tcp --size 8 --iters 20000|$UCX get-lat tcp 8 20000|p50_us|<=1.0" || true
+# The shared-memory latencies are tens of nanoseconds and swing with vCPU placement: a
+# longer latency-only pass of the three shm rows (as bench/core-shm.sh does for am-lat).
+python3 bench/compare.py --rounds "${ROUNDS_LONG:-11}" --markdown bench/results/rma-shm-long.md \
+  "put-lat 8 B, shm|put-lat --transport shm --size 8 --iters 100000|$UCX put-lat shm 8 100000|p50_us|<=1.0" \
+  "get-lat 8 B, shm|get-lat --transport shm --size 8 --iters 100000|$UCX get-lat shm 8 100000|p50_us|<=1.0" \
+  "faa-lat 8 B, shm|faa-lat --transport shm --size 8 --iters 100000|$UCX faa-lat shm 8 100000|p50_us|<=1.0" || true
