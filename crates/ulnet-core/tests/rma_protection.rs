@@ -418,7 +418,22 @@ fn forged_rendezvous_requests(t: &Target, seg: &ExportedSegment, before: &[u8]) 
     assert_eq!(seg.load_u64(0), u64::from_ne_bytes([9; 8]));
 }
 
+fn withdrawn_export_cuts_off_its_importers(mode: Mode) {
+    let (t, seg) = setup("withdrawn", Access::everyone(Rights::ALL));
+    let (mut me, peer, r) = importer(2, &t, "s", mode);
+    assert_eq!(run(&mut me, &r, Case::Faa(0)), Ok(()));
+    drop(seg);
+    // Through the engine the slot is gone; a mapping was cut off when the export went.
+    let want = if mode == Mode::ShmMapped { AccessError::Revoked } else { AccessError::UnknownSegment };
+    for case in every_family(0) {
+        assert_eq!(run(&mut me, &r, case), Err(RmaError::Access(want)), "{mode:?} {case:?}");
+    }
+    let e = me.import_with(peer, "s", connect_mode(mode)).unwrap_err();
+    assert!(matches!(e, ImportError::Access(AccessError::UnknownName)), "{e:?}");
+}
+
 for_every_transport!(
+    withdrawn_export_cuts_off_its_importers,
     rejects_wrong_segment_id,
     rejects_stale_generation,
     rejects_revoked_segment,

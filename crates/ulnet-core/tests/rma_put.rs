@@ -260,7 +260,23 @@ fn aligned_words_are_never_torn(mode: Mode) {
     assert_eq!(owner.join().unwrap(), 0, "{mode:?}: the owner saw a torn word");
 }
 
+fn import_by_descriptor_reaches_the_same_segment(mode: Mode) {
+    let mut t = target(1, "by-descriptor");
+    let seg = patterned(&mut t, "s", 4096, Access::everyone(Rights::ALL), NotifyMode::Never);
+    let mut me = Rma::new(ulnet_core::rma::RmaConfig::new(NodeId(2))).unwrap();
+    let (peer, import_mode) = connect(&mut me, &t.shm, &t.tcp, mode);
+    let r = me.import_descriptor(peer, seg.descriptor(), import_mode).unwrap();
+    assert_eq!((r.descriptor(), r.is_mapped()), (seg.descriptor(), mode == Mode::ShmMapped));
+    me.put_blocking(&r, 16, &[7; 16], T).unwrap();
+    assert_eq!(me.fetch_and_add_blocking(&r, 16, 1, T), Ok(u64::from_ne_bytes([7; 8])));
+    let mut b = [0u8; 16];
+    me.get_blocking(&r, 16, &mut b, T).unwrap();
+    assert_eq!(b[..8], (u64::from_ne_bytes([7; 8]) + 1).to_ne_bytes());
+    assert_eq!(b[8..], [7; 8]);
+}
+
 for_every_transport!(
+    import_by_descriptor_reaches_the_same_segment,
     puts_and_gets_round_trip_at_random_places,
     put_inline_takes_small_puts_only,
     flush_completes_after_every_earlier_operation,

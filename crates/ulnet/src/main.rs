@@ -24,6 +24,9 @@ enum Command {
     /// One process of `ulnet demo` (started by it).
     #[command(hide = true)]
     DemoNode(cmd::demo::DemoNodeArgs),
+    /// One process of the remote-memory step of `ulnet demo` (started by it).
+    #[command(hide = true)]
+    DemoRmaNode(cmd::demo_rma::DemoRmaNodeArgs),
 }
 
 fn main() {
@@ -34,6 +37,7 @@ fn main() {
         Command::Demo(a) => cmd::demo::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::DemoNode(a) => cmd::demo::run_node(a),
+        Command::DemoRmaNode(a) => cmd::demo_rma::run_node(a),
         Command::Gensort(a) => ulnet_sortbench::cli::run_gensort(&a),
         Command::Valsort(a) => ulnet_sortbench::cli::run_valsort(&a),
     };

@@ -101,7 +101,8 @@ pub fn run(args: DemoArgs) -> Result<i32> {
         sent - received,
         bad
     );
-    Ok(if bad == 0 && sent == received { 0 } else { 1 })
+    let rma_ok = super::demo_rma::run(args.nodes)?;
+    Ok(if bad == 0 && sent == received && rma_ok { 0 } else { 1 })
 }
 
 pub fn run_node(a: DemoNodeArgs) -> Result<i32> {

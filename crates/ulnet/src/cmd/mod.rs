@@ -3,4 +3,5 @@
 pub mod bench;
 pub mod clock;
 pub mod demo;
+pub mod demo_rma;
 pub mod stats;
