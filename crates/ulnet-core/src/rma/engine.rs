@@ -105,6 +105,8 @@ pub(crate) enum InboxItem {
 /// The application's way in to an engine thread.
 pub(crate) struct Inbox {
     items: Mutex<Vec<InboxItem>>,
+    /// Something is in `items`: the engine looks (and locks) only then.
+    pending: AtomicBool,
     stop: AtomicBool,
     doorbell: Doorbell,
     /// The engine thread's kernel thread id, once it runs (for its CPU time).
@@ -115,6 +117,7 @@ impl Inbox {
     pub(crate) fn new() -> std::io::Result<Self> {
         Ok(Self {
             items: Mutex::new(Vec::new()),
+            pending: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             doorbell: Doorbell::new()?,
             tid: AtomicI32::new(0),
@@ -123,6 +126,7 @@ impl Inbox {
 
     pub(crate) fn push(&self, item: InboxItem) {
         self.items.lock().unwrap_or_else(|e| e.into_inner()).push(item);
+        self.pending.store(true, Ordering::Release);
         self.doorbell.ring();
     }
 
@@ -194,6 +198,9 @@ impl Engine {
     }
 
     fn take_inbox(&mut self) -> usize {
+        if !self.inbox.pending.swap(false, Ordering::Acquire) {
+            return 0;
+        }
         let items = std::mem::take(&mut *self.inbox.items.lock().unwrap_or_else(|e| e.into_inner()));
         let n = items.len();
         for item in items {
