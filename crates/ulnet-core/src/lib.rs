@@ -34,6 +34,7 @@ pub mod descriptor;
 mod endpoint;
 pub mod error;
 pub mod node;
+pub mod rma;
 mod sys;
 pub mod trace;
 pub mod transport;

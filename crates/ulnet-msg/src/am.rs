@@ -16,6 +16,8 @@
 //! rpc.register_am_reply(1, |msg, replier: &mut ulnet_msg::am::AmReplier| replier.reply(2, msg.args, &[]));
 //! ```
 
+pub mod bulk;
+
 use crate::wire::{Header, Kind, HEADER_LEN};
 use std::collections::VecDeque;
 use ulnet_core::{ChannelId, ReplyTo, SendOutcome};

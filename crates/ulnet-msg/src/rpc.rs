@@ -354,6 +354,20 @@ impl Rpc {
         table_set(&mut self.am.replies, handler, Box::new(f));
     }
 
+    /// Runs the active-message reply handler `msg.handler` here, as if its reply had
+    /// arrived: a bulk get delivers the data it fetched this way. Returns whether a handler
+    /// is registered under that id.
+    pub(crate) fn run_am_reply(&mut self, msg: &AmMessage<'_>) -> bool {
+        match self.am.replies.get_mut(msg.handler as usize).and_then(Option::as_mut) {
+            Some(h) => {
+                self.counters.replies += 1;
+                h(msg);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Sends an active-message request: runs request handler `handler` at the receiver with
     /// `args` and the payload (up to [`am::AM_PAYLOAD_GATHER_MAX`] buffers, not copied).
     pub fn am_request(

@@ -38,6 +38,9 @@ enum Command {
     /// One process of `ulnet demo` (started by it).
     #[command(hide = true)]
     DemoNode(cmd::demo::DemoNodeArgs),
+    /// One process of the remote-memory step of `ulnet demo` (started by it).
+    #[command(hide = true)]
+    DemoRmaNode(cmd::demo_rma::DemoRmaNodeArgs),
 }
 
 fn main() {
@@ -51,6 +54,7 @@ fn main() {
         Command::DemoNode(a) => cmd::demo::run_node(a),
         Command::Node(a) => cmd::node::run_node(a),
         Command::Cluster(c) => cmd::node::run_cluster(c),
+        Command::DemoRmaNode(a) => cmd::demo_rma::run_node(a),
         Command::Gensort(a) => ulnet_sortbench::cli::run_gensort(&a),
         Command::Valsort(a) => ulnet_sortbench::cli::run_valsort(&a),
         Command::Trace(a) => cmd::trace::run(a),

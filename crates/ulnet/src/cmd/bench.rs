@@ -3,6 +3,9 @@
 //! Without `--server/--connect` the command starts its own peer process on this host
 //! (`ulnet bench TEST --server ...`) and measures across the two processes.
 
+mod file_service;
+mod rma;
+
 use super::clock::{ticks, CycleClock};
 use super::stats;
 use anyhow::{bail, Context, Result};
@@ -26,9 +29,29 @@ pub enum Test {
     RpcLat,
     /// RPC rate: calls/s with `--outstanding` calls in flight.
     RpcRate,
+    /// One-sided put ping-pong latency (one-way = round trip / 2).
+    PutLat,
+    /// One-sided get latency: the time of one whole get, as ucx_perftest's ucp_get.
+    GetLat,
+    /// Remote compare-and-swap ping-pong latency (one-way = round trip / 2).
+    CasLat,
+    /// Remote fetch-and-add ping-pong latency (one-way = round trip / 2).
+    FaaLat,
+    /// One-sided put bandwidth, MB/s.
+    PutBw,
+    /// One-sided get bandwidth, MB/s.
+    GetBw,
+    /// File service by one-sided reads (DX) against RPC: client latency and server CPU per
+    /// operation for GetAttribute, LookupName, ReadFile 1K/4K/8K (prints its own table).
+    FileService,
 }
 
 impl Test {
+    /// One-sided tests, run by `bench::rma`.
+    fn is_rma(self) -> bool {
+        matches!(self, Test::PutLat | Test::GetLat | Test::CasLat | Test::FaaLat | Test::PutBw | Test::GetBw)
+    }
+
     fn name(self) -> &'static str {
         match self {
             Test::AmLat => "am-lat",
@@ -36,6 +59,13 @@ impl Test {
             Test::MsgRate => "msg-rate",
             Test::RpcLat => "rpc-lat",
             Test::RpcRate => "rpc-rate",
+            Test::PutLat => "put-lat",
+            Test::GetLat => "get-lat",
+            Test::CasLat => "cas-lat",
+            Test::FaaLat => "faa-lat",
+            Test::PutBw => "put-bw",
+            Test::GetBw => "get-bw",
+            Test::FileService => "file-service",
         }
     }
     fn default_size(self) -> usize {
@@ -44,6 +74,9 @@ impl Test {
             Test::AmBw => 1 << 20,
             Test::MsgRate => 8,
             Test::RpcLat | Test::RpcRate => 128,
+            Test::PutLat | Test::GetLat | Test::CasLat | Test::FaaLat => 8,
+            Test::PutBw | Test::GetBw => 64 << 10,
+            Test::FileService => 8,
         }
     }
     fn default_iters(self) -> u64 {
@@ -53,6 +86,9 @@ impl Test {
             Test::MsgRate => 5_000_000,
             Test::RpcLat => 100_000,
             Test::RpcRate => 2_000_000,
+            Test::PutLat | Test::GetLat | Test::CasLat | Test::FaaLat => 100_000,
+            Test::PutBw | Test::GetBw => 50_000,
+            Test::FileService => 20_000,
         }
     }
 }
@@ -118,6 +154,14 @@ pub struct BenchArgs {
     /// process this command starts; node 1), for `ulnet trace analyze`.
     #[arg(long, value_name = "FILE")]
     trace: Option<std::path::PathBuf>,
+    /// RMA tests over shm: send every operation through the target's engine over a
+    /// shared-memory channel instead of mapping the segment.
+    #[arg(long)]
+    no_map: bool,
+    /// file-service: how long both servers keep polling after their last request before
+    /// they sleep in the kernel (0: sleep at once, as an interrupt-driven server would).
+    #[arg(long, default_value_t = 0)]
+    server_spin_us: u64,
 }
 
 #[derive(Serialize)]
@@ -186,6 +230,12 @@ const ACK: &[u8] = b"A";
 
 pub fn run(args: BenchArgs) -> Result<i32> {
     let params = Params::from(&args);
+    if params.test.is_rma() {
+        return rma::run(&args, &params);
+    }
+    if params.test == Test::FileService {
+        return file_service::run(&args, &params);
+    }
     if params.size == 0 && args.test != Test::AmLat {
         bail!("--size must be at least 1 byte");
     }
@@ -249,6 +299,7 @@ fn run_traced(args: &BenchArgs, params: &Params, node: ulnet_core::NodeId) -> Re
             rpc.endpoint().close(ch);
             report
         }
+        _ => unreachable!("RMA tests are run by bench::rma"),
     };
     if let Some(mut c) = child {
         let status = c.wait()?;
@@ -418,6 +469,15 @@ fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
                 }
             }
             Test::RpcLat | Test::RpcRate => unreachable!("RPC tests are served by serve_rpc"),
+            Test::PutLat
+            | Test::GetLat
+            | Test::CasLat
+            | Test::FaaLat
+            | Test::PutBw
+            | Test::GetBw
+            | Test::FileService => {
+                unreachable!("RMA tests are run by bench::rma and bench::file_service")
+            }
             Test::AmBw | Test::MsgRate => {
                 if answered == 0 && whole >= p.warmup {
                     send_blocking(ep, ch, ACK)?;
