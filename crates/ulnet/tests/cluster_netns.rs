@@ -276,8 +276,10 @@ fn a_three_two_partition_leaves_quorum_with_the_three_and_healing_merges_one_vie
         },
     );
     assert!(split > formed);
-    // The two-side says so in its events, and chose no view of its own.
+    // The two-side says so in its events and its log, and chose no view of its own.
     for i in two {
+        let log = std::fs::read_to_string(c.dir.join(format!("{}.log", name(i)))).unwrap();
+        assert!(log.contains("lost quorum"), "{} did not log losing quorum:\n{log}", name(i));
         let events = c.events(i);
         assert!(
             events.iter().any(|e| e["kind"] == "no_quorum" && e["view"] == formed),
