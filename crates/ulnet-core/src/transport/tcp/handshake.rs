@@ -42,7 +42,8 @@ pub enum HandshakeError {
     Io(#[from] io::Error),
 }
 
-fn nonce() -> [u8; 16] {
+/// A fresh random nonce (shared with the UDP handshake).
+pub(crate) fn nonce() -> [u8; 16] {
     let mut n = [0u8; 16];
     // The nonce only has to be fresh; getrandom cannot fail on Linux ≥ 3.17 in practice,
     // and a zero nonce would still not let a stranger past the HMAC.
@@ -50,7 +51,14 @@ fn nonce() -> [u8; 16] {
     n
 }
 
-fn mac(secret: &[u8], role: &[u8], client_nonce: &[u8; 16], server_nonce: &[u8; 16], tags: (u32, u32)) -> [u8; 32] {
+/// HMAC-SHA256 of a handshake role, both nonces and both ids (shared with the UDP handshake).
+pub(crate) fn mac(
+    secret: &[u8],
+    role: &[u8],
+    client_nonce: &[u8; 16],
+    server_nonce: &[u8; 16],
+    tags: (u32, u32),
+) -> [u8; 32] {
     let mut m = HmacSha256::new_from_slice(secret).expect("HMAC takes keys of any length");
     m.update(role);
     m.update(client_nonce);
@@ -60,7 +68,8 @@ fn mac(secret: &[u8], role: &[u8], client_nonce: &[u8; 16], server_nonce: &[u8; 
     m.finalize().into_bytes().into()
 }
 
-fn verify(
+/// Checks a proof made by [`mac`] in constant time (shared with the UDP handshake).
+pub(crate) fn verify(
     secret: &[u8],
     role: &[u8],
     cn: &[u8; 16],
