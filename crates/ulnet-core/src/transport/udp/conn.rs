@@ -633,7 +633,7 @@ impl Connection {
     fn accept_peer_hello(&mut self, peer: Hello) {
         self.peer_id = peer.conn_id;
         self.peer_hello = Some(peer);
-        let dg = self.config.datagram_max.min(peer.datagram_max as usize).min(peer.credit as usize / 2);
+        let dg = self.tx.datagram_max.min(peer.datagram_max as usize).min(peer.credit as usize / 2);
         self.tx.datagram_max = dg.max(wire::DATAGRAM_MIN);
         self.tx.peer_credit_bytes = u64::from(peer.credit);
         self.tx.peer_credit_seq = u64::from(peer.window);
@@ -669,6 +669,11 @@ impl Connection {
     /// What was dropped and done so far.
     pub fn counters(&self) -> &UdpCounters {
         &self.counters
+    }
+
+    /// Counts a datagram the driver received cut short (larger than its buffer).
+    pub fn note_truncated(&mut self) {
+        count_wire_error(&mut self.counters, WireError::Truncated);
     }
 
     /// Largest datagram this connection sends (after the handshake).
