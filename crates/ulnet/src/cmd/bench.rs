@@ -64,6 +64,8 @@ pub enum TransportArg {
     Shm,
     /// TCP, one connection.
     Tcp,
+    /// Reliable, flow-controlled UDP.
+    Udp,
 }
 
 impl TransportArg {
@@ -71,6 +73,7 @@ impl TransportArg {
         match self {
             TransportArg::Shm => "shm",
             TransportArg::Tcp => "tcp",
+            TransportArg::Udp => "udp",
         }
     }
 }
@@ -100,11 +103,11 @@ pub struct BenchArgs {
     /// --warmup as the active side: stream tests acknowledge by count.
     #[arg(long)]
     server: bool,
-    /// Where the server listens (shm: a name; tcp: HOST:PORT, port 0 picks one). The
+    /// Where the server listens (shm: a name; tcp, udp: HOST:PORT, port 0 picks one). The
     /// server prints `listening ADDR` on stdout once it does.
     #[arg(long)]
     listen: Option<String>,
-    /// Connect to a server (shm: its name; tcp: HOST:PORT).
+    /// Connect to a server (shm: its name; tcp, udp: HOST:PORT).
     #[arg(long, conflicts_with = "server")]
     connect: Option<String>,
     /// Calls in flight for `rpc-rate`.
@@ -195,6 +198,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
                 listen
             }
             TransportArg::Tcp => ep.listen_tcp(&listen)?.to_string(),
+            TransportArg::Udp => ep.listen_udp(&listen)?.to_string(),
         };
         println!("listening {bound}");
         std::io::Write::flush(&mut std::io::stdout())?;
@@ -211,7 +215,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
         None => {
             let listen = match params.transport {
                 TransportArg::Shm => format!("bench-{}-{}", std::process::id(), params.test.name()),
-                TransportArg::Tcp => "127.0.0.1:0".to_string(),
+                TransportArg::Tcp | TransportArg::Udp => "127.0.0.1:0".to_string(),
             };
             let (c, bound) = spawn_server(&args, &listen, &params)?;
             child = Some(c);
@@ -221,6 +225,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
     let ch = match params.transport {
         TransportArg::Shm => ep.connect_shm(&addr, CONNECT_TIMEOUT)?,
         TransportArg::Tcp => ep.connect_tcp(&addr, CONNECT_TIMEOUT)?,
+        TransportArg::Udp => ep.connect_udp(&addr, CONNECT_TIMEOUT)?,
     };
     let report = match params.test {
         Test::AmLat | Test::AmBw | Test::MsgRate => {

@@ -130,6 +130,13 @@ enum State {
     Down,
 }
 
+/// The state between a retransmission timeout and the first ack after it.
+#[derive(Clone, Copy, Debug)]
+struct Recovery {
+    probe: u64,
+    end: u64,
+}
+
 /// RFC 6298 round-trip estimation.
 #[derive(Clone, Copy, Debug)]
 struct Rtt {
@@ -474,6 +481,9 @@ pub struct Connection {
     rx: Rx,
     rtt: Rtt,
     rto_at: Option<Instant>,
+    /// After a retransmission timeout: the packet resent as a probe and the end of the
+    /// window then in flight.
+    recovery: Option<Recovery>,
     ping_due: bool,
     last_ping: Instant,
     last_heard: Instant,
@@ -579,6 +589,7 @@ impl Connection {
             rx,
             rtt,
             rto_at: None,
+            recovery: None,
             ping_due: false,
             last_ping: now,
             last_heard: now,
@@ -903,6 +914,19 @@ impl Connection {
                 slot.last_sent = None;
             }
             tx.una = ack.cum_ack + 1;
+            if let Some(r) = self.recovery.take() {
+                if ack.cum_ack == r.probe {
+                    // Exactly the probe came through: the rest of that window was lost too.
+                    for seq in tx.una..r.end.min(tx.next_tx) {
+                        let slot = tx.slot(seq);
+                        if !slot.sacked && !slot.retx_queued {
+                            slot.retx_queued = true;
+                            tx.retx.push_back(seq);
+                        }
+                    }
+                }
+                // Beyond the probe: original packets arrived, the timeout was spurious.
+            }
             self.rto_at = if tx.una == tx.next_tx { None } else { Some(now + self.rtt.current(&self.config)) };
         }
         let mut highest_sacked = 0;
@@ -1025,13 +1049,16 @@ impl Connection {
             let tx = &mut self.tx;
             if tx.una < tx.next_tx {
                 self.counters.timeouts += 1;
-                for seq in tx.una..tx.next_tx {
-                    let slot = tx.slot(seq);
-                    if !slot.sacked && !slot.retx_queued {
-                        slot.retx_queued = true;
-                        tx.retx.push_back(seq);
-                    }
+                // Only the oldest packet now (RFC 6298 5.4); the first ack after it tells a
+                // lost window (go back and resend the rest) from a late one (F-RTO, RFC
+                // 5682: resend nothing more), so a stall of the peer does not double the load.
+                let oldest = tx.una;
+                let slot = tx.slot(oldest);
+                if !slot.sacked && !slot.retx_queued {
+                    slot.retx_queued = true;
+                    tx.retx.push_back(oldest);
                 }
+                self.recovery = Some(Recovery { probe: oldest, end: tx.next_tx });
                 self.rtt.backoff += 1;
                 self.rto_at = Some(now + self.rtt.current(&self.config));
             } else {

@@ -29,7 +29,7 @@ pub const PENDING_MAX: usize = 64;
 const RECENT_MAX: usize = 64;
 /// Socket buffers asked for (the kernel may cap them; root can exceed `rmem_max`).
 /// 4 MiB: a full credit window of one peer.
-const SOCKET_BUFFER: usize = 4 << 20;
+const SOCKET_BUFFER: usize = 16 << 20;
 /// IPv4 + UDP headers, taken from the path MTU to get the largest datagram.
 const IPV4_UDP_HEADERS: usize = 28;
 const IPV6_UDP_HEADERS: usize = 48;
