@@ -14,7 +14,7 @@
 //! 4. Output: [`Connection::poll_transmit`] until it returns `None`, after any of the above.
 //!
 //! Reliability: per-direction packet sequence numbers from 1; the receiver returns the
-//! cumulative ack and a 64-packet selective-ack bitmap, piggybacked on data or standalone
+//! cumulative ack and a 256-packet selective-ack bitmap, piggybacked on data or standalone
 //! after `ack_delay` / `ack_every_packets`; the sender retransmits on a timeout estimated
 //! from the RTT (RFC 6298: SRTT, RTTVAR, Karn's rule, exponential backoff) every packet that
 //! is neither acked nor selectively acked, and earlier a packet that three later packets
@@ -434,14 +434,14 @@ impl Rx {
     }
 
     fn ack_block(&mut self) -> AckBlock {
-        let mut sack = 0u64;
-        for i in 0..64u64 {
+        let mut sack = [0u64; wire::SACK_WORDS];
+        for i in 0..wire::SACK_RANGE {
             let seq = self.cum_ack + 2 + i;
             if seq > self.highest {
                 break;
             }
             if self.has(seq) {
-                sack |= 1 << i;
+                sack[(i / 64) as usize] |= 1 << (i % 64);
             }
         }
         let (credit_bytes, credit_seq) = self.credit();
@@ -914,6 +914,10 @@ impl Connection {
                 slot.last_sent = None;
             }
             tx.una = ack.cum_ack + 1;
+            // New data acknowledged: the path works, so the backed-off timeout goes back to
+            // the estimate (waiting for a clean sample would stall a whole backed-off RTO
+            // per hole while every packet in flight is a retransmission).
+            self.rtt.backoff = 0;
             if let Some(r) = self.recovery.take() {
                 if ack.cum_ack == r.probe {
                     // Exactly the probe came through: the rest of that window was lost too.
@@ -930,8 +934,8 @@ impl Connection {
             self.rto_at = if tx.una == tx.next_tx { None } else { Some(now + self.rtt.current(&self.config)) };
         }
         let mut highest_sacked = 0;
-        for i in 0..64u64 {
-            if ack.sack & (1 << i) != 0 {
+        for i in 0..wire::SACK_RANGE {
+            if ack.sack[(i / 64) as usize] & (1 << (i % 64)) != 0 {
                 let seq = ack.cum_ack + 2 + i;
                 if seq >= tx.next_tx {
                     break;

@@ -27,8 +27,10 @@ pub const PENDING_MAX: usize = 64;
 /// Recently accepted (address, nonce) pairs, to recognise a HELLO repeated after the
 /// handshake finished.
 const RECENT_MAX: usize = 64;
-/// Socket buffers asked for (the kernel may cap them; root can exceed `rmem_max`).
-/// 4 MiB: a full credit window of one peer.
+/// Socket buffers asked for (the kernel caps the send buffer at `wmem_max`; root can
+/// exceed `rmem_max` for the receive buffer). 16 MiB: a full credit window of one peer
+/// (4 MiB) counts about four times its payload in kernel buffer accounting for small
+/// datagrams.
 const SOCKET_BUFFER: usize = 16 << 20;
 /// IPv4 + UDP headers, taken from the path MTU to get the largest datagram.
 const IPV4_UDP_HEADERS: usize = 28;

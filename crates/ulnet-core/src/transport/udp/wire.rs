@@ -17,7 +17,7 @@
 //!  READY      (empty)
 //!  DATA       seq u64 | flags u32 | 0 u32 | ack block | records...
 //!  ACK        ack block | flags u32 | 0 u32
-//!  ack block  cum_ack u64 | sack u64 | credit_bytes u64 | credit_seq u64
+//!  ack block  cum_ack u64 | credit_bytes u64 | credit_seq u64 | sack [u64; 4]
 //!  record     data_len u32 | message_len u32 | offset u32 | data_len bytes
 //! ```
 //!
@@ -32,8 +32,13 @@ pub const VERSION: u8 = 1;
 pub const MAGIC: [u8; 2] = *b"uU";
 /// Bytes of the common header.
 pub const HEADER_LEN: usize = 16;
+/// Words of the selective-ack bitmap: 256 packets after the cumulative ack, as many as
+/// the largest default window, so every hole in flight is visible to the sender.
+pub const SACK_WORDS: usize = 4;
+/// Packets the selective-ack bitmap covers.
+pub const SACK_RANGE: u64 = 64 * SACK_WORDS as u64;
 /// Bytes of an ack block.
-pub const ACK_BLOCK_LEN: usize = 32;
+pub const ACK_BLOCK_LEN: usize = 24 + 8 * SACK_WORDS;
 /// Bytes before the records of a DATA packet (common header, seq, flags, ack block).
 pub const DATA_PREFIX_LEN: usize = HEADER_LEN + 16 + ACK_BLOCK_LEN;
 /// Offset of the ack block in a DATA packet.
@@ -204,8 +209,8 @@ pub fn verify_checksum(b: &[u8], salt: u32) -> bool {
 pub struct AckBlock {
     /// Every packet up to and including this sequence number arrived.
     pub cum_ack: u64,
-    /// Bit i set: packet `cum_ack + 2 + i` arrived too.
-    pub sack: u64,
+    /// Bit i (bit i % 64 of word i / 64) set: packet `cum_ack + 2 + i` arrived too.
+    pub sack: [u64; SACK_WORDS],
     /// The sender may send data up to this stream byte (flow control).
     pub credit_bytes: u64,
     /// The sender may send packets up to this sequence number (receive slots).
@@ -217,20 +222,21 @@ impl AckBlock {
     #[inline]
     pub fn write(&self, b: &mut [u8], at: usize) {
         b[at..at + 8].copy_from_slice(&self.cum_ack.to_le_bytes());
-        b[at + 8..at + 16].copy_from_slice(&self.sack.to_le_bytes());
-        b[at + 16..at + 24].copy_from_slice(&self.credit_bytes.to_le_bytes());
-        b[at + 24..at + 32].copy_from_slice(&self.credit_seq.to_le_bytes());
+        b[at + 8..at + 16].copy_from_slice(&self.credit_bytes.to_le_bytes());
+        b[at + 16..at + 24].copy_from_slice(&self.credit_seq.to_le_bytes());
+        for (i, w) in self.sack.iter().enumerate() {
+            b[at + 24 + 8 * i..at + 32 + 8 * i].copy_from_slice(&w.to_le_bytes());
+        }
     }
 
     /// Reads the block at `at` (the caller checked the length).
     #[inline]
     pub fn read(b: &[u8], at: usize) -> Self {
-        Self {
-            cum_ack: u64_at(b, at),
-            sack: u64_at(b, at + 8),
-            credit_bytes: u64_at(b, at + 16),
-            credit_seq: u64_at(b, at + 24),
+        let mut sack = [0u64; SACK_WORDS];
+        for (i, w) in sack.iter_mut().enumerate() {
+            *w = u64_at(b, at + 24 + 8 * i);
         }
+        Self { cum_ack: u64_at(b, at), credit_bytes: u64_at(b, at + 8), credit_seq: u64_at(b, at + 16), sack }
     }
 }
 
@@ -403,7 +409,8 @@ mod tests {
             write_record_header(&mut b, at, data.len() as u32, *message_len, *offset);
             b.extend_from_slice(data);
         }
-        AckBlock { cum_ack: 7, sack: 5, credit_bytes: 1000, credit_seq: 9 }.write(&mut b, DATA_ACK_OFFSET);
+        AckBlock { cum_ack: 7, sack: [5, 0, 1 << 63, 2], credit_bytes: 1000, credit_seq: 9 }
+            .write(&mut b, DATA_ACK_OFFSET);
         finish(&mut b, Kind::Data, 42, 0xfeed);
         b
     }
@@ -424,6 +431,7 @@ mod tests {
             let p = read_data_prefix(&b).unwrap();
             prop_assert_eq!(p.seq, seq);
             prop_assert_eq!(p.ack.cum_ack, 7);
+            prop_assert_eq!(p.ack.sack, [5, 0, 1 << 63, 2]);
             let total: usize = recs.iter().map(|r| r.0.len()).sum();
             prop_assert_eq!(validate_records(&b).unwrap(), total);
             let mut at = DATA_PREFIX_LEN;
