@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 use ulnet_core::{ChannelId, Endpoint, EndpointConfig, Event, SendOutcome};
 use ulnet_msg::rpc::{CallOutcome, Rpc, RpcConfig, RpcEvent};
 
+mod incast;
+
 /// Which benchmark.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Test {
@@ -26,6 +28,8 @@ pub enum Test {
     RpcLat,
     /// RPC rate: calls/s with `--outstanding` calls in flight.
     RpcRate,
+    /// N sender processes to one receiver: aggregate throughput and fairness.
+    Incast,
 }
 
 impl Test {
@@ -36,6 +40,7 @@ impl Test {
             Test::MsgRate => "msg-rate",
             Test::RpcLat => "rpc-lat",
             Test::RpcRate => "rpc-rate",
+            Test::Incast => "incast",
         }
     }
     fn default_size(self) -> usize {
@@ -44,6 +49,7 @@ impl Test {
             Test::AmBw => 1 << 20,
             Test::MsgRate => 8,
             Test::RpcLat | Test::RpcRate => 128,
+            Test::Incast => 64 << 10,
         }
     }
     fn default_iters(self) -> u64 {
@@ -53,6 +59,7 @@ impl Test {
             Test::MsgRate => 5_000_000,
             Test::RpcLat => 100_000,
             Test::RpcRate => 2_000_000,
+            Test::Incast => 0, // incast runs for --duration-ms
         }
     }
 }
@@ -117,6 +124,15 @@ pub struct BenchArgs {
     /// tag-matching receive into a user buffer does (default: consume in place).
     #[arg(long)]
     recv_copy: bool,
+    /// Sender processes for `incast`.
+    #[arg(long, default_value_t = 8)]
+    senders: usize,
+    /// Measured time of `incast`, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    duration_ms: u64,
+    /// Whether UDP senders obey the receiver's credit (`incast`): on or off.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    flow_control: String,
 }
 
 #[derive(Serialize)]
@@ -184,6 +200,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const ACK: &[u8] = b"A";
 
 pub fn run(args: BenchArgs) -> Result<i32> {
+    if args.test == Test::Incast {
+        return incast::run(&args);
+    }
     let params = Params::from(&args);
     if params.size == 0 && args.test != Test::AmLat {
         bail!("--size must be at least 1 byte");
@@ -240,6 +259,7 @@ pub fn run(args: BenchArgs) -> Result<i32> {
             rpc.endpoint().close(ch);
             report
         }
+        Test::Incast => unreachable!("incast is run by its own module"),
     };
     if let Some(mut c) = child {
         let status = c.wait()?;
@@ -408,6 +428,7 @@ fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
                 }
             }
             Test::RpcLat | Test::RpcRate => unreachable!("RPC tests are served by serve_rpc"),
+            Test::Incast => unreachable!("incast is run by its own module"),
             Test::AmBw | Test::MsgRate => {
                 if answered == 0 && whole >= p.warmup {
                     send_blocking(ep, ch, ACK)?;
