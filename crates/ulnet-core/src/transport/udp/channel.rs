@@ -12,7 +12,7 @@
 //! neither polls nor waits for longer than the peer's `peer_timeout` will be declared
 //! failed by its peer; one that stops for less only stalls its channels.
 
-use super::conn::{Connection, UdpCounters};
+use super::conn::{Connection, Datagram, UdpCounters};
 use crate::error::{ChannelError, SendError};
 use crate::sys::udp::{recv_batch, send_batch, BATCH_MAX};
 use crate::transport::{Capabilities, ReadyProbe, Responder, SendOutcome, Transport, TransportKind};
@@ -22,6 +22,23 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Largest control packet (handshake, ack, probe) written outside the send slots.
+const CONTROL_MAX: usize = 256;
+const _: () = assert!(
+    super::wire::HEADER_LEN + super::wire::CHALLENGE_BODY_LEN <= CONTROL_MAX
+        && super::wire::ACK_PACKET_LEN <= CONTROL_MAX,
+    "control packets fit their buffers"
+);
+
+/// A datagram waiting for `sendmmsg`.
+#[derive(Clone, Copy)]
+enum Queued {
+    /// In control buffer `.0`, `.1` bytes.
+    Buffer(usize, usize),
+    /// The data packet in the send slot of this sequence number.
+    Slot(u64),
+}
 
 /// Drop and activity counters shared by an endpoint's UDP listener and channels.
 #[derive(Debug, Default)]
@@ -160,9 +177,11 @@ pub struct UdpChannel {
     probe: Arc<UdpProbe>,
     rx_batch: Vec<Vec<u8>>,
     truncated: [bool; BATCH_MAX],
+    /// Buffers for control packets (acks, probes, handshake); data packets stay in their
+    /// send slots.
     tx_batch: Vec<Vec<u8>>,
-    tx_lens: [usize; BATCH_MAX],
-    /// Datagrams of `tx_batch` encoded but not yet taken by the kernel.
+    /// Datagrams to send, `tx_start..tx_end` not yet taken by the kernel.
+    tx_queue: [Queued; BATCH_MAX],
     tx_start: usize,
     tx_end: usize,
     stats: Arc<UdpStats>,
@@ -190,14 +209,13 @@ impl UdpChannel {
             base: Instant::now(),
             deadline_ns: AtomicU64::new(0),
         });
-        let send_max = conn.datagram_max();
         let mut channel = Self {
             socket,
             probe,
             rx_batch: (0..BATCH_MAX).map(|_| Vec::with_capacity(receive_datagram_max)).collect(),
             truncated: [false; BATCH_MAX],
-            tx_batch: (0..BATCH_MAX).map(|_| vec![0u8; send_max]).collect(),
-            tx_lens: [0; BATCH_MAX],
+            tx_batch: (0..BATCH_MAX).map(|_| vec![0u8; CONTROL_MAX]).collect(),
+            tx_queue: [Queued::Buffer(0, 0); BATCH_MAX],
             tx_start: 0,
             tx_end: 0,
             stats,
@@ -217,44 +235,58 @@ impl UdpChannel {
     }
 
     /// Sends what the machine has to send, in batches, keeping what the kernel refuses
-    /// for the next call.
+    /// for the next call. Data packets go straight from their send slots (no copy).
     fn transmit(&mut self, now: Instant) {
         loop {
             if self.tx_start == self.tx_end {
                 self.tx_start = 0;
                 self.tx_end = 0;
+                let mut buffers = 0;
                 while self.tx_end < BATCH_MAX {
-                    match self.conn.poll_transmit(now, &mut self.tx_batch[self.tx_end]) {
-                        Some(n) => {
-                            self.tx_lens[self.tx_end] = n;
-                            self.tx_end += 1;
+                    let queued = match self.conn.poll_transmit_in_place(now, &mut self.tx_batch[buffers]) {
+                        Some(Datagram::Written(n)) => {
+                            buffers += 1;
+                            Queued::Buffer(buffers - 1, n)
                         }
+                        Some(Datagram::InSlot(seq)) => Queued::Slot(seq),
                         None => break,
-                    }
+                    };
+                    self.tx_queue[self.tx_end] = queued;
+                    self.tx_end += 1;
                 }
                 if self.tx_end == 0 {
                     return;
                 }
             }
             let mut slices: [&[u8]; BATCH_MAX] = [&[]; BATCH_MAX];
+            let mut from_queue = [0usize; BATCH_MAX];
+            let mut count = 0;
             for i in self.tx_start..self.tx_end {
-                slices[i - self.tx_start] = &self.tx_batch[i][..self.tx_lens[i]];
+                let datagram = match self.tx_queue[i] {
+                    Queued::Buffer(b, n) => &self.tx_batch[b][..n],
+                    // A refused retransmission whose packet was acked meanwhile: skip it.
+                    Queued::Slot(seq) if !self.conn.slot_holds(seq) => continue,
+                    Queued::Slot(seq) => self.conn.slot_datagram(seq),
+                };
+                slices[count] = datagram;
+                from_queue[count] = i;
+                count += 1;
             }
-            let count = self.tx_end - self.tx_start;
-            match send_batch(&self.socket, &slices[..count]) {
-                Ok(0) => return, // the socket buffer is full: retry at the next call
-                Ok(k) => self.tx_start += k,
+            let queued = self.tx_end - self.tx_start;
+            let sent = match send_batch(&self.socket, &slices[..count]) {
+                Ok(k) => k,
                 Err(e) => {
                     // ICMP errors (port unreachable) and the like: the datagrams are lost,
                     // as on the wire; retransmission or the peer timeout deals with it.
                     tracing::debug!("udp: sendmmsg failed: {e}");
-                    self.tx_start = self.tx_end;
+                    count
                 }
-            }
+            };
+            self.tx_start = if sent == count { self.tx_end } else { from_queue[sent] };
             if self.tx_start < self.tx_end {
-                return;
+                return; // the socket buffer is full: the rest goes at the next call
             }
-            if count < BATCH_MAX {
+            if queued < BATCH_MAX {
                 // The machine had no more than this; ask again only if it might now.
                 if self.conn.poll_timeout().is_none_or(|t| t > now) && self.conn.send_backlog().0 == 0 {
                     return;

@@ -42,6 +42,15 @@ use std::time::{Duration, Instant};
 /// the timeout (TCP's duplicate-ack threshold).
 const REORDER_THRESHOLD: u64 = 3;
 
+/// Where [`Connection::poll_transmit_in_place`] put the next datagram.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Datagram {
+    /// Written into the caller's buffer, this many bytes.
+    Written(usize),
+    /// The data packet with this sequence number, finished in its send slot.
+    InSlot(u64),
+}
+
 /// Why datagrams were dropped, and what the connection did. All drops are also logged at
 /// debug level.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -1245,8 +1254,22 @@ impl Connection {
     /// returns its length: a handshake packet, a retransmission, a new data packet (when
     /// credit allows), or a standalone ack or probe. `None` when nothing is due.
     pub fn poll_transmit(&mut self, now: Instant, out: &mut [u8]) -> Option<usize> {
+        match self.poll_transmit_in_place(now, out)? {
+            Datagram::Written(len) => Some(len),
+            Datagram::InSlot(seq) => {
+                let d = self.slot_datagram(seq);
+                out[..d.len()].copy_from_slice(d);
+                Some(d.len())
+            }
+        }
+    }
+
+    /// Like [`Connection::poll_transmit`], without copying data packets: those are finished
+    /// in their send slot and read with [`Connection::slot_datagram`] (the driver points
+    /// `sendmmsg` at them). Only control packets are written into `out`.
+    pub fn poll_transmit_in_place(&mut self, now: Instant, out: &mut [u8]) -> Option<Datagram> {
         if let Some(kind) = self.handshake_out.take() {
-            return Some(self.write_handshake(now, kind, out));
+            return Some(Datagram::Written(self.write_handshake(now, kind, out)));
         }
         if self.state != State::Established {
             return None;
@@ -1260,7 +1283,8 @@ impl Connection {
                 continue;
             }
             self.counters.retransmits += 1;
-            return Some(self.write_data(now, seq, out));
+            self.finish_data(now, seq);
+            return Some(Datagram::InSlot(seq));
         }
         let tx = &self.tx;
         if tx.next_tx < tx.next_seq {
@@ -1272,7 +1296,8 @@ impl Connection {
                 self.tx.next_tx += 1;
                 self.tx.stream_sent += body;
                 self.counters.packets_sent += 1;
-                return Some(self.write_data(now, seq, out));
+                self.finish_data(now, seq);
+                return Some(Datagram::InSlot(seq));
             }
         }
         if self.rx.ack_due.is_some_and(|t| t <= now) || self.ping_due {
@@ -1280,24 +1305,36 @@ impl Connection {
             self.ping_due = false;
             let ack = self.rx.ack_block();
             self.counters.acks_sent += 1;
-            return Some(wire::write_ack(out, self.peer_id, self.salt, &ack, flags));
+            return Some(Datagram::Written(wire::write_ack(out, self.peer_id, self.salt, &ack, flags)));
         }
         None
     }
 
-    fn write_data(&mut self, now: Instant, seq: u64, out: &mut [u8]) -> usize {
+    /// Whether the send slot of `seq` still holds that packet, in flight (so that a
+    /// datagram the kernel refused may be sent later from the slot).
+    pub fn slot_holds(&self, seq: u64) -> bool {
+        seq >= self.tx.una && seq < self.tx.next_tx
+    }
+
+    /// The finished datagram of data packet `seq` (see [`Connection::poll_transmit_in_place`]).
+    pub fn slot_datagram(&self, seq: u64) -> &[u8] {
+        debug_assert!(self.slot_holds(seq), "slot_datagram of a packet not in flight");
+        &self.tx.slots[(seq % self.tx.slots.len() as u64) as usize].buf
+    }
+
+    /// Writes the current ack block and the checksum into the slot of `seq` and notes the
+    /// transmission.
+    fn finish_data(&mut self, now: Instant, seq: u64) {
         let ack = self.rx.ack_block();
+        let (peer_id, salt) = (self.peer_id, self.salt);
         let slot = self.tx.slot(seq);
-        let len = slot.buf.len();
-        out[..len].copy_from_slice(&slot.buf);
         slot.sends += 1;
         slot.last_sent = Some(now);
-        ack.write(out, wire::DATA_ACK_OFFSET);
-        wire::finish(&mut out[..len], Kind::Data, self.peer_id, self.salt);
+        ack.write(&mut slot.buf, wire::DATA_ACK_OFFSET);
+        wire::finish(&mut slot.buf, Kind::Data, peer_id, salt);
         if self.rto_at.is_none() {
             self.rto_at = Some(now + self.rtt.current(&self.config));
         }
-        len
     }
 
     fn write_handshake(&mut self, now: Instant, kind: Kind, out: &mut [u8]) -> usize {

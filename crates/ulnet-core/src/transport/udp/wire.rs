@@ -6,9 +6,10 @@
 //!  +------+--------+------+----------------+---------------+---------------+
 //!  | "uU" | version| kind | crc32c         | conn_id       | body_len      |
 //!  +------+--------+------+----------------+---------------+---------------+
-//!  crc32c covers bytes 8.. (conn_id, body_len, body). After the handshake it is seeded
-//!  with the session salt (derived from the cluster secret and both nonces), so a packet
-//!  from a stranger or an older session fails it. conn_id is the *receiver's* id.
+//!  crc32c covers every byte but itself (magic, version, kind, conn_id, body_len, body).
+//!  After the handshake it is seeded with the session salt (derived from the cluster
+//!  secret and both nonces), so a packet from a stranger or an older session fails it.
+//!  conn_id is the *receiver's* id.
 //!
 //!  HELLO      client_nonce[16] client_id u32 window u32 datagram_max u32 flags u32 credit u32
 //!  CHALLENGE  server_nonce[16] server_id u32 window u32 datagram_max u32 flags u32 credit u32
@@ -178,10 +179,11 @@ pub fn parse_header(b: &[u8]) -> Result<Header, WireError> {
     Ok(Header { kind, conn_id: u32_at(b, 8), body_len })
 }
 
-/// The checksum of a packet: CRC32C of bytes 8.. continued from `salt`.
+/// The checksum of a packet: CRC32C, continued from `salt`, of every byte but the
+/// checksum field itself (magic, version and kind, then bytes 8..).
 #[inline]
 pub fn checksum(b: &[u8], salt: u32) -> u32 {
-    crc32c::crc32c_append(salt, &b[8..])
+    crc32c::crc32c_append(crc32c::crc32c_append(salt, &b[..4]), &b[8..])
 }
 
 /// Writes the common header and the checksum of the finished packet `b`.
