@@ -1177,8 +1177,8 @@ impl Connection {
                 rx.next_deliver += 1;
                 rx.deliver_pos = 0;
                 let (bytes, seq) = rx.credit();
-                if bytes - rx.advertised_bytes >= rx.credit_bytes / 4
-                    || seq - rx.advertised_seq >= rx.slots.len() as u64 / 4
+                if bytes - rx.advertised_bytes >= rx.credit_bytes / 8
+                    || seq - rx.advertised_seq >= rx.slots.len() as u64 / 8
                 {
                     // A window update, due at once (`created` is in the past).
                     rx.ack_due = Some(self.created);

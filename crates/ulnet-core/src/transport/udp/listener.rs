@@ -29,8 +29,8 @@ pub const PENDING_MAX: usize = 64;
 const RECENT_MAX: usize = 64;
 /// Socket buffers asked for (the kernel caps the send buffer at `wmem_max`; root can
 /// exceed `rmem_max` for the receive buffer). 16 MiB: a full credit window of one peer
-/// (4 MiB) counts about four times its payload in kernel buffer accounting for small
-/// datagrams.
+/// (`UdpConfig::credit_bytes`), so a receiver that obeys nothing but its credit does not
+/// overflow the kernel's queue with large datagrams.
 const SOCKET_BUFFER: usize = 16 << 20;
 /// IPv4 + UDP headers, taken from the path MTU to get the largest datagram.
 const IPV4_UDP_HEADERS: usize = 28;
