@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # UDP transport figures (issue 3): ulnet over UDP against ucx_perftest over -x tcp -d lo
 # (am_lat, am_bw message rate, UCP tag_bw and tag_lat), against iperf3 for bulk
-# throughput (TCP, the goal; and UDP goodput, the kernel's ceiling for any UDP transport), and the incast run (8 sender processes to one receiver, flow control on and
-# off). Writes bench/results/udp.md. ROUNDS=N sets the alternating rounds (default 5).
+# throughput (TCP, the goal; and UDP goodput, the kernel's ceiling for any UDP
+# transport), and the incast run (8 sender processes to one receiver, flow control on
+# and off). Writes bench/results/udp.md. ROUNDS=N sets the alternating rounds (default 5).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --locked -p ulnet >/dev/null 2>&1
@@ -14,6 +15,7 @@ python3 bench/compare.py --rounds "$ROUNDS" --markdown "$out" \
   "msg-rate 8 B, udp (UCX am_bw)|msg-rate --transport udp --size 8 --iters 2000000|$UCX msg-rate tcp 8 200000|msgs_per_s|>=2.0" \
   "msg-rate 8 B, udp (UCX tag_bw)|msg-rate --transport udp --size 8 --iters 2000000|$UCX am-bw tcp 8 200000|msgs_per_s|>=2.0" \
   "am-bw 1 MiB, udp|am-bw --transport udp --size 1048576 --iters 5000|bench/peers/iperf3-ref 5|mb_per_s|>=0.7" \
+  "am-bw 1 MiB, udp, blocking mode|am-bw --transport udp --size 1048576 --iters 5000 --blocking|bench/peers/iperf3-ref 5|mb_per_s|>=0.7" \
   "am-bw 1 MiB, udp vs kernel UDP goodput (context)|am-bw --transport udp --size 1048576 --iters 5000|bench/peers/iperf3-udp-ref 5|mb_per_s|>=0.7" \
   "rpc-lat 128 B, udp|rpc-lat --transport udp --size 128 --iters 50000|$UCX rpc-lat tcp 128 50000|p50_us|<=1.0" || true
 python3 - "$ROUNDS" "$out" <<'PY'

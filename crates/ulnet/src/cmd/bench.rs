@@ -130,6 +130,10 @@ pub struct BenchArgs {
     /// Measured time of `incast`, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     duration_ms: u64,
+    /// Blocking mode: sleep in `Endpoint::wait` whenever a poll found nothing to do or a
+    /// send found no room, instead of busy-polling (as iperf3 and most socket programs do).
+    #[arg(long)]
+    blocking: bool,
     /// Whether UDP senders obey the receiver's credit (`incast`): on or off.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     flow_control: String,
@@ -199,7 +203,19 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The one-byte message that acknowledges the end of a warm-up or measured stream.
 const ACK: &[u8] = b"A";
 
+/// Set by `--blocking`: idle loops sleep in `Endpoint::wait` instead of spinning.
+static BLOCKING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// In blocking mode, sleeps until the endpoint has something (or a protocol timer is due).
+fn idle(ep: &mut Endpoint) -> Result<()> {
+    if BLOCKING.load(std::sync::atomic::Ordering::Relaxed) {
+        ep.wait(Some(Duration::from_millis(10)))?;
+    }
+    Ok(())
+}
+
 pub fn run(args: BenchArgs) -> Result<i32> {
+    BLOCKING.store(args.blocking, std::sync::atomic::Ordering::Relaxed);
     if args.test == Test::Incast {
         return incast::run(&args);
     }
@@ -278,6 +294,7 @@ fn spawn_server(args: &BenchArgs, listen: &str, p: &Params) -> Result<(Child, St
         .args(["bench", p.test.name(), "--server", "--listen", listen, "--transport", p.transport.name()])
         .args(["--size", &p.size.to_string(), "--iters", &p.iters.to_string(), "--warmup", &p.warmup.to_string()])
         .args(p.recv_copy.then_some("--recv-copy"))
+        .args(BLOCKING.load(std::sync::atomic::Ordering::Relaxed).then_some("--blocking"))
         .args(["--outstanding", &p.outstanding.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -327,13 +344,16 @@ fn send_blocking(ep: &mut Endpoint, ch: ChannelId, msg: &[u8]) -> Result<()> {
             SendOutcome::Done => return Ok(()),
             SendOutcome::NoResource | SendOutcome::InProgress(_) => {
                 let mut down = None;
-                ep.poll(64, |e| {
+                let n = ep.poll(64, |e| {
                     if let Event::ChannelDown { error, .. } = e {
                         down = Some(error);
                     }
                 });
                 if let Some(e) = down {
                     bail!("peer went away: {e}");
+                }
+                if n == 0 {
+                    idle(ep)?;
                 }
             }
         }
@@ -346,11 +366,14 @@ fn receive_messages(ep: &mut Endpoint, count: u64, batch: usize) -> Result<()> {
     let mut got = 0;
     let mut down = None;
     while got < count && down.is_none() {
-        ep.poll(batch, |e| match e {
+        let n = ep.poll(batch, |e| match e {
             Event::Message { data, message_len, offset, .. } if offset + data.len() as u64 == message_len => got += 1,
             Event::ChannelDown { error, .. } => down = Some(error),
             _ => {}
         });
+        if n == 0 {
+            idle(ep)?;
+        }
     }
     match down {
         Some(e) => bail!("peer went away: {e}"),
@@ -400,7 +423,7 @@ fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
     let batch = if p.test == Test::AmLat { 1 } else { 256 };
     loop {
         let mut closed = None;
-        ep.poll(batch, |e| match e {
+        let polled = ep.poll(batch, |e| match e {
             Event::Message { data, message_len, offset, mut reply, .. } => {
                 if !user_buffer.is_empty() {
                     let at = offset as usize;
@@ -444,6 +467,9 @@ fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
             Some(ulnet_core::ChannelError::Closed) => return Ok(()),
             Some(e) => bail!("client went away: {e}"),
             None => {}
+        }
+        if polled == 0 {
+            idle(ep)?;
         }
     }
 }

@@ -6,7 +6,10 @@
 //! per-stream flow control is worth.
 //!
 //! Senders sleep in `Endpoint::wait` when they have no room (blocking mode), so idle
-//! senders leave the CPU to the receiver; the receiver busy-polls.
+//! senders leave the CPU to the receiver; the receiver busy-polls. On a host with two or
+//! more CPUs the receiver is pinned to one CPU and every sender to another, as if the
+//! senders were other hosts: the single stream and the N streams then have the same
+//! resources, and the comparison measures the protocol, not the scheduler.
 
 use super::{BenchArgs, TransportArg, CONNECT_TIMEOUT};
 use anyhow::{bail, Context, Result};
@@ -18,6 +21,25 @@ use ulnet_core::{ChannelError, ChannelId, Endpoint, EndpointConfig, Event, SendE
 
 /// Unmeasured time after every sender connected, for the streams to settle.
 const WARMUP: Duration = Duration::from_millis(300);
+/// Environment variable that tells a sender process which CPU to pin itself to.
+const SENDER_CPU_ENV: &str = "ULNET_INCAST_CPU";
+
+/// The CPUs this process may run on.
+fn allowed_cpus() -> Vec<usize> {
+    match rustix::process::sched_getaffinity(None) {
+        Ok(set) => (0..rustix::process::CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Pins the calling process to one CPU (best effort: an error only costs isolation).
+fn pin_to(cpu: usize) {
+    let mut set = rustix::process::CpuSet::new();
+    set.set(cpu);
+    if let Err(e) = rustix::process::sched_setaffinity(None, &set) {
+        tracing::warn!("incast: cannot pin to CPU {cpu}: {e}");
+    }
+}
 
 #[derive(Serialize)]
 struct IncastReport {
@@ -127,14 +149,19 @@ fn receive(
         TransportArg::Shm => unreachable!("refused above"),
     };
     let mut children: Vec<Child> = Vec::new();
+    let cpus = allowed_cpus();
     if args.server {
         println!("listening {addr}");
     } else {
+        if cpus.len() >= 2 {
+            pin_to(cpus[0]);
+        }
         let exe = std::env::current_exe()?;
         for _ in 0..senders {
             let child = Command::new(&exe)
                 .args(["bench", "incast", "--connect", &addr.to_string(), "--transport", args.transport.name()])
                 .args(["--size", &size.to_string(), "--flow-control", flag(flow_control)])
+                .env(SENDER_CPU_ENV, cpus.get(1).map_or(String::new(), |c| c.to_string()))
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .spawn()
@@ -195,6 +222,9 @@ fn receive(
 
 /// One sender: streams `size`-byte messages until the receiver closes the channel.
 fn sender(transport: TransportArg, addr: &str, size: usize, flow_control: bool) -> Result<()> {
+    if let Some(cpu) = std::env::var(SENDER_CPU_ENV).ok().and_then(|c| c.parse().ok()) {
+        pin_to(cpu);
+    }
     let mut ep = Endpoint::new(endpoint_config(flow_control));
     let ch = match transport {
         TransportArg::Udp => ep.connect_udp(addr, CONNECT_TIMEOUT)?,
