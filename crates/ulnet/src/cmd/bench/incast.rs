@@ -52,7 +52,8 @@ struct IncastReport {
     /// Aggregate at the receiver, 10^6 bytes per second.
     mb_per_s: f64,
     msgs_per_s: f64,
-    /// One sender alone, same settings, measured in the same run (absent with --senders 1).
+    /// One sender alone, same settings, measured in the same run just before and just
+    /// after the N senders, averaged (absent with --senders 1).
     #[serde(skip_serializing_if = "Option::is_none")]
     single_stream_mb_per_s: Option<f64>,
     /// `mb_per_s / single_stream_mb_per_s`.
@@ -96,10 +97,16 @@ pub(super) fn run(args: &BenchArgs) -> Result<i32> {
     }
     let duration = Duration::from_millis(args.duration_ms);
     let senders = args.senders.max(1);
+    // The single stream is measured right before and right after the N streams and
+    // averaged, so that a change of the host's load during the run weighs on both sides.
+    let baseline = senders > 1 && !args.server;
+    let before = if baseline { Some(receive(args, 1, size, flow_control, duration)?.0[0]) } else { None };
     let (per_sender, msgs) = receive(args, senders, size, flow_control, duration)?;
     let aggregate: f64 = per_sender.iter().sum();
-    let single =
-        if senders > 1 && !args.server { Some(receive(args, 1, size, flow_control, duration)?.0[0]) } else { None };
+    let single = match before {
+        Some(b) => Some((b + receive(args, 1, size, flow_control, duration)?.0[0]) / 2.0),
+        None => None,
+    };
     let report = IncastReport {
         test: "incast",
         transport: args.transport.name(),
