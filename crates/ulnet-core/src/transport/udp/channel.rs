@@ -431,6 +431,12 @@ impl Transport for UdpChannel {
             return;
         }
         self.conn.close();
+        if self.conn.peer_closed() {
+            // The peer closed first and may be gone: say goodbye once, do not linger.
+            self.transmit(Instant::now());
+            self.sync_stats();
+            return;
+        }
         let deadline = Instant::now() + self.linger;
         loop {
             let now = Instant::now();

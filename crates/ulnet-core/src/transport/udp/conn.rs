@@ -676,6 +676,11 @@ impl Connection {
         self.tx.fin_seq.is_some_and(|f| self.tx.una > f) || (self.tx.closing && self.failure.is_some())
     }
 
+    /// Whether the peer closed (its FIN was delivered): it acknowledges nothing more.
+    pub fn peer_closed(&self) -> bool {
+        self.rx.fin_delivered
+    }
+
     /// Our connection id (the one in packets we receive).
     pub fn local_id(&self) -> u32 {
         self.local_id
