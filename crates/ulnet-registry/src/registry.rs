@@ -149,7 +149,7 @@ impl Registry {
             .iter()
             .rev()
             .find_map(|r| match r {
-                Record::Snapshot { data, .. } => Store::from_snapshot(data).ok(),
+                Record::Snapshot { snapshot, .. } => Store::from_snapshot(&snapshot.data).ok(),
                 _ => None,
             })
             .unwrap_or_default();

@@ -48,6 +48,10 @@ pub struct GupConfig {
     pub queue_max: usize,
     /// Most log entries sent in one catch-up message (bigger gaps take several).
     pub catchup_entries_max: usize,
+    /// Most positions the locker lets be granted and not yet committed. Beyond it lock
+    /// requests wait: when a quorum is missing the log stays bounded (and with it every
+    /// sync state and snapshot record). Far above what `window` × senders keep in flight.
+    pub uncommitted_max: u64,
     /// How long the locker holds the first queued lock request for others to join it under
     /// one grant. Zero: requests are granted when the host next polls, after the burst of
     /// input it processed — which already gathers concurrent requests without adding
@@ -78,6 +82,7 @@ impl GupConfig {
             batch_bytes_max: 1 << 20,
             queue_max: 1 << 16,
             catchup_entries_max: 4096,
+            uncommitted_max: 4096,
             grant_delay: Duration::ZERO,
             snapshot_valid: |_| true,
         }
@@ -103,6 +108,7 @@ impl GupConfig {
         Self {
             batch_updates_max: 8,
             catchup_entries_max: 16,
+            uncommitted_max: 256,
             window: 4,
             grant_delay: Duration::from_micros(300),
             ..Self::local()
