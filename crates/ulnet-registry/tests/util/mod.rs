@@ -496,6 +496,8 @@ pub struct Cluster {
     /// ... for at most this many restarts of the run (with more, a quorum of the voters may
     /// have lost their logs — data loss beyond what any protocol survives).
     pub corrupt_restarts_left: u32,
+    /// The voting configuration each crashed node held when it crashed.
+    crashed_configs: Vec<Option<ulnet_registry::gup::VotingConfig>>,
     /// Random, disagreeing views handed to random nodes, this many per simulated second.
     pub chaos_views_per_s: f64,
     chaos_id: u64,
@@ -570,6 +572,7 @@ impl Cluster {
             deliveries: Vec::new(),
             corrupt_on_restart: 0.0,
             corrupt_restarts_left: 1,
+            crashed_configs: vec![None; total as usize],
             chaos_views_per_s: 0.0,
             chaos_id: 1_000_000,
             rng,
@@ -719,7 +722,27 @@ impl Cluster {
         let started = self.started.clone();
         let mut rng_draw = StdRng::seed_from_u64(self.sim.random_below(u64::MAX));
         let mut restarted: Vec<usize> = Vec::new();
-        let view_len = self.views.last().map_or(0, |v| v.members.len());
+        // The smallest voter set of any configuration a node holds (crashed ones too).
+        if let WorldChange::Crash(slot) = change {
+            let config = self.node(slot.0).and_then(|n| n.gup.voting_config().cloned());
+            self.crashed_configs[slot.0 as usize] = config;
+        }
+        let sets_min = {
+            let mut min = usize::MAX;
+            for slot in 0..self.n() {
+                let config = match self.node(slot) {
+                    Some(n) => n.gup.voting_config().cloned(),
+                    None => self.crashed_configs[slot as usize].clone(),
+                };
+                if let Some(c) = config {
+                    min = min.min(c.voters.len());
+                    if let Some(p) = &c.previous {
+                        min = min.min(p.len());
+                    }
+                }
+            }
+            min
+        };
         self.sim.apply(change, &mut |slot, old| {
             let old = old.expect("a restarted node was crashed");
             restarted.push(slot.0 as usize);
@@ -727,9 +750,10 @@ impl Cluster {
                 first_starts.push(slot.0 as usize);
                 return old;
             }
-            // A view of two cannot lose one member's log and go on (MSCS needs the quorum
-            // resource there): lose logs only where a quorum of voters survives it.
-            let lose = corrupt_left > 0 && corrupt > 0.0 && view_len >= 3 && rng_draw.gen_bool(corrupt);
+            // A configuration of two cannot lose one voter's log and go on (no protocol can:
+            // the lost log may have held what the other lacks); lose a log only where every
+            // configuration in sight keeps a quorum without it.
+            let lose = corrupt_left > 0 && corrupt > 0.0 && sets_min >= 3 && rng_draw.gen_bool(corrupt);
             corrupt_left -= lose as u32;
             let identity = lose.then_some(NodeId(fresh_id));
             if let Some(id) = identity {
