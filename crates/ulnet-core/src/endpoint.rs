@@ -157,6 +157,8 @@ pub struct Endpoint {
     next_channel: usize,
     /// Posted sends not yet complete, over all channels.
     posted_total: usize,
+    /// Wakes `wait` from other threads (made on first use).
+    waker: Option<crate::waker::Waker>,
     counters: EndpointCounters,
 }
 
@@ -177,8 +179,17 @@ impl Endpoint {
             upcall_enabled: [false; 2],
             next_channel: 0,
             posted_total: 0,
+            waker: None,
             counters: EndpointCounters::default(),
         }
+    }
+
+    /// A handle that wakes this endpoint's [`Endpoint::wait`] from any thread.
+    pub fn waker(&mut self) -> std::io::Result<crate::waker::Waker> {
+        if self.waker.is_none() {
+            self.waker = Some(crate::waker::Waker::new()?);
+        }
+        Ok(self.waker.clone().expect("made above"))
     }
 
     /// This endpoint's id.
@@ -502,8 +513,14 @@ impl Endpoint {
         if let Some(l) = &self.tcp_listener {
             extra.push(l.as_fd());
         }
+        if let Some(w) = &self.waker {
+            extra.push(w.as_fd());
+        }
         if crate::wait::sleep_on(&probes, &extra, timeout)? {
             self.counters.sleeps += 1;
+        }
+        if let Some(w) = &self.waker {
+            w.drain();
         }
         Ok(())
     }

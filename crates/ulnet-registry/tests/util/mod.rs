@@ -727,6 +727,7 @@ impl Cluster {
             let config = self.node(slot.0).and_then(|n| n.gup.voting_config().cloned());
             self.crashed_configs[slot.0 as usize] = config;
         }
+        let view_len = self.views.last().map_or(0, |v| v.members.len());
         let sets_min = {
             let mut min = usize::MAX;
             for slot in 0..self.n() {
@@ -753,7 +754,9 @@ impl Cluster {
             // A configuration of two cannot lose one voter's log and go on (no protocol can:
             // the lost log may have held what the other lacks); lose a log only where every
             // configuration in sight keeps a quorum without it.
-            let lose = corrupt_left > 0 && corrupt > 0.0 && sets_min >= 3 && rng_draw.gen_bool(corrupt);
+            // (Membership needs the same of its view: one of two members is no quorum.)
+            let lose =
+                corrupt_left > 0 && corrupt > 0.0 && sets_min >= 3 && view_len >= 3 && rng_draw.gen_bool(corrupt);
             corrupt_left -= lose as u32;
             let identity = lose.then_some(NodeId(fresh_id));
             if let Some(id) = identity {
