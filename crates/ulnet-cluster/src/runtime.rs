@@ -113,6 +113,21 @@ fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
     std::fs::File::open("/dev/urandom")?.read_exact(buf)
 }
 
+/// Sets aside the node's membership identity kept in `data_dir`, so that its next start
+/// joins as a new member (for a node that lost state bound to its identity, such as a
+/// service's log). Returns whether there was one.
+pub fn forget_identity(data_dir: &std::path::Path) -> std::io::Result<bool> {
+    let file = data_dir.join("member.json");
+    if !file.exists() {
+        return Ok(false);
+    }
+    let aside = data_dir.join(format!("member.json.forgotten-{}", ts_ms()));
+    std::fs::rename(&file, &aside)?;
+    std::fs::File::open(data_dir)?.sync_all()?;
+    tracing::warn!(file = %aside.display(), "membership identity set aside: this node joins as a new member");
+    Ok(true)
+}
+
 fn write_durable(dir: &std::path::Path, d: &Durable) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let tmp = dir.join("member.json.tmp");

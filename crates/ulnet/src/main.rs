@@ -28,6 +28,9 @@ enum Command {
     /// Ask a node about the cluster.
     #[command(subcommand)]
     Cluster(cmd::node::ClusterCommand),
+    /// The replicated registry of a running cluster.
+    #[command(subcommand)]
+    Registry(cmd::registry::RegistryCommand),
     /// One process of `ulnet demo` (started by it).
     #[command(hide = true)]
     DemoNode(cmd::demo::DemoNodeArgs),
@@ -44,6 +47,7 @@ fn main() {
         Command::DemoNode(a) => cmd::demo::run_node(a),
         Command::Node(a) => cmd::node::run_node(a),
         Command::Cluster(c) => cmd::node::run_cluster(c),
+        Command::Registry(c) => cmd::registry::run(c),
         Command::Gensort(a) => ulnet_sortbench::cli::run_gensort(&a),
         Command::Valsort(a) => ulnet_sortbench::cli::run_valsort(&a),
     };

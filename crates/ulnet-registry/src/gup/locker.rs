@@ -72,6 +72,15 @@ pub(super) struct SyncCollect {
 }
 
 impl LockerState {
+    /// Whether anything waits for the tick: requests, uncommitted positions, reads.
+    pub(super) fn busy(&self, commit: u64) -> bool {
+        !self.queued.is_empty() || self.granted > commit || !self.notify.is_empty() || !self.reads.is_empty()
+    }
+
+    pub(super) fn next_heartbeat(&self, interval: std::time::Duration) -> Instant {
+        self.last_heartbeat + interval
+    }
+
     pub(super) fn mark_synced(&mut self, n: NodeId) {
         if !self.synced.contains(&n) {
             self.synced.push(n);

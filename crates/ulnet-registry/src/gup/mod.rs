@@ -135,6 +135,10 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// How long an idle non-locker sleeps when nothing is under way (its next input is a
+/// message or a client's update, which come with their own wake-up).
+const IDLE_WAKE: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A client update, as numbered by [`Gup::submit`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct UpdateId(pub u64);
@@ -660,10 +664,29 @@ impl Gup {
         self.after_input(now);
     }
 
-    /// When [`Gup::handle_timeout`] should next be called.
+    /// When [`Gup::handle_timeout`] should next be called: every `tick` while something is
+    /// under way (updates, reads, a sync, a gap in the log), otherwise only for the locker's
+    /// next heartbeat — an idle node sleeps.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let grant_at = self.locker.as_ref().and_then(|l| l.queued_since).map(|t| t + self.config.grant_delay);
-        Some(grant_at.map_or(self.next_tick, |g| g.min(self.next_tick)))
+        let tick = if self.busy() {
+            self.next_tick
+        } else if let Some(l) = self.locker.as_ref().filter(|_| self.normal) {
+            self.next_tick.max(l.next_heartbeat(self.config.heartbeat_interval))
+        } else {
+            self.next_tick.max(self.last_now + IDLE_WAKE)
+        };
+        Some(grant_at.map_or(tick, |g| g.min(tick)))
+    }
+
+    /// Whether anything waits for the housekeeping tick.
+    fn busy(&self) -> bool {
+        self.sender.busy()
+            || !self.reads.is_empty()
+            || self.sync.is_some()
+            || self.establishing.is_some()
+            || self.contiguous < self.granted_known.max(self.commit)
+            || self.locker.as_ref().is_some_and(|l| l.busy(self.commit))
     }
 
     /// The next message to send, encoded.

@@ -21,6 +21,12 @@ struct ReadWait {
     last_sent: Instant,
 }
 
+impl Reads {
+    pub(super) fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
+}
+
 impl Gup {
     /// Starts a linearizable read: [`Event::ReadReady`] says when the local state reflects
     /// every update committed before this call (serve the read from it then), or

@@ -6,4 +6,5 @@ pub mod dc;
 pub mod demo;
 pub mod demo_cluster;
 pub mod node;
+pub mod registry;
 pub mod stats;
