@@ -37,6 +37,7 @@ mod sys;
 pub mod transport;
 mod wait;
 mod waker;
+mod watch;
 
 pub use cq::{Completion, CompletionKind, CompletionQueue};
 pub use endpoint::{ChannelId, Endpoint, EndpointConfig, EndpointCounters, EndpointId, Event, ReplyTo, Upcall};
