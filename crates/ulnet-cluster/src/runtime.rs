@@ -113,6 +113,21 @@ fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
     std::fs::File::open("/dev/urandom")?.read_exact(buf)
 }
 
+/// Sets aside the node's membership identity kept in `data_dir`, so that its next start
+/// joins as a new member (for a node that lost state bound to its identity, such as a
+/// service's log). Returns whether there was one.
+pub fn forget_identity(data_dir: &std::path::Path) -> std::io::Result<bool> {
+    let file = data_dir.join("member.json");
+    if !file.exists() {
+        return Ok(false);
+    }
+    let aside = data_dir.join(format!("member.json.forgotten-{}", ts_ms()));
+    std::fs::rename(&file, &aside)?;
+    std::fs::File::open(data_dir)?.sync_all()?;
+    tracing::warn!(file = %aside.display(), "membership identity set aside: this node joins as a new member");
+    Ok(true)
+}
+
 fn write_durable(dir: &std::path::Path, d: &Durable) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let tmp = dir.join("member.json.tmp");
@@ -151,6 +166,8 @@ impl Node {
             machine.set_witness(Box::new(FileWitness::new(dir)?));
         }
         let me = machine.me().clone();
+        let mut ep = ep;
+        let control_waker = ep.waker()?;
         let shared = Arc::new(Shared {
             status: Mutex::new(StatusReport { node: me.name.clone(), status: "joining".into(), ..Default::default() }),
             counters: Mutex::new(Counters::default()),
@@ -162,7 +179,7 @@ impl Node {
             let shared = shared.clone();
             let config = config.clone();
             threads.push(std::thread::Builder::new().name("membership".into()).spawn(move || {
-                if let Err(e) = membership_loop(machine, socket, &config, &shared, to_control) {
+                if let Err(e) = membership_loop(machine, socket, &config, &shared, to_control, control_waker) {
                     tracing::error!("membership thread stopped: {e}");
                 }
             })?);
@@ -170,8 +187,9 @@ impl Node {
         {
             let shared = shared.clone();
             let me = me.clone();
+            let secret = config.secret.clone();
             threads.push(std::thread::Builder::new().name("control".into()).spawn(move || {
-                control_loop(ep, me, services, &shared, from_membership);
+                control_loop(ep, me, secret, services, &shared, from_membership);
             })?);
         }
         if let Some(addr) = config.metrics {
@@ -271,6 +289,7 @@ fn membership_loop(
     config: &NodeConfig,
     shared: &Shared,
     to_control: mpsc::Sender<ToControl>,
+    control_waker: ulnet_core::Waker,
 ) -> std::io::Result<()> {
     let mut events_file = match &config.events_json {
         Some(p) => Some(std::fs::OpenOptions::new().create(true).append(true).open(p)?),
@@ -278,6 +297,12 @@ fn membership_loop(
     };
     let mut durable_written = u64::MAX;
     let mut buf = vec![0u8; crate::wire::PACKET_MAX];
+    if let Some(v) = machine.view() {
+        // Resuming from the data directory: services get the view the node comes back in
+        // (not acting as a member until a regroup confirms it).
+        let _ = to_control.send(ToControl::View(v.clone(), false));
+        control_waker.wake();
+    }
     machine.start(Instant::now());
     while !shared.stop.load(Ordering::Relaxed) {
         // Durable state first: nothing a promise produced leaves before it is on disk.
@@ -308,6 +333,7 @@ fn membership_loop(
             if let Some(f) = &mut events_file {
                 let _ = f.flush();
             }
+            control_waker.wake();
         }
         *shared.status.lock().expect("status lock") = report(&machine);
         *shared.counters.lock().expect("counters lock") = machine.counters();
@@ -328,14 +354,76 @@ fn membership_loop(
 }
 
 type Inbox = Arc<Mutex<Vec<(MemberId, u16, Vec<u8>)>>>;
+/// Requests for services' `request_methods`: (service, method, payload, answer).
+type Requests = Arc<Mutex<Vec<(u16, u16, Vec<u8>, Option<ulnet_msg::rpc::DeferredReply>)>>>;
+
+/// Messages a member that is not connected yet may have waiting, at most; beyond it the
+/// oldest are dropped (services tolerate loss: they retransmit what matters).
+const PEER_QUEUE_MAX: usize = 4096;
+/// First wait before connecting again to a member that could not be reached; doubled up
+/// to [`CONNECT_BACKOFF_MAX`].
+const CONNECT_BACKOFF_MIN: Duration = Duration::from_millis(50);
+/// Longest wait between connection attempts to an unreachable member.
+const CONNECT_BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// How long one connection attempt (connect and handshake) may take, on the connector
+/// thread: a partitioned member costs that thread this long, never the control thread.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest sleep of the control thread (the membership thread wakes it for its news).
+const CONTROL_SLEEP_MAX: Duration = Duration::from_millis(200);
+
+/// A member's outgoing channel, or the way to one.
+struct Peer {
+    channel: Option<ChannelId>,
+    connecting: bool,
+    retry_at: Instant,
+    backoff: Duration,
+    waiting: std::collections::VecDeque<(u16, Vec<u8>)>,
+}
+
+type Connected = (MemberId, Result<ulnet_core::transport::tcp::TcpChannel, String>);
+
+/// Opens channels to members on its own thread (a connect to a partitioned member blocks
+/// until its timeout), handing them to the control thread.
+fn connector(
+    secret: Vec<u8>,
+    requests: mpsc::Receiver<(MemberId, SocketAddr)>,
+    done: mpsc::Sender<Connected>,
+    waker: ulnet_core::Waker,
+) {
+    let config = ulnet_core::transport::tcp::TcpConfig { secret };
+    for (member, addr) in requests {
+        let result =
+            ulnet_core::transport::tcp::connect(&addr.to_string(), &config, CONNECT_TIMEOUT).map_err(|e| e.to_string());
+        if done.send((member, result)).is_err() {
+            return;
+        }
+        waker.wake();
+    }
+}
 
 fn control_loop(
-    ep: Endpoint,
+    mut ep: Endpoint,
     me: Member,
+    secret: Vec<u8>,
     mut services: Vec<Box<dyn Service>>,
     shared: &Arc<Shared>,
     from_membership: mpsc::Receiver<ToControl>,
 ) {
+    let waker = match ep.waker() {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!("control thread: no waker: {e}");
+            return;
+        }
+    };
+    let (connect_tx, connect_rx) = mpsc::channel();
+    let (connected_tx, connected_rx) = mpsc::channel::<Connected>();
+    {
+        let waker = waker.clone();
+        let _ = std::thread::Builder::new()
+            .name("connector".into())
+            .spawn(move || connector(secret, connect_rx, connected_tx, waker));
+    }
     let mut rpc = Rpc::new(ep, RpcConfig { workers: 0, ..RpcConfig::default() });
     {
         let shared = shared.clone();
@@ -355,6 +443,7 @@ fn control_loop(
             }
         });
     }
+    let requests: Requests = Arc::new(Mutex::new(Vec::new()));
     for s in &mut services {
         for (method, mut handler) in s.rpc_methods() {
             assert!(method >= METHOD_SERVICE_MIN, "service methods start at METHOD_SERVICE_MIN");
@@ -365,18 +454,68 @@ fn control_loop(
                 Err(status) => replier.fail(status),
             });
         }
+        let service = s.id();
+        for method in s.request_methods() {
+            assert!(method >= METHOD_SERVICE_MIN, "service methods start at METHOD_SERVICE_MIN");
+            let requests = requests.clone();
+            rpc.register_inline(method, move |req, replier| {
+                let deferred = replier.defer();
+                requests.lock().expect("requests lock").push((service, method, req.payload.to_vec(), deferred));
+            });
+        }
     }
     let mut view: Option<View> = None;
     let mut quorum = false;
-    let mut peers: HashMap<MemberId, ChannelId> = HashMap::new();
+    let mut peers: HashMap<MemberId, Peer> = HashMap::new();
     let mut outbox = Vec::new();
+    let mut replies = Vec::new();
+    let mut pending: HashMap<u64, (u16, ulnet_msg::rpc::DeferredReply)> = HashMap::new();
+    let mut next_token = 0u64;
+    for s in &mut services {
+        let mut ctx =
+            ServiceContext { me: &me, view: None, quorum, service: s.id(), outbox: &mut outbox, replies: &mut replies };
+        s.on_start(waker.clone(), &mut ctx);
+    }
     while !shared.stop.load(Ordering::Relaxed) {
         while let Ok(Some(_)) = rpc.endpoint().try_accept() {}
-        rpc.poll(256, |_| {});
+        let mut down: Vec<ChannelId> = Vec::new();
+        rpc.poll(1024, |e| {
+            if let ulnet_msg::rpc::RpcEvent::ChannelDown { channel, .. } = e {
+                down.push(channel);
+            }
+        });
+        for peer in peers.values_mut() {
+            if peer.channel.is_some_and(|c| down.contains(&c)) {
+                peer.channel = None;
+            }
+        }
+        for (member, result) in connected_rx.try_iter() {
+            let Some(peer) = peers.get_mut(&member) else { continue };
+            peer.connecting = false;
+            match result {
+                Ok(channel) => {
+                    let c = rpc.endpoint().add_channel(Box::new(channel));
+                    peer.channel = Some(c);
+                    peer.backoff = CONNECT_BACKOFF_MIN;
+                }
+                Err(e) => {
+                    tracing::debug!(%member, "no channel: {e}");
+                    peer.retry_at = Instant::now() + peer.backoff;
+                    peer.backoff = (peer.backoff * 2).min(CONNECT_BACKOFF_MAX);
+                    peer.waiting.clear();
+                }
+            }
+        }
         for msg in from_membership.try_iter() {
             for s in &mut services {
-                let mut ctx =
-                    ServiceContext { me: &me, view: view.as_ref(), quorum, service: s.id(), outbox: &mut outbox };
+                let mut ctx = ServiceContext {
+                    me: &me,
+                    view: view.as_ref(),
+                    quorum,
+                    service: s.id(),
+                    outbox: &mut outbox,
+                    replies: &mut replies,
+                };
                 match &msg {
                     ToControl::View(v, q) => {
                         ctx.view = Some(v);
@@ -401,39 +540,119 @@ fn control_loop(
         let arrived = std::mem::take(&mut *inbox.lock().expect("inbox lock"));
         for (from, service, data) in arrived {
             if let Some(s) = services.iter_mut().find(|s| s.id() == service) {
-                let mut ctx = ServiceContext { me: &me, view: view.as_ref(), quorum, service, outbox: &mut outbox };
+                let mut ctx = ServiceContext {
+                    me: &me,
+                    view: view.as_ref(),
+                    quorum,
+                    service,
+                    outbox: &mut outbox,
+                    replies: &mut replies,
+                };
                 s.on_message(from, &data, &mut ctx);
+            }
+        }
+        let asked = std::mem::take(&mut *requests.lock().expect("requests lock"));
+        for (service, method, payload, deferred) in asked {
+            let token = next_token;
+            next_token += 1;
+            if let Some(d) = deferred {
+                pending.insert(token, (service, d));
+            }
+            if let Some(s) = services.iter_mut().find(|s| s.id() == service) {
+                let mut ctx = ServiceContext {
+                    me: &me,
+                    view: view.as_ref(),
+                    quorum,
+                    service,
+                    outbox: &mut outbox,
+                    replies: &mut replies,
+                };
+                s.on_request(method, &payload, crate::service::ReplyToken(token), &mut ctx);
             }
         }
         let now = Instant::now();
         for s in &mut services {
-            let mut ctx = ServiceContext { me: &me, view: view.as_ref(), quorum, service: s.id(), outbox: &mut outbox };
+            let mut ctx = ServiceContext {
+                me: &me,
+                view: view.as_ref(),
+                quorum,
+                service: s.id(),
+                outbox: &mut outbox,
+                replies: &mut replies,
+            };
             s.on_tick(now, &mut ctx);
+        }
+        for (token, result) in replies.drain(..) {
+            if let Some((_, deferred)) = pending.remove(&token.0) {
+                match &result {
+                    Ok(body) => rpc.reply_later(deferred, Ok(&[body])),
+                    Err(status) => rpc.reply_later(deferred, Err(*status)),
+                }
+            }
         }
         for (to, service, data) in outbox.drain(..) {
             let Some(member) = view.as_ref().and_then(|v| v.member(to)).cloned() else { continue };
-            let channel = match peers.get(&to) {
-                Some(c) => *c,
-                None => match rpc.endpoint().connect_tcp(&member.addr.to_string(), Duration::from_secs(1)) {
-                    Ok(c) => {
-                        peers.insert(to, c);
-                        c
+            let peer = peers.entry(to).or_insert_with(|| Peer {
+                channel: None,
+                connecting: false,
+                retry_at: now,
+                backoff: CONNECT_BACKOFF_MIN,
+                waiting: std::collections::VecDeque::new(),
+            });
+            if peer.channel.is_none() {
+                if !peer.connecting && peer.retry_at <= now {
+                    peer.connecting = true;
+                    let _ = connect_tx.send((to, member.addr));
+                }
+                if peer.connecting {
+                    if peer.waiting.len() >= PEER_QUEUE_MAX {
+                        peer.waiting.pop_front();
+                    }
+                    peer.waiting.push_back((service, data));
+                }
+                continue;
+            }
+            peer.waiting.push_back((service, data));
+        }
+        for peer in peers.values_mut() {
+            let Some(channel) = peer.channel else { continue };
+            while let Some((service, data)) = peer.waiting.front() {
+                let mut header = [0u8; 10];
+                header[..2].copy_from_slice(&service.to_le_bytes());
+                header[2..].copy_from_slice(&me.id.0.to_le_bytes());
+                match rpc.one_way(channel, METHOD_SERVICE_MESSAGE, &[&header, data]) {
+                    Ok(ulnet_core::SendOutcome::NoResource) => break,
+                    Ok(_) => {
+                        peer.waiting.pop_front();
                     }
                     Err(e) => {
-                        tracing::debug!(to = %member.name, "no channel: {e}");
-                        continue;
+                        tracing::debug!("service message not sent: {e}");
+                        peer.channel = None;
+                        peer.waiting.clear();
+                        break;
                     }
-                },
-            };
-            let mut header = [0u8; 10];
-            header[..2].copy_from_slice(&service.to_le_bytes());
-            header[2..].copy_from_slice(&me.id.0.to_le_bytes());
-            if rpc.one_way(channel, METHOD_SERVICE_MESSAGE, &[&header, &data]).is_err() {
-                peers.remove(&to);
+                }
             }
         }
+        // Pending replies of requests whose answer will never come (a service dropped the
+        // token) would grow forever: the caller's deadline ends them; forget the oldest.
+        if pending.len() > 1 << 16 {
+            let oldest = *pending.keys().min().expect("not empty");
+            pending.remove(&oldest);
+        }
         rpc.endpoint().flush_sends();
-        let _ = rpc.endpoint().wait(Some(Duration::from_millis(20)));
+        let backlog = peers.values().any(|p| p.channel.is_some() && !p.waiting.is_empty());
+        let wake_at = services.iter().filter_map(|s| s.poll_timeout()).min();
+        let now = Instant::now();
+        let sleep = match wake_at {
+            _ if backlog => Duration::from_millis(1),
+            Some(t) => t.saturating_duration_since(now).min(CONTROL_SLEEP_MAX),
+            None => Duration::from_millis(20),
+        };
+        if !sleep.is_zero() && inbox.lock().expect("inbox lock").is_empty() {
+            // Sub-millisecond waits round up: waking early costs a turn of the loop.
+            let _ = rpc.endpoint().wait(Some(sleep.max(Duration::from_millis(1))));
+        }
     }
 }
 

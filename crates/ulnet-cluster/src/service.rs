@@ -3,13 +3,21 @@
 //! members, and control-plane methods.
 //!
 //! A service is handed to [`crate::runtime::Node::start`]. It runs on the node's control
-//! thread: [`Service::on_view`] for every installed view (id and ordered members with
-//! addresses), [`Service::on_event`] for every membership event, [`Service::on_message`]
-//! for every message from the same service on another member, [`Service::on_tick`]
-//! periodically. It sends with [`ServiceContext::send`]: messages to one member are
-//! reliable and ordered (a ulnet TCP channel per pair, authenticated with the cluster
-//! secret). Control-plane methods ([`Service::rpc_methods`]) are served on the node's
-//! address, so `ulnet registry set --connect ADDR` can call them.
+//! thread: [`Service::on_start`] once (with a [`Waker`] for threads of its own),
+//! [`Service::on_view`] for every installed view (id and ordered members with addresses;
+//! a node that resumes from its data directory gets its last view first),
+//! [`Service::on_event`] for every membership event, [`Service::on_message`] for every
+//! message from the same service on another member, [`Service::on_request`] for every
+//! request of its [`Service::request_methods`], and [`Service::on_tick`] after every batch
+//! of those and at its [`Service::poll_timeout`] (at least every 20 ms) — so a service that
+//! does its work in `on_tick` sees all the input that arrived together first. It sends with
+//! [`ServiceContext::send`]: messages to one member are ordered and reliable while the
+//! channel lasts (a ulnet TCP channel per pair, authenticated with the cluster secret,
+//! opened in the background; messages to a member that cannot be reached are dropped
+//! after a bounded queue). Control-plane methods are served on the node's address, so
+//! `ulnet registry set --connect ADDR` can call them: [`Service::rpc_methods`] answer at
+//! once, [`Service::request_methods`] whenever the service calls
+//! [`ServiceContext::reply`].
 //!
 //! Ids are on the wire and append-only: [`SERVICE_ID_MIN`] and up for services,
 //! [`crate::runtime::METHOD_SERVICE_MIN`] and up for their methods.
@@ -17,6 +25,8 @@
 use crate::events::MembershipEvent;
 use crate::view::{Member, MemberId, View};
 use std::time::Instant;
+pub use ulnet_core::Waker;
+pub use ulnet_msg::wire::Status;
 
 /// Lowest id a service may use (ids below are reserved for the node itself).
 pub const SERVICE_ID_MIN: u16 = 16;
@@ -34,15 +44,35 @@ pub trait Service: Send {
     fn rpc_methods(&mut self) -> Vec<(u16, RpcHandler)> {
         Vec::new()
     }
+    /// Control-plane methods answered by [`Service::on_request`] (ids at least
+    /// [`crate::runtime::METHOD_SERVICE_MIN`]). Called once at start.
+    fn request_methods(&self) -> Vec<u16> {
+        Vec::new()
+    }
+    /// Called once before any other hook: `waker` wakes the control thread (for the
+    /// service's own threads, whose results it collects in `on_tick`).
+    fn on_start(&mut self, _waker: Waker, _ctx: &mut ServiceContext<'_>) {}
+    /// A request for one of [`Service::request_methods`]: answer it once with
+    /// [`ServiceContext::reply`], now or from a later hook.
+    fn on_request(&mut self, _method: u16, _payload: &[u8], _reply: ReplyToken, _ctx: &mut ServiceContext<'_>) {}
+    /// When [`Service::on_tick`] is next wanted (None: within 20 ms is soon enough).
+    fn poll_timeout(&self) -> Option<Instant> {
+        None
+    }
     /// A view was installed.
     fn on_view(&mut self, _view: &View, _ctx: &mut ServiceContext<'_>) {}
     /// A membership event (suspicions, deaths, joins, loss of quorum).
     fn on_event(&mut self, _event: &MembershipEvent, _ctx: &mut ServiceContext<'_>) {}
     /// A message from this service on member `from`.
     fn on_message(&mut self, _from: MemberId, _data: &[u8], _ctx: &mut ServiceContext<'_>) {}
-    /// Called at least every 20 ms.
+    /// Called after every batch of input, at [`Service::poll_timeout`], and at least every
+    /// 20 ms.
     fn on_tick(&mut self, _now: Instant, _ctx: &mut ServiceContext<'_>) {}
 }
+
+/// A request waiting for its answer ([`Service::on_request`], [`ServiceContext::reply`]).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub struct ReplyToken(pub(crate) u64);
 
 /// What a service can see and do from its hooks.
 pub struct ServiceContext<'a> {
@@ -51,6 +81,7 @@ pub struct ServiceContext<'a> {
     pub(crate) quorum: bool,
     pub(crate) service: u16,
     pub(crate) outbox: &'a mut Vec<(MemberId, u16, Vec<u8>)>,
+    pub(crate) replies: &'a mut Vec<(ReplyToken, Result<Vec<u8>, Status>)>,
 }
 
 impl ServiceContext<'_> {
@@ -70,5 +101,9 @@ impl ServiceContext<'_> {
     /// when the hook returns). Messages to members not in the view are dropped.
     pub fn send(&mut self, to: MemberId, data: Vec<u8>) {
         self.outbox.push((to, self.service, data));
+    }
+    /// Answers a request (sent when the hook returns).
+    pub fn reply(&mut self, token: ReplyToken, result: Result<Vec<u8>, Status>) {
+        self.replies.push((token, result));
     }
 }

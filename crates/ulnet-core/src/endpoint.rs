@@ -209,6 +209,12 @@ pub struct Endpoint {
     next_channel: usize,
     /// Posted sends not yet complete, over all channels.
     posted_total: usize,
+    /// Wakes `wait` from other threads (made on first use).
+    waker: Option<crate::waker::Waker>,
+    /// The epoll set of the channels with a readiness descriptor (made on first use).
+    watch: Option<crate::watch::Watch>,
+    /// Scratch list of ready watched channels.
+    ready: Vec<usize>,
     counters: EndpointCounters,
 }
 
@@ -233,8 +239,19 @@ impl Endpoint {
             upcall_enabled: [false; 2],
             next_channel: 0,
             posted_total: 0,
+            waker: None,
+            watch: None,
+            ready: Vec::new(),
             counters: EndpointCounters::default(),
         }
+    }
+
+    /// A handle that wakes this endpoint's [`Endpoint::wait`] from any thread.
+    pub fn waker(&mut self) -> std::io::Result<crate::waker::Waker> {
+        if self.waker.is_none() {
+            self.waker = Some(crate::waker::Waker::new()?);
+        }
+        Ok(self.waker.clone().expect("made above"))
     }
 
     /// This endpoint's id.
@@ -373,10 +390,27 @@ impl Endpoint {
             }
         };
         let channel = ChannelId(index as u32);
+        if let Some(fd) = probe.readiness_fd() {
+            if self.watch.is_none() {
+                match crate::watch::Watch::new() {
+                    Ok(w) => self.watch = Some(w),
+                    Err(e) => tracing::debug!("no epoll set, channels probed one by one: {e}"),
+                }
+            }
+            if let Some(w) = &mut self.watch {
+                if let Err(e) = w.add(index, fd) {
+                    tracing::debug!("channel not watched, probed on every poll: {e}");
+                }
+            }
+        }
         if let Some(cq) = &self.cq {
             cq.register(self.id, channel, probe);
         }
         channel
+    }
+
+    fn is_watched(&self, index: usize) -> bool {
+        self.watch.as_ref().is_some_and(|w| w.is_watched(index))
     }
 
     /// Reports this endpoint's channels (present and future) into `cq`.
@@ -547,6 +581,10 @@ impl Endpoint {
             Ok(got) => got,
             Err(error) => {
                 slot.down = true;
+                if let Some(w) = &mut self.watch {
+                    // A dead socket stays readable: it would keep every wait from sleeping.
+                    w.remove(i, slot.probe.readiness_fd());
+                }
                 if error != ChannelError::Closed {
                     self.counters.channels_failed += 1;
                 }
@@ -572,26 +610,70 @@ impl Endpoint {
             handle(Event::SendComplete { channel, token });
             n += 1;
         }
-        // Round-robin over channels without a division in the spin loop.
+        // Round-robin over the channels that are not watched, without a division in the
+        // spin loop.
         let count = self.channels.len();
         let mut i = if self.next_channel < count { self.next_channel } else { 0 };
         for _ in 0..count {
             if n >= max {
                 break;
             }
-            n += self.poll_one(i, max - n, handle);
+            if !self.is_watched(i) {
+                n += self.poll_one(i, max - n, handle);
+            }
             i += 1;
             if i == count {
                 i = 0;
             }
         }
         self.next_channel = i;
+        // The watched ones the epoll set reports.
+        if n < max {
+            if let Some(w) = &mut self.watch {
+                w.ready(&mut self.ready);
+            }
+            let ready = std::mem::take(&mut self.ready);
+            for &i in &ready {
+                if n >= max {
+                    // Level-triggered: those not visited are reported again; those that
+                    // buffered input are remembered.
+                    if let Some(w) = &mut self.watch {
+                        w.poll_again(i);
+                    }
+                    continue;
+                }
+                let budget = max - n;
+                let got = self.poll_one(i, budget, handle);
+                if got >= budget {
+                    if let Some(w) = &mut self.watch {
+                        w.poll_again(i);
+                    }
+                }
+                n += got;
+            }
+            self.ready = ready;
+        }
+        // Sends coalesce until the next poll: channels not visited above still write theirs.
+        if self.watch.is_some() {
+            for (i, slot) in self.channels.iter_mut().enumerate() {
+                if let Some(slot) = slot.as_mut().filter(|s| !s.down) {
+                    if self.watch.as_ref().is_some_and(|w| w.is_watched(i)) {
+                        let _ = slot.transport.flush();
+                    }
+                }
+            }
+        }
         n
     }
 
-    /// Whether any channel has something to receive right now (no system call).
+    /// Whether any channel has something to receive right now.
     pub fn is_readable(&self) -> bool {
-        self.channels.iter().flatten().any(|s| !s.down && s.probe.is_ready()) || !self.completed.is_empty()
+        self.channels
+            .iter()
+            .enumerate()
+            .any(|(i, s)| s.as_ref().is_some_and(|s| !s.down && !self.is_watched(i) && s.probe.is_ready()))
+            || !self.completed.is_empty()
+            || self.watch.as_ref().is_some_and(|w| w.any_ready())
     }
 
     /// Sleeps in the kernel until a channel has something, a peer connects or hangs up, or
@@ -636,9 +718,16 @@ impl Endpoint {
 
     fn sleep(&mut self, timeout: Option<Duration>) -> std::io::Result<()> {
         self.flush_sends();
-        let probes: Vec<Arc<dyn ReadyProbe>> =
-            self.channels.iter().flatten().filter(|s| !s.down).map(|s| s.probe.clone()).collect();
+        let probes: Vec<Arc<dyn ReadyProbe>> = self
+            .channels
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().filter(|s| !s.down && !self.is_watched(i)).map(|s| s.probe.clone()))
+            .collect();
         let mut extra = Vec::new();
+        if let Some(w) = &self.watch {
+            extra.push(w.as_fd());
+        }
         if let Some(l) = &self.listener {
             extra.push(l.as_fd());
         }
@@ -648,8 +737,14 @@ impl Endpoint {
         if let Some(l) = &self.udp_listener {
             extra.push(l.as_fd());
         }
+        if let Some(w) = &self.waker {
+            extra.push(w.as_fd());
+        }
         if crate::wait::sleep_on(&probes, &extra, timeout)? {
             self.counters.sleeps += 1;
+        }
+        if let Some(w) = &self.waker {
+            w.drain();
         }
         Ok(())
     }
@@ -699,6 +794,9 @@ impl Endpoint {
     pub fn close(&mut self, channel: ChannelId) {
         if let Some(slot) = self.channels.get_mut(channel.0 as usize).and_then(Option::take) {
             let mut slot = slot;
+            if let Some(w) = &mut self.watch {
+                w.remove(channel.0 as usize, slot.probe.readiness_fd());
+            }
             self.posted_total -= slot.posted.len();
             slot.transport.close();
             if let Some(cq) = &self.cq {

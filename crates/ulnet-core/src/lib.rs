@@ -39,12 +39,15 @@ mod sys;
 pub mod trace;
 pub mod transport;
 mod wait;
+mod waker;
+mod watch;
 
 pub use cq::{Completion, CompletionKind, CompletionQueue};
 pub use endpoint::{ChannelId, Endpoint, EndpointConfig, EndpointCounters, EndpointId, Event, ReplyTo, Upcall};
 pub use error::{ChannelError, ConnectError, SendError};
 pub use node::NodeId;
 pub use transport::{Capabilities, Responder, SendOutcome, Transport, TransportKind};
+pub use waker::Waker;
 
 /// Most buffers in one gather list.
 pub const GATHER_MAX: usize = 4;

@@ -186,6 +186,31 @@ impl Replier<'_, '_> {
         self.header.status = Some(status);
         self.reply(&[]);
     }
+
+    /// Answers later, outside the handler (when the work the request started is done):
+    /// the request stays open until [`Rpc::reply_later`] answers the returned handle, or
+    /// the caller's deadline passes. `None` for one-way requests, which get no answer.
+    pub fn defer(&mut self) -> Option<DeferredReply> {
+        assert!(!self.replied, "a request is answered once");
+        self.replied = true;
+        self.reply.as_ref()?;
+        Some(DeferredReply { channel: self.channel, header: self.header })
+    }
+}
+
+/// A request whose answer was deferred ([`Replier::defer`]); answer it once with
+/// [`Rpc::reply_later`]. Dropping it leaves the caller to its deadline.
+#[derive(Debug)]
+pub struct DeferredReply {
+    channel: ChannelId,
+    header: Header,
+}
+
+impl DeferredReply {
+    /// The channel the request came on.
+    pub fn channel(&self) -> ChannelId {
+        self.channel
+    }
 }
 
 type InlineHandler = Box<dyn FnMut(&Request<'_>, &mut Replier<'_, '_>) + Send>;
@@ -414,6 +439,31 @@ impl Rpc {
     pub fn one_way(&mut self, channel: ChannelId, method: u16, payload: &[&[u8]]) -> Result<SendOutcome, CallError> {
         let header = Header { kind: Kind::OneWay, method, status: None, request_id: 0, deadline_us: 0 }.encode();
         self.send_with_header(channel, &header, payload, (trace::MessageKind::OneWay, 0))
+    }
+
+    /// Answers a deferred request: `Ok(payload)` (a gather list of at most
+    /// [`PAYLOAD_GATHER_MAX`] buffers) or an error status. A reply that finds the channel
+    /// full is copied and sent at the next poll; one for a channel that failed is dropped.
+    pub fn reply_later(&mut self, deferred: DeferredReply, result: Result<&[&[u8]], Status>) {
+        let (header, payload) = match result {
+            Ok(payload) => (deferred.header, payload),
+            Err(status) => (Header { kind: Kind::ErrorReply, status: Some(status), ..deferred.header }, &[][..]),
+        };
+        assert!(payload.len() <= PAYLOAD_GATHER_MAX, "a reply payload has at most {PAYLOAD_GATHER_MAX} buffers");
+        let header = header.encode();
+        let mut gather: [&[u8]; ulnet_core::GATHER_MAX] = [&[]; ulnet_core::GATHER_MAX];
+        gather[0] = &header;
+        gather[1..=payload.len()].copy_from_slice(payload);
+        if !self.deferred.is_empty() {
+            // Keep replies in order behind those already waiting for room.
+            self.deferred.push_back((deferred.channel, gather[..=payload.len()].concat()));
+            return;
+        }
+        match self.ep.send(deferred.channel, &gather[..=payload.len()]) {
+            Ok(SendOutcome::Done) => {}
+            Ok(_) => self.deferred.push_back((deferred.channel, gather[..=payload.len()].concat())),
+            Err(e) => tracing::debug!("deferred reply not sent: {e}"),
+        }
     }
 
     /// Gives up on a call: no event follows for it, and a late reply is dropped.

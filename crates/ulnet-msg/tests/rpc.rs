@@ -286,3 +286,75 @@ fn server_crash_fails_every_outstanding_call() {
     assert!(ids.is_empty(), "{} calls got no error", ids.len());
     assert_eq!(rpc.outstanding(), 0);
 }
+
+/// A handler defers its answer; the server answers later, out of order, with payloads and
+/// with an error status; a one-way request gets no handle.
+#[test]
+fn deferred_replies_are_answered_later_in_any_order() {
+    const LATER: u16 = 7;
+    let name = format!("rpc-defer-{}", std::process::id());
+    let mut ep = Endpoint::new(EndpointConfig::default());
+    ep.listen_shm(&name).unwrap();
+    let server = std::thread::spawn(move || {
+        let mut rpc = Rpc::new(ep, RpcConfig { workers: 0, ..Default::default() });
+        let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let h = held.clone();
+        rpc.register_inline(LATER, move |req, replier| {
+            let deferred = replier.defer();
+            h.lock().unwrap().push((req.payload.to_vec(), deferred));
+        });
+        rpc.endpoint().accept(Duration::from_secs(10)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while held.lock().unwrap().len() < 4 {
+            rpc.poll(64, |_| {});
+            assert!(Instant::now() < deadline);
+        }
+        let mut taken: Vec<(Vec<u8>, Option<ulnet_msg::rpc::DeferredReply>)> = held.lock().unwrap().drain(..).collect();
+        assert!(taken.iter().any(|(p, d)| p == b"one-way" && d.is_none()), "one-way requests get no handle");
+        taken.retain(|(_, d)| d.is_some());
+        taken.reverse();
+        for (payload, deferred) in taken {
+            let deferred = deferred.unwrap();
+            if payload == b"fail" {
+                rpc.reply_later(deferred, Err(Status::HandlerFailed));
+            } else {
+                rpc.reply_later(deferred, Ok(&[b"re:", &payload]));
+            }
+        }
+        let mut down = false;
+        while !down {
+            rpc.poll(64, |e| down |= matches!(e, RpcEvent::ChannelDown { .. }));
+        }
+    });
+    let mut ep = Endpoint::new(EndpointConfig::default());
+    let ch = ep.connect_shm(&name, Duration::from_secs(10)).unwrap();
+    let mut rpc = Rpc::new(ep, RpcConfig { workers: 0, ..Default::default() });
+    let mut calls = Vec::new();
+    for p in [&b"a"[..], b"fail", b"b"] {
+        match rpc.call(ch, LATER, &[p], Some(Duration::from_secs(20))).unwrap() {
+            CallOutcome::Sent(id) => calls.push((id, p.to_vec())),
+            CallOutcome::NoResource => panic!("no room"),
+        }
+    }
+    assert_eq!(rpc.one_way(ch, LATER, &[b"one-way"]).unwrap(), SendOutcome::Done);
+    let mut answers: Vec<(CallId, Result<Vec<u8>, CallError>)> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while answers.len() < 3 {
+        rpc.poll(64, |e| match e {
+            RpcEvent::Reply { call, data, .. } => answers.push((call, Ok(data.to_vec()))),
+            RpcEvent::Failed { call, error, .. } => answers.push((call, Err(error))),
+            RpcEvent::ChannelDown { .. } => {}
+        });
+        assert!(Instant::now() < deadline);
+    }
+    for (id, payload) in calls {
+        let got = &answers.iter().find(|(c, _)| *c == id).unwrap().1;
+        if payload == b"fail" {
+            assert_eq!(got, &Err(CallError::HandlerFailed));
+        } else {
+            assert_eq!(got, &Ok([&b"re:"[..], &payload].concat()));
+        }
+    }
+    rpc.endpoint().close(ch);
+    server.join().unwrap();
+}

@@ -23,7 +23,7 @@ struct DiskNode {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let nodes: u32 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(3);
+    let nodes: u64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(3);
     let clients: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(16);
     let seconds: f64 = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(5.0);
     let dir = PathBuf::from(args.get(4).cloned().unwrap_or_else(|| "/var/tmp/ulnet-registry-inproc".into()));
@@ -44,7 +44,7 @@ fn main() {
     }
     let value = vec![b'v'; 64];
     // Client c sits on node c % nodes; its one outstanding set and when it started.
-    let mut outstanding: HashMap<(u32, UpdateId), (usize, Instant)> = HashMap::new();
+    let mut outstanding: HashMap<(u64, UpdateId), (usize, Instant)> = HashMap::new();
     let mut started = vec![false; clients];
     let mut counter = vec![0u64; clients];
     let mut latencies: Vec<Duration> = Vec::new();
@@ -54,7 +54,7 @@ fn main() {
     while Instant::now() < end {
         let now = Instant::now();
         for (c, started) in started.iter_mut().enumerate() {
-            let node = (c as u32) % nodes;
+            let node = (c as u64) % nodes;
             if !*started && net[node as usize].reg.gup().is_normal() {
                 *started = true;
                 let id =
@@ -74,7 +74,7 @@ fn main() {
                 match ev {
                     RegistryEvent::Persist { lsn, record } => n.wal.append(lsn, &record).expect("append"),
                     RegistryEvent::SetDone { id, .. } | RegistryEvent::SetIndeterminate { id } => {
-                        if let Some((c, t0)) = outstanding.remove(&(i as u32, id)) {
+                        if let Some((c, t0)) = outstanding.remove(&(i as u64, id)) {
                             if t0 >= warm_until {
                                 latencies.push(now - t0);
                             }
@@ -88,11 +88,11 @@ fn main() {
                 counter[c] += 1;
                 let key = format!("bench/{c}/{}", counter[c] % 1000).into_bytes();
                 let id = n.reg.set(now, key, value.clone()).expect("set");
-                outstanding.insert((i as u32, id), (c, now));
+                outstanding.insert((i as u64, id), (c, now));
                 busy = true;
             }
             while let Some((to, bytes)) = n.reg.poll_transmit() {
-                inflight.push_back((NodeId(i as u32), to, bytes));
+                inflight.push_back((NodeId(i as u64), to, bytes));
             }
         }
         while let Some((from, to, bytes)) = inflight.pop_front() {

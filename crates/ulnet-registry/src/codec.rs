@@ -2,7 +2,7 @@
 //! record format. Every length read from outside is checked against what is left before
 //! anything is allocated.
 
-use crate::gup::types::{BatchId, Entry, Epoch, NodeId, Part};
+use crate::gup::types::{BatchId, Entry, Epoch, NodeId, Part, Snapshot, VotingConfig};
 use std::sync::Arc;
 
 /// Why bytes could not be decoded.
@@ -53,9 +53,11 @@ pub const PARTS_PER_ENTRY_MAX: usize = 1024;
 pub const ENTRIES_PER_MESSAGE_MAX: usize = 1 << 16;
 /// Largest snapshot carried in one message or record.
 pub const SNAPSHOT_BYTES_MAX: usize = 1 << 30;
+/// Most voters in one set of a voting configuration (a view holds at most this many).
+pub const VOTERS_MAX: usize = 1024;
 
-/// A snapshot on the wire: the last position it includes and its bytes.
-pub type SnapshotPart = Option<(u64, Arc<[u8]>)>;
+/// A snapshot on the wire, when one is carried.
+pub type SnapshotPart = Option<Snapshot>;
 
 pub(crate) struct Reader<'a> {
     buf: &'a [u8],
@@ -127,11 +129,34 @@ impl<'a> Reader<'a> {
     }
 
     pub(crate) fn node(&mut self) -> Result<NodeId, DecodeError> {
-        Ok(NodeId(self.u32()?))
+        Ok(NodeId(self.u64()?))
     }
 
     pub(crate) fn epoch(&mut self) -> Result<Epoch, DecodeError> {
-        Ok(Epoch { view: self.u64()?, locker: self.node()? })
+        Ok(Epoch { view: self.u64()?, round: self.u32()?, locker: self.node()? })
+    }
+
+    /// A sorted, duplicate-free, non-empty list of voters.
+    fn voters(&mut self) -> Result<Arc<[NodeId]>, DecodeError> {
+        let n = self.count("voters", VOTERS_MAX, 8)?;
+        if n == 0 {
+            return Err(DecodeError::Invalid("a voting configuration without voters"));
+        }
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            let node = self.node()?;
+            if v.last().is_some_and(|&last| last >= node) {
+                return Err(DecodeError::Invalid("voters not in increasing order"));
+            }
+            v.push(node);
+        }
+        Ok(v.into())
+    }
+
+    pub(crate) fn voting_config(&mut self) -> Result<VotingConfig, DecodeError> {
+        let voters = self.voters()?;
+        let previous = if self.bool()? { Some(self.voters()?) } else { None };
+        Ok(VotingConfig { voters, previous })
     }
 
     pub(crate) fn opt_epoch(&mut self) -> Result<Option<Epoch>, DecodeError> {
@@ -150,7 +175,7 @@ impl<'a> Reader<'a> {
     pub(crate) fn entry(&mut self) -> Result<Entry, DecodeError> {
         match self.u8()? {
             ENTRY_UPDATES => {
-                let n = self.count("parts", PARTS_PER_ENTRY_MAX, 20)?;
+                let n = self.count("parts", PARTS_PER_ENTRY_MAX, 24)?;
                 let mut parts = Vec::with_capacity(n);
                 for _ in 0..n {
                     let origin = self.node()?;
@@ -161,6 +186,7 @@ impl<'a> Reader<'a> {
                 Ok(Entry::Updates { parts: parts.into() })
             }
             ENTRY_SKIP => Ok(Entry::Skip),
+            ENTRY_CONFIG => Ok(Entry::Config(self.voting_config()?)),
             tag => Err(DecodeError::UnknownTag { what: "entry", tag }),
         }
     }
@@ -179,14 +205,23 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
-    pub(crate) fn snapshot(&mut self) -> Result<SnapshotPart, DecodeError> {
-        Ok(if self.bool()? { Some((self.u64()?, self.blob("snapshot", SNAPSHOT_BYTES_MAX)?)) } else { None })
+    pub(crate) fn snapshot(&mut self) -> Result<Snapshot, DecodeError> {
+        Ok(Snapshot {
+            seq: self.u64()?,
+            config: self.voting_config()?,
+            data: self.blob("snapshot", SNAPSHOT_BYTES_MAX)?,
+        })
+    }
+
+    pub(crate) fn snapshot_part(&mut self) -> Result<SnapshotPart, DecodeError> {
+        Ok(if self.bool()? { Some(self.snapshot()?) } else { None })
     }
 }
 
 // Entry discriminants: append-only; never reuse a number.
 const ENTRY_UPDATES: u8 = 1;
 const ENTRY_SKIP: u8 = 2;
+const ENTRY_CONFIG: u8 = 3;
 
 pub(crate) struct Writer {
     pub(crate) buf: Vec<u8>,
@@ -213,11 +248,25 @@ impl Writer {
         self.buf.extend_from_slice(v);
     }
     pub(crate) fn node(&mut self, v: NodeId) {
-        self.u32(v.0);
+        self.u64(v.0);
     }
     pub(crate) fn epoch(&mut self, e: Epoch) {
         self.u64(e.view);
+        self.u32(e.round);
         self.node(e.locker);
+    }
+    fn voters(&mut self, v: &[NodeId]) {
+        self.u32(v.len() as u32);
+        for n in v {
+            self.node(*n);
+        }
+    }
+    pub(crate) fn voting_config(&mut self, c: &VotingConfig) {
+        self.voters(&c.voters);
+        self.bool(c.previous.is_some());
+        if let Some(p) = &c.previous {
+            self.voters(p);
+        }
     }
     pub(crate) fn opt_epoch(&mut self, e: Option<Epoch>) {
         self.bool(e.is_some());
@@ -247,6 +296,10 @@ impl Writer {
                 }
             }
             Entry::Skip => self.u8(ENTRY_SKIP),
+            Entry::Config(c) => {
+                self.u8(ENTRY_CONFIG);
+                self.voting_config(c);
+            }
         }
     }
     pub(crate) fn entries(&mut self, entries: &[(u64, Entry)]) {
@@ -256,11 +309,15 @@ impl Writer {
             self.entry(e);
         }
     }
-    pub(crate) fn snapshot(&mut self, s: &SnapshotPart) {
+    pub(crate) fn snapshot(&mut self, s: &Snapshot) {
+        self.u64(s.seq);
+        self.voting_config(&s.config);
+        self.blob(&s.data);
+    }
+    pub(crate) fn snapshot_part(&mut self, s: &SnapshotPart) {
         self.bool(s.is_some());
-        if let Some((seq, data)) = s {
-            self.u64(*seq);
-            self.blob(data);
+        if let Some(s) = s {
+            self.snapshot(s);
         }
     }
 }

@@ -10,13 +10,18 @@
 //! group commit, snapshots and truncation, a torn or corrupted tail refused at start-up and
 //! recovered from the peers), with linearizable gets and watches.
 //!
+//! [`service`] runs the registry inside `ulnet node` (the voting configuration follows the
+//! membership's views); [`client`] is its client protocol and library.
+//!
 //! [`linearizability`] checks recorded client histories per key (used by the tests).
 #![deny(missing_docs)]
 
+pub mod client;
 pub mod codec;
 pub mod gup;
 pub mod linearizability;
 mod registry;
+pub mod service;
 pub mod store;
 pub mod wal;
 

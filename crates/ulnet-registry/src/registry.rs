@@ -149,7 +149,7 @@ impl Registry {
             .iter()
             .rev()
             .find_map(|r| match r {
-                Record::Snapshot { data, .. } => Store::from_snapshot(data).ok(),
+                Record::Snapshot { snapshot, .. } => Store::from_snapshot(&snapshot.data).ok(),
                 _ => None,
             })
             .unwrap_or_default();
@@ -157,7 +157,7 @@ impl Registry {
     }
 
     fn with_store(gup: Gup, store: Store, snapshot_every: u64) -> Self {
-        let mut r = Self {
+        Self {
             gup,
             store,
             snapshot_every: snapshot_every.max(1),
@@ -167,9 +167,7 @@ impl Registry {
             next_get: 0,
             events: VecDeque::new(),
             malformed_ops: 0,
-        };
-        r.drain();
-        r
+        }
     }
 
     /// The GUP participant underneath.
@@ -208,9 +206,7 @@ impl Registry {
     }
 
     fn submit(&mut self, now: Instant, op: Op) -> Result<UpdateId, SetError> {
-        let id = self.gup.submit(now, Arc::from(op.encode()))?;
-        self.drain();
-        Ok(id)
+        Ok(self.gup.submit(now, Arc::from(op.encode()))?)
     }
 
     /// A linearizable get: answered with [`RegistryEvent::GetDone`] once the local state
@@ -220,7 +216,6 @@ impl Registry {
         self.next_get += 1;
         let read = self.gup.read(now);
         self.gets.insert(read, (id, key));
-        self.drain();
         id
     }
 
@@ -240,25 +235,21 @@ impl Registry {
     /// See [`Gup::handle_view`].
     pub fn handle_view(&mut self, now: Instant, view: View) {
         self.gup.handle_view(now, view);
-        self.drain();
     }
 
     /// See [`Gup::handle_message`].
     pub fn handle_message(&mut self, now: Instant, from: NodeId, bytes: &[u8]) {
         self.gup.handle_message(now, from, bytes);
-        self.drain();
     }
 
     /// See [`Gup::handle_timeout`].
     pub fn handle_timeout(&mut self, now: Instant) {
         self.gup.handle_timeout(now);
-        self.drain();
     }
 
     /// See [`Gup::handle_durable`].
     pub fn handle_durable(&mut self, now: Instant, lsn: u64) {
         self.gup.handle_durable(now, lsn);
-        self.drain();
     }
 
     /// See [`Gup::poll_timeout`].
@@ -271,61 +262,67 @@ impl Registry {
         self.gup.poll_transmit()
     }
 
-    /// The next event for the host.
+    /// The next event for the host. Poll after handling all the input at hand: the locker
+    /// grants the lock requests that arrived meanwhile together here.
     pub fn poll_event(&mut self) -> Option<RegistryEvent> {
-        self.events.pop_front()
+        loop {
+            if let Some(ev) = self.events.pop_front() {
+                return Some(ev);
+            }
+            let ev = self.gup.poll_event()?;
+            self.take(ev);
+        }
     }
 
-    fn drain(&mut self) {
-        while let Some(ev) = self.gup.poll_event() {
-            match ev {
-                Event::Persist { lsn, record } => self.events.push_back(RegistryEvent::Persist { lsn, record }),
-                Event::Apply { seq, entry } => {
-                    let mut ops = Vec::new();
-                    for u in entry.updates() {
-                        match Op::decode(u) {
-                            Ok(op) => ops.push(op),
-                            Err(error) => {
-                                self.malformed_ops += 1;
-                                tracing::warn!(seq, %error, "skipped an update that is not a registry operation");
-                            }
+    /// Turns one GUP event into registry events.
+    fn take(&mut self, ev: Event) {
+        match ev {
+            Event::Persist { lsn, record } => self.events.push_back(RegistryEvent::Persist { lsn, record }),
+            Event::Apply { seq, entry } => {
+                let mut ops = Vec::new();
+                for u in entry.updates() {
+                    match Op::decode(u) {
+                        Ok(op) => ops.push(op),
+                        Err(error) => {
+                            self.malformed_ops += 1;
+                            tracing::warn!(seq, %error, "skipped an update that is not a registry operation");
                         }
                     }
-                    for (key, value) in self.store.apply(seq, ops) {
-                        for (watch, prefix) in &self.watches {
-                            if key.starts_with(prefix) {
-                                let (watch, key, value) = (*watch, key.clone(), value.clone());
-                                self.events.push_back(RegistryEvent::Changed { watch, key, value, seq });
-                            }
+                }
+                for (key, value) in self.store.apply(seq, ops) {
+                    for (watch, prefix) in &self.watches {
+                        if key.starts_with(prefix) {
+                            let (watch, key, value) = (*watch, key.clone(), value.clone());
+                            self.events.push_back(RegistryEvent::Changed { watch, key, value, seq });
                         }
                     }
-                    if seq % self.snapshot_every == 0 {
-                        self.gup.compact(seq, Arc::from(self.store.snapshot()));
-                    }
                 }
-                Event::InstallSnapshot { seq, data } => match Store::from_snapshot(&data) {
-                    Ok(store) => {
-                        self.store = store;
-                        self.events.push_back(RegistryEvent::Reset { seq });
-                    }
-                    Err(error) => {
-                        // GUP checked it with `snapshot_valid` (set by `Registry::config`),
-                        // so only a host that left the check out gets here.
-                        tracing::error!(seq, %error, "a snapshot from a peer does not decode; state kept");
-                    }
-                },
-                Event::Committed { id, seq } => self.events.push_back(RegistryEvent::SetDone { id, seq }),
-                Event::Indeterminate { id } => self.events.push_back(RegistryEvent::SetIndeterminate { id }),
-                Event::ReadReady { id, .. } => {
-                    if let Some((get, key)) = self.gets.remove(&id) {
-                        let value = self.store.get(&key).map(|v| v.value.clone());
-                        self.events.push_back(RegistryEvent::GetDone { id: get, value, seq: self.store.applied() });
-                    }
+                if seq % self.snapshot_every == 0 {
+                    self.gup.compact(seq, Arc::from(self.store.snapshot()));
                 }
-                Event::ReadFailed { id } => {
-                    if let Some((get, _)) = self.gets.remove(&id) {
-                        self.events.push_back(RegistryEvent::GetFailed { id: get });
-                    }
+            }
+            Event::InstallSnapshot { seq, data } => match Store::from_snapshot(&data) {
+                Ok(store) => {
+                    self.store = store;
+                    self.events.push_back(RegistryEvent::Reset { seq });
+                }
+                Err(error) => {
+                    // GUP checked it with `snapshot_valid` (set by `Registry::config`),
+                    // so only a host that left the check out gets here.
+                    tracing::error!(seq, %error, "a snapshot from a peer does not decode; state kept");
+                }
+            },
+            Event::Committed { id, seq } => self.events.push_back(RegistryEvent::SetDone { id, seq }),
+            Event::Indeterminate { id } => self.events.push_back(RegistryEvent::SetIndeterminate { id }),
+            Event::ReadReady { id, .. } => {
+                if let Some((get, key)) = self.gets.remove(&id) {
+                    let value = self.store.get(&key).map(|v| v.value.clone());
+                    self.events.push_back(RegistryEvent::GetDone { id: get, value, seq: self.store.applied() });
+                }
+            }
+            Event::ReadFailed { id } => {
+                if let Some((get, _)) = self.gets.remove(&id) {
+                    self.events.push_back(RegistryEvent::GetFailed { id: get });
                 }
             }
         }

@@ -95,7 +95,6 @@ fn state_survives_a_restart_from_its_records_across_snapshots() {
     // Restart from what was persisted (the host would drop records before the last snapshot).
     let gup = Gup::recover(
         NodeId(0),
-        vec![NodeId(0)],
         Registry::config(GupConfig::local()),
         Recovered { records: disk.clone(), lost_tail: false },
         now,

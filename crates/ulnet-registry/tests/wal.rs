@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use ulnet_registry::gup::{Entry, Gup, GupConfig, NodeId, Record, View};
+use ulnet_registry::gup::{Entry, Epoch, Gup, GupConfig, NodeId, Record, Snapshot, View, VotingConfig};
 use ulnet_registry::wal::{recover, Wal};
 use ulnet_registry::{Registry, RegistryEvent};
 
@@ -69,11 +69,19 @@ fn records_survive_reopening_in_order() {
 fn a_snapshot_starts_a_segment_and_drops_the_older_ones() {
     let dir = temp_dir("snapshot");
     let mut records: Vec<Record> = (1..=100).map(entry).collect();
-    records.push(Record::Snapshot { seq: 100, data: Arc::from(&b"state"[..]) });
+    let snapshot = Record::Snapshot {
+        snapshot: Snapshot { seq: 100, config: VotingConfig::new(vec![NodeId(1)]), data: Arc::from(&b"state"[..]) },
+        node: NodeId(1),
+        incarnation: 1,
+        promised: Epoch::default(),
+        last_normal: None,
+        tail: Vec::new(),
+    };
+    records.push(snapshot.clone());
     records.extend((101..=110).map(entry));
     write(&dir, &records);
     let rec = recover(&dir).unwrap();
-    assert_eq!(rec.recovered.records[0], Record::Snapshot { seq: 100, data: Arc::from(&b"state"[..]) });
+    assert_eq!(rec.recovered.records[0], snapshot);
     assert_eq!(rec.recovered.records.len(), 11, "only the snapshot and what follows it remain");
 }
 
@@ -127,26 +135,30 @@ struct DiskNode {
     durable: Receiver<u64>,
 }
 
-fn open_node(dir: &Path, me: u32, voters: &[NodeId], now: Instant) -> (DiskNode, Option<String>) {
+/// Opens the node in `dir` as `me`: the first node of a new cluster when the log is empty
+/// and `bootstrap` is set, a joiner when empty otherwise, itself from its log otherwise.
+fn open_node(dir: &Path, me: NodeId, bootstrap: bool, now: Instant) -> (DiskNode, Option<String>) {
     let rec = recover(dir).unwrap();
     let note = rec.refused.as_ref().map(|r| format!("{} bytes refused at {}: {}", r.bytes, r.offset, r.reason));
     let config = Registry::config(GupConfig::local());
-    let fresh = rec.recovered.records.is_empty();
     let records = rec.recovered.records.clone();
-    let gup = if fresh {
-        Gup::bootstrap(NodeId(me), voters.to_vec(), config, now)
+    let gup = if records.is_empty() && bootstrap {
+        Gup::bootstrap(me, vec![me], config, now)
     } else {
-        Gup::recover(NodeId(me), voters.to_vec(), config, rec.recovered, now)
+        Gup::recover(me, config, rec.recovered, now)
     };
     let reg = Registry::recover(gup, &records, 50);
     let (wal, durable) = Wal::open(dir).unwrap();
     (DiskNode { reg, wal, durable }, note)
 }
 
+/// Nodes by slot, each with its current identity.
 struct Net {
     nodes: Vec<Option<DiskNode>>,
+    ids: Vec<NodeId>,
     inflight: VecDeque<(NodeId, NodeId, Vec<u8>)>,
     done: Vec<u64>,
+    view: u64,
 }
 
 impl Net {
@@ -157,6 +169,7 @@ impl Net {
             let now = Instant::now();
             let mut busy = false;
             for i in 0..self.nodes.len() {
+                let me = self.ids[i];
                 let Some(n) = self.nodes[i].as_mut() else { continue };
                 while let Ok(lsn) = n.durable.try_recv() {
                     n.reg.handle_durable(now, lsn);
@@ -173,12 +186,14 @@ impl Net {
                 }
                 while let Some((to, bytes)) = n.reg.poll_transmit() {
                     busy = true;
-                    self.inflight.push_back((NodeId(i as u32), to, bytes));
+                    self.inflight.push_back((me, to, bytes));
                 }
             }
             while let Some((from, to, bytes)) = self.inflight.pop_front() {
-                if let Some(n) = self.nodes[to.0 as usize].as_mut() {
-                    n.reg.handle_message(now, from, &bytes);
+                if let Some(slot) = self.ids.iter().position(|&id| id == to) {
+                    if let Some(n) = self.nodes[slot].as_mut() {
+                        n.reg.handle_message(now, from, &bytes);
+                    }
                 }
             }
             if !busy {
@@ -187,11 +202,21 @@ impl Net {
         }
     }
 
-    fn view(&mut self, now: Instant, id: u64) {
+    /// A new view of the running nodes.
+    fn view(&mut self, now: Instant) {
+        self.view += 1;
         let members: Vec<NodeId> =
-            (0..self.nodes.len()).filter(|&i| self.nodes[i].is_some()).map(|i| NodeId(i as u32)).collect();
+            (0..self.nodes.len()).filter(|&i| self.nodes[i].is_some()).map(|i| self.ids[i]).collect();
         for n in self.nodes.iter_mut().flatten() {
-            n.reg.handle_view(now, View::new(id, members.clone()));
+            n.reg.handle_view(now, View::new(self.view, members.clone()));
+        }
+    }
+
+    /// The voters at `slot`'s applied position (none during a change).
+    fn voters(&self, slot: usize) -> Vec<NodeId> {
+        match self.nodes[slot].as_ref().and_then(|n| n.reg.gup().applied_config()) {
+            Some(c) if !c.is_joint() => c.voters.to_vec(),
+            _ => Vec::new(),
         }
     }
 }
@@ -199,14 +224,16 @@ impl Net {
 #[test]
 fn a_node_with_a_corrupted_log_refuses_the_tail_and_recovers_from_its_peers() {
     let dirs: Vec<PathBuf> = (0..3).map(|i| temp_dir(&format!("cluster-{i}"))).collect();
-    let voters: Vec<NodeId> = (0..3).map(NodeId).collect();
+    let ids: Vec<NodeId> = (1..=3).map(NodeId).collect();
     let start = Instant::now();
-    let mut net = Net { nodes: Vec::new(), inflight: VecDeque::new(), done: Vec::new() };
+    let mut net = Net { nodes: Vec::new(), ids: ids.clone(), inflight: VecDeque::new(), done: Vec::new(), view: 0 };
+    // The first node forms the cluster; the others join it empty and are voted in.
     for (i, d) in dirs.iter().enumerate() {
-        net.nodes.push(Some(open_node(d, i as u32, &voters, start).0));
+        net.nodes.push(Some(open_node(d, ids[i], i == 0, start).0));
     }
-    net.view(Instant::now(), 1);
-    net.pump_until(|n| n.nodes.iter().flatten().all(|x| x.reg.gup().is_normal()));
+    net.view(Instant::now());
+    net.pump_until(|n| n.nodes.iter().flatten().all(|x| x.reg.gup().is_normal()) && n.voters(0).len() == 3);
+    assert_eq!(net.voters(0), ids, "the joiners were voted in");
     for k in 0..300 {
         let node = net.nodes[k % 3].as_mut().unwrap();
         node.reg.set(Instant::now(), format!("key{k}").into_bytes(), format!("value{k}").into_bytes()).unwrap();
@@ -217,7 +244,7 @@ fn a_node_with_a_corrupted_log_refuses_the_tail_and_recovers_from_its_peers() {
     assert_eq!(net.done.len(), 300, "every set completes on a healthy cluster");
     // Node 2 stops; its newest log segment gets a flipped bit near the end.
     net.nodes[2] = None;
-    net.view(Instant::now(), 2);
+    net.view(Instant::now());
     let seg = last_segment(&dirs[2]);
     let mut bytes = std::fs::read(&seg).unwrap();
     assert!(bytes.len() > 100, "node 2 wrote its log");
@@ -234,22 +261,29 @@ fn a_node_with_a_corrupted_log_refuses_the_tail_and_recovers_from_its_peers() {
             .unwrap();
     }
     net.pump_until(|n| n.done.len() == 320);
-    assert_eq!(net.done.len(), 320, "two of three voters commit on their own");
-    // It restarts: the bad tail is refused and reported; it catches up from its peers.
-    let (node, note) = open_node(&dirs[2], 2, &voters, Instant::now());
+    assert_eq!(net.done.len(), 320, "the two others commit on their own");
+    // It restarts: the bad tail is refused and reported; it comes back under a new
+    // identity (what it promised is lost with the tail) and catches up from its peers.
+    let new_id = NodeId(4);
+    let (node, note) = open_node(&dirs[2], new_id, false, Instant::now());
     let note = note.expect("the corruption is detected and reported");
     assert!(note.contains("checksum") || note.contains("length") || note.contains("torn"), "{note}");
     net.nodes[2] = Some(node);
-    net.view(Instant::now(), 3);
+    net.ids[2] = new_id;
+    net.view(Instant::now());
     net.pump_until(|n| {
         let x = n.nodes[2].as_ref().unwrap();
-        x.reg.gup().is_normal() && x.reg.store().len() == 320
+        x.reg.gup().is_normal()
+            && x.reg.store().len() == 320
+            && n.voters(0).contains(&new_id)
+            && x.reg.store().applied() == n.nodes[0].as_ref().unwrap().reg.store().applied()
     });
     let a = net.nodes[0].as_ref().unwrap().reg.store().clone();
     let c = net.nodes[2].as_ref().unwrap().reg.store();
     assert_eq!(c.len(), 320);
     assert_eq!(a, *c, "the restarted node holds exactly what its peers hold");
     assert!(net.nodes[2].as_ref().unwrap().reg.gup().is_normal(), "it takes part again");
+    assert_eq!(net.voters(0), vec![ids[0], ids[1], new_id], "the new identity votes, the old one not");
     for d in dirs {
         let _ = std::fs::remove_dir_all(d);
     }

@@ -4,7 +4,7 @@
 
 use proptest::prelude::*;
 use std::sync::Arc;
-use ulnet_registry::gup::{BatchId, Entry, Epoch, Msg, NodeId, Part, Record};
+use ulnet_registry::gup::{BatchId, Entry, Epoch, Msg, NodeId, Part, Record, Snapshot, VotingConfig};
 use ulnet_registry::store::{Op, Store};
 use ulnet_registry::wal::record::{decode_record, encode_record, frame_record, read_frame};
 
@@ -13,7 +13,7 @@ fn bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
 }
 
 fn epoch() -> impl Strategy<Value = Epoch> {
-    (any::<u64>(), any::<u32>()).prop_map(|(view, l)| Epoch { view, locker: NodeId(l) })
+    (any::<u64>(), any::<u32>(), any::<u64>()).prop_map(|(view, round, l)| Epoch { view, round, locker: NodeId(l) })
 }
 
 fn batch() -> impl Strategy<Value = BatchId> {
@@ -24,10 +24,22 @@ fn updates() -> impl Strategy<Value = Vec<Arc<[u8]>>> {
     proptest::collection::vec(bytes(40).prop_map(Arc::from), 0..5)
 }
 
+fn voters() -> impl Strategy<Value = Vec<NodeId>> {
+    proptest::collection::vec(any::<u64>().prop_map(NodeId), 1..6)
+}
+
+fn voting_config() -> impl Strategy<Value = VotingConfig> {
+    (voters(), proptest::option::of(voters())).prop_map(|(v, p)| match p {
+        Some(p) => VotingConfig::joint(&p, v),
+        None => VotingConfig::new(v),
+    })
+}
+
 fn entry() -> impl Strategy<Value = Entry> {
     prop_oneof![
         Just(Entry::Skip),
-        proptest::collection::vec((any::<u32>(), batch(), updates()), 1..4).prop_map(|parts| Entry::Updates {
+        voting_config().prop_map(Entry::Config),
+        proptest::collection::vec((any::<u64>(), batch(), updates()), 1..4).prop_map(|parts| Entry::Updates {
             parts: parts
                 .into_iter()
                 .map(|(o, batch, u)| Part { origin: NodeId(o), batch, updates: u.into() })
@@ -40,8 +52,12 @@ fn entries() -> impl Strategy<Value = Vec<(u64, Entry)>> {
     proptest::collection::btree_map(any::<u64>(), entry(), 0..5).prop_map(|m| m.into_iter().collect())
 }
 
-fn snapshot() -> impl Strategy<Value = Option<(u64, Arc<[u8]>)>> {
-    proptest::option::of((any::<u64>(), bytes(64).prop_map(Arc::from)))
+fn snapshot() -> impl Strategy<Value = Snapshot> {
+    (any::<u64>(), voting_config(), bytes(64)).prop_map(|(seq, config, d)| Snapshot { seq, config, data: d.into() })
+}
+
+fn snapshot_part() -> impl Strategy<Value = Option<Snapshot>> {
+    proptest::option::of(snapshot())
 }
 
 fn msg() -> impl Strategy<Value = Msg> {
@@ -59,19 +75,12 @@ fn msg() -> impl Strategy<Value = Msg> {
         (epoch(), any::<u64>(), any::<u64>(), any::<u64>())
             .prop_map(|(epoch, commit, granted, round)| Msg::Heartbeat { epoch, commit, granted, round }),
         (epoch(), any::<u64>()).prop_map(|(epoch, from)| Msg::SyncRequest { epoch, from }),
-        (
-            epoch(),
-            proptest::option::of(epoch()),
-            any::<u64>(),
-            any::<u64>(),
-            proptest::option::of(any::<u64>()),
-            snapshot(),
-            entries()
-        )
-            .prop_map(|(epoch, last_normal, applied, commit, recovering_since, snapshot, entries)| {
-                Msg::SyncState { epoch, last_normal, applied, commit, recovering_since, snapshot, entries }
-            }),
-        (epoch(), any::<bool>(), any::<u64>(), any::<u64>(), any::<u64>(), snapshot(), entries()).prop_map(
+        (epoch(), proptest::option::of(epoch()), any::<u64>(), any::<u64>(), snapshot_part(), entries()).prop_map(
+            |(epoch, last_normal, applied, commit, snapshot, entries)| {
+                Msg::SyncState { epoch, last_normal, applied, commit, snapshot, entries }
+            }
+        ),
+        (epoch(), any::<bool>(), any::<u64>(), any::<u64>(), any::<u64>(), snapshot_part(), entries()).prop_map(
             |(epoch, establish, from, end, commit, snapshot, entries)| Msg::Catchup {
                 epoch,
                 establish,
@@ -92,13 +101,18 @@ fn msg() -> impl Strategy<Value = Msg> {
 
 fn record() -> impl Strategy<Value = Record> {
     prop_oneof![
-        any::<u32>().prop_map(|incarnation| Record::Boot { incarnation }),
+        (any::<u32>(), any::<u64>()).prop_map(|(incarnation, n)| Record::Boot { incarnation, node: NodeId(n) }),
         (any::<u64>(), entry()).prop_map(|(seq, entry)| Record::Entry { seq, entry }),
         any::<u64>().prop_map(|seq| Record::TruncateAfter { seq }),
         epoch().prop_map(|epoch| Record::Promise { epoch }),
         epoch().prop_map(|epoch| Record::Normal { epoch }),
         any::<u64>().prop_map(|seq| Record::Commit { seq }),
-        (any::<u64>(), bytes(64)).prop_map(|(seq, d)| Record::Snapshot { seq, data: d.into() }),
+        (snapshot(), any::<u64>(), any::<u32>(), epoch(), proptest::option::of(epoch()), entries()).prop_map(
+            |(snapshot, node, incarnation, promised, last_normal, tail)| {
+                let tail = tail.into_iter().filter(|(s, _)| *s > snapshot.seq).collect();
+                Record::Snapshot { snapshot, node: NodeId(node), incarnation, promised, last_normal, tail }
+            }
+        ),
     ]
 }
 

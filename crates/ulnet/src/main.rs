@@ -35,6 +35,9 @@ enum Command {
     /// One node of `ulnet sort` (started by it).
     #[command(hide = true)]
     SortNode(cmd::sort::SortNodeArgs),
+    /// The replicated registry of a running cluster.
+    #[command(subcommand)]
+    Registry(cmd::registry::RegistryCommand),
     /// One process of `ulnet demo` (started by it).
     #[command(hide = true)]
     DemoNode(cmd::demo::DemoNodeArgs),
@@ -55,6 +58,7 @@ fn main() {
         Command::Node(a) => cmd::node::run_node(a),
         Command::Cluster(c) => cmd::node::run_cluster(c),
         Command::DemoRmaNode(a) => cmd::demo_rma::run_node(a),
+        Command::Registry(c) => cmd::registry::run(c),
         Command::Gensort(a) => ulnet_sortbench::cli::run_gensort(&a),
         Command::Valsort(a) => ulnet_sortbench::cli::run_valsort(&a),
         Command::Trace(a) => cmd::trace::run(a),

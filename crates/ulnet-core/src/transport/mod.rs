@@ -83,6 +83,13 @@ pub trait ReadyProbe: Send + Sync {
     fn disarm(&self);
     /// Descriptors to sleep on (readable when the peer rang or hung up).
     fn wait_fds(&self) -> Vec<BorrowedFd<'_>>;
+    /// A descriptor that is readable exactly while the channel has something to receive or
+    /// its peer hung up (level-triggered, no arming needed), if the transport has one: the
+    /// endpoint then watches the channel with one epoll set for all such channels instead
+    /// of probing it on every poll.
+    fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
+        None
+    }
 }
 
 /// Sends on the channel a delivery came from, while that delivery is still borrowed: a

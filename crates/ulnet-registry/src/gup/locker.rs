@@ -1,8 +1,9 @@
 //! The locker's side: grant the lock (assign positions), keep every granted entry for
-//! replay, take over transmissions whose sender went quiet, heartbeat, confirm reads — and,
-//! when a node becomes locker, sync: collect a majority's logs, decide the log, replay it.
+//! replay, take over transmissions whose sender went quiet, heartbeat, confirm reads, move
+//! the voting configuration after the views — and, when a node becomes locker, sync:
+//! collect the members' logs, decide the log, replay it.
 
-use super::{AfterDurable, BatchId, Entry, Epoch, Gup, Msg, NodeId, Part, Record};
+use super::{AfterDurable, BatchId, Entry, Epoch, Gup, Msg, NodeId, Part, Record, VotingConfig};
 use crate::codec::SnapshotPart;
 use crate::codec::PARTS_PER_ENTRY_MAX;
 use std::collections::{BTreeMap, HashMap};
@@ -17,6 +18,14 @@ pub(super) const LOCK_QUEUE_MAX: usize = 1 << 16;
 /// `window` batches outstanding, all among its `window` most recent, so a request for an
 /// older batch is a delayed duplicate and is refused (granting it would apply it twice).
 pub(super) const GRANT_MEMORY: u64 = 64;
+
+/// A member whose acknowledged log is at most this many positions behind the committed
+/// position counts as holding the log, and is voted in.
+const VOTE_IN_LAG_MAX: u64 = 64;
+
+/// Most bytes of entries in one catch-up message (a catch-up that needs more is sent in
+/// several). Keeps every message far below the transport's request limit.
+const CATCHUP_BYTES_MAX: usize = 4 << 20;
 
 pub(super) struct LockerState {
     /// Last granted position.
@@ -49,7 +58,6 @@ pub(super) struct PeerState {
     pub(super) last_normal: Option<Epoch>,
     pub(super) applied: u64,
     pub(super) commit: u64,
-    pub(super) recovering_since: Option<u64>,
     pub(super) snapshot: SnapshotPart,
     pub(super) entries: Vec<(u64, Entry)>,
 }
@@ -59,9 +67,20 @@ pub(super) struct SyncCollect {
     from: u64,
     last_sent: Instant,
     states: BTreeMap<NodeId, PeerState>,
+    /// Voters of the configuration found so far that are not among the usual targets.
+    extra_targets: Vec<NodeId>,
 }
 
 impl LockerState {
+    /// Whether anything waits for the tick: requests, uncommitted positions, reads.
+    pub(super) fn busy(&self, commit: u64) -> bool {
+        !self.queued.is_empty() || self.granted > commit || !self.notify.is_empty() || !self.reads.is_empty()
+    }
+
+    pub(super) fn next_heartbeat(&self, interval: std::time::Duration) -> Instant {
+        self.last_heartbeat + interval
+    }
+
     pub(super) fn mark_synced(&mut self, n: NodeId) {
         if !self.synced.contains(&n) {
             self.synced.push(n);
@@ -70,19 +89,28 @@ impl LockerState {
 }
 
 impl Gup {
-    /// A view in which I am the locker was installed.
+    /// A view in which I am the locker was installed: every view gets its own epoch (a
+    /// reign begun in an older view may have been overtaken without my knowing), whose sync
+    /// brings the new members in.
     pub(super) fn on_view_as_locker(&mut self, now: Instant) {
         let view = self.view.as_ref().expect("called with a view").id;
-        if self.promised.locker == self.me && (self.locker.is_some() || self.sync.is_some()) {
-            // Still my reign: bring new members in (and re-sync if a recovering node needs
-            // an epoch of a recent view, see `on_sync_state`).
+        if self.promised.locker == self.me
+            && self.promised.view == view
+            && (self.locker.is_some() || self.sync.is_some())
+        {
             self.sync_requests(now);
             return;
         }
-        let epoch = Epoch { view, locker: self.me };
-        if epoch <= self.promised {
+        let epoch = if (Epoch { view, round: 0, locker: self.me }) > self.promised {
+            Epoch { view, round: 0, locker: self.me }
+        } else if self.promised.view == view {
+            // A new reign in the same view (I restarted, or another node locked in a view
+            // numbered like mine): a new round.
+            Epoch { view, round: self.promised.round + 1, locker: self.me }
+        } else {
+            // I promised a locker of a newer view than mine: mine is out of date.
             return;
-        }
+        };
         self.start_sync(now, epoch);
     }
 
@@ -91,7 +119,8 @@ impl Gup {
         let lsn = self.promise(epoch);
         let from = self.applied + 1;
         self.locker = None;
-        self.sync = Some(SyncCollect { epoch, from, last_sent: now, states: BTreeMap::new() });
+        self.sync =
+            Some(SyncCollect { epoch, from, last_sent: now, states: BTreeMap::new(), extra_targets: Vec::new() });
         self.after_durable.push_back((lsn, AfterDurable::SendSyncState { to: self.me, epoch, from }));
         self.sync_requests(now);
     }
@@ -99,15 +128,19 @@ impl Gup {
     /// Asks the members that have not answered (or are not synced) for their state.
     fn sync_requests(&mut self, now: Instant) {
         let epoch = self.promised;
-        let (from, answered): (u64, Vec<NodeId>) = match (&self.sync, &self.locker) {
-            (Some(s), _) => (s.from, s.states.keys().copied().collect()),
-            (None, Some(l)) => (self.applied + 1, l.synced.clone()),
+        let (from, answered, extra): (u64, Vec<NodeId>, Vec<NodeId>) = match (&self.sync, &self.locker) {
+            (Some(s), _) => (s.from, s.states.keys().copied().collect(), s.extra_targets.clone()),
+            (None, Some(l)) => (self.applied + 1, l.synced.clone(), Vec::new()),
             (None, None) => return,
         };
         if let Some(s) = &mut self.sync {
             s.last_sent = now;
         }
-        for to in self.targets_after(self.me) {
+        let mut targets = self.targets_after(self.me);
+        targets.extend(extra.into_iter().filter(|n| *n != self.me));
+        targets.sort_unstable();
+        targets.dedup();
+        for to in targets {
             if !answered.contains(&to) {
                 self.send(to, Msg::SyncRequest { epoch, from });
             }
@@ -122,18 +155,6 @@ impl Gup {
         }
         if let Some(locker) = &mut self.locker {
             // Already reigning: a late or new member. Bring it into the epoch.
-            if let (Some(since), Some(view)) = (state.recovering_since, &self.view) {
-                if since > self.promised.view {
-                    // It lost part of its log and may have forgotten a promise to an epoch
-                    // of a view before `since`, perhaps newer than mine: it joins only an
-                    // epoch of view `since` or later, so start one.
-                    let epoch = Epoch { view: view.id, locker: self.me };
-                    if view.id >= since && epoch > self.promised {
-                        self.start_sync(now, epoch);
-                    }
-                    return;
-                }
-            }
             locker.mark_synced(from);
             let end = locker.granted;
             self.send_catchup(from, true, state.applied + 1, end);
@@ -146,53 +167,56 @@ impl Gup {
 
     fn try_finish_sync(&mut self, now: Instant) {
         let sync = self.sync.as_ref().expect("collecting");
-        let counted: Vec<&PeerState> = sync
-            .states
-            .iter()
-            // A node that lost part of its log may lack entries it acknowledged: it cannot
-            // stand for them in a majority.
-            .filter(|(n, s)| self.is_voter(**n) && s.recovering_since.is_none())
-            .map(|(_, s)| s)
-            .collect();
-        if counted.len() < self.majority() {
-            return;
-        }
-        let newest = counted.iter().filter_map(|s| s.last_normal).max();
-        let Some(newest) = newest else {
-            // No voter in the majority holds any epoch's log: nothing can be decided.
-            tracing::warn!(me = %self.me, "sync: no answering voter holds an epoch's log; waiting for more");
-            return;
-        };
+        // Nodes that never held an epoch's log have nothing to say about the log.
+        let holders: Vec<(NodeId, &PeerState)> =
+            sync.states.iter().filter(|(_, s)| s.last_normal.is_some()).map(|(n, s)| (*n, s)).collect();
+        let Some(newest) = holders.iter().filter_map(|(_, s)| s.last_normal).max() else { return };
         let from = sync.from;
         let epoch = sync.epoch;
         let commit_seen = sync.states.values().map(|s| s.commit).max().unwrap_or(0);
         // A newer snapshot than my applied position: it is committed state, take it.
-        let snapshot = sync
-            .states
-            .values()
-            .filter_map(|s| s.snapshot.clone())
-            .filter(|(seq, _)| *seq >= from)
-            .max_by_key(|(seq, _)| *seq);
+        let snapshot =
+            sync.states.values().filter_map(|s| s.snapshot.clone()).filter(|s| s.seq >= from).max_by_key(|s| s.seq);
+        let start = snapshot.as_ref().map_or(from, |s| s.seq + 1);
         let mut merged: BTreeMap<u64, Entry> = BTreeMap::new();
-        for s in sync.states.values().filter(|s| s.last_normal == Some(newest)) {
-            for (seq, e) in &s.entries {
+        for (_, s) in holders.iter().filter(|(_, s)| s.last_normal == Some(newest)) {
+            for (seq, e) in s.entries.iter().filter(|(seq, _)| *seq >= start) {
                 merged.entry(*seq).or_insert_with(|| e.clone());
             }
         }
-        let start = snapshot.as_ref().map_or(from, |(seq, _)| seq + 1);
         let end = merged.keys().next_back().copied().unwrap_or(0).max(commit_seen).max(start - 1);
+        // Who votes on this log: the configuration at its end.
+        let config = merged
+            .values()
+            .rev()
+            .find_map(|e| match e {
+                Entry::Config(c) => Some(c.clone()),
+                _ => None,
+            })
+            .or_else(|| snapshot.as_ref().map(|s| s.config.clone()))
+            .or_else(|| self.config_at(start - 1).cloned());
+        let Some(config) = config else {
+            tracing::debug!(me = %self.me, "sync: no configuration known yet; waiting for more answers");
+            return;
+        };
+        if !config.is_quorum(|n| holders.iter().any(|(h, _)| *h == n)) {
+            // Ask the voters of this configuration too, whatever my view says.
+            let extra = config.all();
+            self.sync.as_mut().expect("collecting").extra_targets = extra;
+            return;
+        }
         for seq in start..=commit_seen {
             if !merged.contains_key(&seq) {
                 // Someone knows this position committed, yet no log of the newest epoch
-                // in this majority has it: wait for more answers rather than guess.
+                // in this quorum has it: wait for more answers rather than guess.
                 tracing::warn!(me = %self.me, seq, "sync: a committed position is missing; waiting for more answers");
                 return;
             }
         }
-        self.sync = None;
+        let sync = self.sync.take().expect("collecting");
         self.counters.syncs += 1;
-        if let Some((seq, data)) = snapshot {
-            self.install_snapshot(seq, data, false);
+        if let Some(s) = snapshot {
+            self.install_snapshot(s, false);
         }
         self.truncate_after(start - 1);
         for seq in start..=end {
@@ -205,6 +229,8 @@ impl Gup {
         self.commit = self.commit.max(commit_seen.min(end));
         self.last_normal = Some(epoch);
         let lsn = self.persist(Record::Normal { epoch });
+        let answered: Vec<(NodeId, u64)> =
+            sync.states.iter().filter(|(n, _)| **n != self.me).map(|(n, s)| (*n, s.applied)).collect();
         self.locker = Some(LockerState {
             granted: end,
             grants: HashMap::new(),
@@ -220,7 +246,9 @@ impl Gup {
             reads: Vec::new(),
         });
         self.after_durable.push_back((lsn, AfterDurable::LockerReady { epoch }));
-        tracing::debug!(me = %self.me, %epoch, start, end, "sync decided the log");
+        tracing::debug!(me = %self.me, %epoch, start, end, %config, "sync decided the log");
+        // Those who answered get the decided log once it is durable here (LockerReady).
+        self.locker_pending_establish = answered;
     }
 
     /// The decided log is durable here: start granting, and replay the log to everyone who
@@ -230,14 +258,11 @@ impl Gup {
             return;
         }
         self.normal = true;
-        self.lost_tail = false;
-        self.recovering_since = None;
         self.peer_prefix.clear();
         let (granted, grants) = {
             let mut grants: HashMap<(NodeId, u32), BTreeMap<u64, (u64, bool)>> = HashMap::new();
             for (seq, slot) in self.log.range(self.applied + 1..) {
-                let parts = slot.entry.parts();
-                for p in parts {
+                for p in slot.entry.parts() {
                     // Whoever delivered it before, the locker finishes it now.
                     grants.entry((p.origin, p.batch.incarnation)).or_default().insert(p.batch.counter, (*seq, true));
                 }
@@ -251,7 +276,11 @@ impl Gup {
         locker.pending = pending;
         self.granted_known = self.granted_known.max(granted);
         self.sender_epoch_changed(now, granted);
-        // Everyone: whoever answered gets the log now, the rest are asked again.
+        for (n, applied) in std::mem::take(&mut self.locker_pending_establish) {
+            self.locker.as_mut().expect("checked").mark_synced(n);
+            self.send_catchup(n, true, applied + 1, granted);
+        }
+        // Everyone else is asked (again) for its state.
         self.sync_requests(now);
         self.heartbeat(now);
     }
@@ -295,15 +324,22 @@ impl Gup {
 
     /// Grants every queued request: one alone gets its own position, delivered by its
     /// sender as in MSCS; several share one position (one entry, one fsync per member, one
-    /// acknowledgement each), which the locker delivers itself.
+    /// acknowledgement each), which the locker delivers itself. Holds them while
+    /// `uncommitted_max` positions are uncommitted (back-pressure: the log stays bounded
+    /// when a quorum is missing).
     pub(super) fn flush_grants(&mut self) {
         if !self.is_locker() {
             return;
         }
         let now = self.last_now;
         let delay = self.config.grant_delay;
+        let commit = self.commit;
+        let uncommitted_max = self.config.uncommitted_max;
         let locker = self.locker.as_mut().expect("locker");
-        if locker.queued.is_empty() || locker.queued_since.is_some_and(|t| now < t + delay) {
+        if locker.queued.is_empty()
+            || locker.queued_since.is_some_and(|t| now < t + delay)
+            || locker.granted >= commit + uncommitted_max
+        {
             return;
         }
         locker.queued_since = None;
@@ -347,6 +383,69 @@ impl Gup {
                 self.answer_grant(now, p.origin, p.batch, seq, combined);
             }
         }
+    }
+
+    /// Writes an entry of the locker's own (a configuration) at the next position and
+    /// delivers it.
+    fn locker_append(&mut self, now: Instant, entry: Entry) {
+        let epoch = self.promised;
+        let locker = self.locker.as_mut().expect("locker");
+        locker.granted += 1;
+        let seq = locker.granted;
+        locker.pending.insert(seq, now);
+        self.persist_entry(seq, entry.clone());
+        self.transmit(epoch, seq, entry, None);
+    }
+
+    /// Moves the voting configuration one step towards the view's members that hold the
+    /// log (joint consensus: `old → new`, then `new`, each only once the previous
+    /// configuration entry is committed).
+    pub(super) fn drive_config(&mut self, now: Instant) {
+        if !self.is_locker() {
+            return;
+        }
+        let (at, current) = match self.configs.last_key_value() {
+            Some((s, c)) => (*s, c.clone()),
+            None => match &self.base_config {
+                Some(c) => (self.base, c.clone()),
+                None => return,
+            },
+        };
+        if at > self.commit {
+            return;
+        }
+        let next = if current.is_joint() {
+            Some(VotingConfig::new(current.voters.to_vec()))
+        } else {
+            let wanted = self.wanted_voters(&current);
+            (wanted[..] != current.voters[..]).then(|| VotingConfig::joint(&current.voters, wanted))
+        };
+        if let Some(next) = next {
+            tracing::debug!(me = %self.me, from = %current, to = %next, "configuration change");
+            self.counters.config_changes += 1;
+            self.locker_append(now, Entry::Config(next));
+        }
+    }
+
+    /// The voters the view asks for: its members that vote already or hold the log (have
+    /// acknowledged it in this epoch up to near the committed position), and me.
+    fn wanted_voters(&self, current: &VotingConfig) -> Vec<NodeId> {
+        let Some(view) = &self.view else { return current.voters.to_vec() };
+        let mut wanted: Vec<NodeId> = view
+            .members
+            .iter()
+            .copied()
+            .filter(|&n| {
+                n == self.me
+                    || current.voters.contains(&n)
+                    || self.peer_prefix.get(&n).is_some_and(|&p| p + VOTE_IN_LAG_MAX >= self.commit)
+            })
+            .collect();
+        if !wanted.contains(&self.me) {
+            wanted.push(self.me);
+        }
+        wanted.sort_unstable();
+        wanted
     }
 
     /// Tells the senders of combined entries that became committed.
@@ -405,24 +504,68 @@ impl Gup {
         self.send_catchup(from, false, first, to.min(granted));
     }
 
-    /// Sends positions `from..=end` (a snapshot first when they are no longer in the log),
-    /// at most `catchup_entries_max` of them.
+    /// Sends positions `from..=end` (a snapshot first when they are no longer in the log).
+    /// A repair gets one message of at most `catchup_entries_max` entries (the receiver asks
+    /// again for the rest); an establishing catch-up carries the whole log up to `end`, in
+    /// as many messages as it takes, the first one marked `establish`.
     pub(super) fn send_catchup(&mut self, to: NodeId, establish: bool, from: u64, end: u64) {
         let epoch = self.promised;
-        let snapshot = if from <= self.base { self.snapshot.clone() } else { None };
+        let mut snapshot = if from <= self.base { self.snapshot.clone() } else { None };
         let first = if snapshot.is_some() { self.base + 1 } else { from.max(self.base + 1) };
+        let mut from_field = if snapshot.is_some() { self.base } else { first };
+        let mut chunk: Vec<(u64, Entry)> = Vec::new();
+        let mut bytes = 0;
+        let mut establish_flag = establish;
         let entries: Vec<(u64, Entry)> = self
             .log
             .range(first..=end.max(first))
             .filter(|(s, _)| **s <= end)
-            .take(self.config.catchup_entries_max)
             .map(|(s, slot)| (*s, slot.entry.clone()))
             .collect();
-        // With establish, the receiver takes everything after `first - 1` from this message:
-        // a log cut short by the size limit is completed by repairs, which is fine because
-        // the receiver's log then simply has a hole.
-        let from = if snapshot.is_some() { self.base } else { first };
-        self.send(to, Msg::Catchup { epoch, establish, from, end, commit: self.commit, snapshot, entries });
+        let mut sent_one = false;
+        for (seq, entry) in entries {
+            let size = entry.updates().map(|u| u.len() + 4).sum::<usize>() + 32;
+            if !chunk.is_empty() && (chunk.len() >= self.config.catchup_entries_max || bytes + size > CATCHUP_BYTES_MAX)
+            {
+                if !establish {
+                    break;
+                }
+                let next_from = seq;
+                let entries = std::mem::take(&mut chunk);
+                self.send(
+                    to,
+                    Msg::Catchup {
+                        epoch,
+                        establish: establish_flag,
+                        from: from_field,
+                        end,
+                        commit: self.commit,
+                        snapshot: snapshot.take(),
+                        entries,
+                    },
+                );
+                sent_one = true;
+                establish_flag = false;
+                from_field = next_from;
+                bytes = 0;
+            }
+            bytes += size;
+            chunk.push((seq, entry));
+        }
+        if !chunk.is_empty() || !sent_one {
+            self.send(
+                to,
+                Msg::Catchup {
+                    epoch,
+                    establish: establish_flag,
+                    from: from_field,
+                    end,
+                    commit: self.commit,
+                    snapshot,
+                    entries: chunk,
+                },
+            );
+        }
     }
 
     pub(super) fn locker_tick(&mut self, now: Instant) {
@@ -478,34 +621,33 @@ impl Gup {
         self.round_confirmed_by(self.me, round);
     }
 
-    /// `from` acknowledged heartbeat round `round` of my epoch.
+    /// `from` acknowledged heartbeat round `round` of my epoch: a round acknowledged by a
+    /// quorum of my latest configuration confirms that no newer epoch has started.
     pub(super) fn round_confirmed_by(&mut self, from: NodeId, round: u64) {
-        let majority = self.majority();
-        let voter = self.is_voter(from);
+        let Some(config) = self.voting_config().cloned() else { return };
         let Some(locker) = self.locker.as_mut() else { return };
-        if round != locker.round || !voter || locker.round_acks.contains(&from) {
+        if round != locker.round || locker.round_acks.contains(&from) {
             return;
         }
         locker.round_acks.push(from);
-        if locker.round_acks.len() >= majority {
+        if config.is_quorum(|n| locker.round_acks.contains(&n)) {
             locker.confirmed_round = round;
         }
     }
 
-    /// Replaces the state up to `seq` by a snapshot. `same_epoch`: the snapshot comes from
-    /// the epoch whose grants my batches hold (so a batch granted at or below `seq` is in it).
-    pub(super) fn install_snapshot(&mut self, seq: u64, data: Arc<[u8]>, same_epoch: bool) {
+    /// Replaces the state up to the snapshot's position by the snapshot. `same_epoch`: the
+    /// snapshot comes from the epoch whose grants my batches hold (so a batch granted at or
+    /// below its position is in it).
+    pub(super) fn install_snapshot(&mut self, snapshot: super::Snapshot, same_epoch: bool) {
+        let seq = snapshot.seq;
         if seq <= self.applied {
             return;
         }
-        self.log = self.log.split_off(&(seq + 1));
-        self.base = seq;
+        let data = snapshot.data.clone();
         self.applied = seq;
         self.commit = self.commit.max(seq);
-        self.durable_prefix = self.durable_prefix.max(seq).min(seq);
-        self.snapshot = Some((seq, data.clone()));
         self.snapshot_installs += 1;
-        self.base_lsn = self.persist(Record::Snapshot { seq, data: data.clone() });
+        self.set_base(snapshot);
         self.events.push_back(super::Event::InstallSnapshot { seq, data });
         self.sender_snapshot_installed(seq, same_epoch);
     }

@@ -10,27 +10,31 @@
 //! ([`Msg::Batch`]), and ends the update with an [`Msg::Unlock`] to the locker. Unlike MSCS:
 //!
 //! - **Pipelined and batched.** A sender keeps up to `window` lock requests outstanding and
-//!   puts every update its clients submitted meanwhile under one lock grant. The lock is a
-//!   sequencer: receivers take positions in any order and apply them in log order.
+//!   puts every update its clients submitted meanwhile under one lock grant; lock requests
+//!   of several senders that reach the locker together are granted as one combined entry,
+//!   which the locker delivers itself ([`Msg::GrantCombined`], [`Msg::Committed`]). The lock
+//!   is a sequencer: receivers take positions in any order and apply them in log order.
 //! - **No blocking RPC.** Every step is a one-way message answered by a one-way message;
 //!   losses are repaired by retransmission after `retransmit_after`, and every client wait
 //!   is bounded (`update_timeout`).
-//! - **Durable and acknowledged by majority.** Every member writes an update to its log and
+//! - **Durable and acknowledged by a quorum.** Every member writes an update to its log and
 //!   acknowledges ([`Msg::Ack`]) once it is fsynced together with every earlier position.
-//!   An update is *committed* when the voting members' majority has acknowledged it; only
-//!   committed updates are applied, and a client is told [`Event::Committed`] when the
-//!   update is applied at its sender. So every acknowledged update is fsynced on a majority.
+//!   An update is *committed* when a quorum of the voting configuration (below) has
+//!   acknowledged it; only committed updates are applied, and a client is told
+//!   [`Event::Committed`] when the update is applied at its sender. So every acknowledged
+//!   update is fsynced on a majority of the voters.
 //!
 //! # Failures (the five cases of the thesis)
 //!
 //! 1. *The sender fails*: the locker holds the update and, when the sender has not finished
 //!    within `takeover_after`, transmits it itself.
-//! 2. *A receiver fails*: nobody waits for it; the majority commits, and the receiver, if it
+//! 2. *A receiver fails*: nobody waits for it; the quorum commits, and the receiver, if it
 //!    comes back, repairs its log from the locker ([`Msg::RepairRequest`]).
-//! 3. *The locker fails*: the next voting member in circular order becomes locker in a new
-//!    *epoch*. It collects the logs of a majority ([`Msg::SyncRequest`], [`Msg::SyncState`]),
-//!    keeps for each position what the most recent epoch decided, and replays the result to
-//!    everyone ([`Msg::Catchup`]), so a committed update is never lost.
+//! 3. *The locker fails*: the membership installs a view without it, whose lowest member
+//!    becomes locker in a new *epoch*. It collects the members' logs ([`Msg::SyncRequest`],
+//!    [`Msg::SyncState`]), keeps for each position what the most recent epoch decided, and
+//!    replays the result to everyone ([`Msg::Catchup`]), so a committed update is never
+//!    lost.
 //! 4. *The sender and the locker fail*: the same replay finds the update at whichever
 //!    receiver got it and finishes it.
 //! 5. *The sender and every receiver of an update fail*: no survivor has it, so the new
@@ -38,9 +42,75 @@
 //!    exist). It was never committed, so no client was told it happened; when the failed
 //!    nodes return, the new epoch's log replaces theirs and the update leaves no trace.
 //!
-//! Epochs are ordered by (view, locker). A member *promises* an epoch before it helps its
-//! locker and ignores lockers of older epochs afterwards; promises, log entries and the
+//! Epochs are ordered by (view, round, locker). A member *promises* an epoch before it helps
+//! its locker and ignores lockers of older epochs afterwards; promises, log entries and the
 //! epoch a log belongs to are written to the write-ahead log before they are acted on.
+//!
+//! # Who votes: configurations that follow the views
+//!
+//! The voters are not fixed: the *voting configuration* is itself in the log, as
+//! [`Entry::Config`] entries, and the locker moves it to follow the membership views — a
+//! member the view dropped stops voting, a member the view added votes once it holds the
+//! log. Views only *propose* (they pick the locker and the configuration it moves to);
+//! the decisions are made by quorums of configurations in the log, so no view — late,
+//! wrong, or different at different nodes — can make two nodes disagree. The rules:
+//!
+//! - **Configuration of a position.** Position `s` is governed by `K(s)`, the latest
+//!   configuration entry at or before `s` (or the one a snapshot carries). A configuration
+//!   is a set of voters, or during a change the *joint* configuration of the old and the
+//!   new set; a *quorum* is a majority of each of its sets.
+//! - **Commit.** `s` is committed when a quorum of `K(s)` has acknowledged, in the current
+//!   epoch, a durable log prefix through `s`. A node counts only positions up to where its
+//!   own log is gap-free, so it knows `K(s)`.
+//! - **Changes (Raft's joint consensus).** The locker writes the joint entry `old → new`
+//!   only when the latest configuration entry is committed and not joint, and the entry of
+//!   `new` alone only when the joint entry is committed. `new` is the view's members that
+//!   hold the log (a joining node is first brought up to date by state transfer, then
+//!   voted in), plus the locker.
+//! - **Sync.** A new locker's decided log `D` is the union of the logs reporting the newest
+//!   epoch among the states it collected; it finishes only when those states include a
+//!   quorum of `K(D)`, the configuration at the end of `D` (and every position some state
+//!   knows committed is present). Each state comes with a durable promise.
+//!
+//! *Why no committed update is lost.* Suppose `s` was committed in epoch `e` by the
+//! acknowledgements of a quorum `A` of `K(s)`, and let `e'` be the first later epoch whose
+//! sync finished with a decided log `D` lacking `s`; take `s` the smallest such position,
+//! so `D` holds every committed position before `s`, configuration entries included. The
+//! configurations of the committed prefix form a chain `K₀, K₀→K₁, K₁, K₁→K₂, …` in which
+//! each element is committed before the next is written, and `D` extends that prefix, so
+//! `K(D)` is `K(s)`, a later element of the chain, or an uncommitted entry one step after
+//! the last committed one. Every quorum of a joint configuration contains a quorum of both
+//! its sets, and an element of the chain is committed only by a quorum of itself, which has
+//! also acknowledged `s` (acknowledgements are of prefixes). Following the chain from
+//! `K(s)` to `K(D)`, each committed element's quorum of acknowledgements therefore holds
+//! `s`, and the next element's quorums intersect it; so the sync quorum `Q` of `K(D)`
+//! contains a node `v` that acknowledged `s` in `e` or in a later epoch whose decided log
+//! held `s`. `v` promised `e'` after that acknowledgement (it ignores older epochs once it
+//! has promised), so it reported a newest epoch `e_n ≥ e`. Every log of `e_n` contains
+//! `s`: a node joins an epoch only by adopting its complete decided log, which for
+//! `e_n > e` holds `s` by the choice of `e'`, and a log is never shortened within its
+//! epoch. So `D`, the union of the logs of `e_n`, holds `s` — a contradiction. The same
+//! quorum argument confirms a linearizable read: the locker's heartbeat round is
+//! acknowledged by a quorum of its latest configuration.
+//!
+//! *Why the views make it live.* The membership installs view `V + 1` only with the
+//! agreement of a quorum of `V`, and the locker of every view moves the configuration to
+//! the view's members, so a new locker normally finds a quorum of the configuration among
+//! the members of its own view. If a view ever leaves fewer than a quorum of the
+//! configuration alive (several voters failed before the configuration could follow), the
+//! sync waits — for a failed voter to return — rather than decide without the updates
+//! only they may hold.
+//!
+//! # Restarts and lost logs
+//!
+//! A node that restarts with its log resumes its promises and its epoch. A node whose log
+//! lost its tail (a torn or corrupted record, refused at start-up) may have forgotten
+//! promises and acknowledged updates, so it must not come back as the same voter: the host
+//! gives it a new identity (a new membership id), under which it is an empty-handed joiner
+//! that keeps only the committed prefix it still holds and is brought up to date by state
+//! transfer. The old identity is a failed node: the next view drops it and the
+//! configuration follows. [`Gup::recover`] applies this rule itself when the log it is given
+//! belongs to another identity or lost its tail.
 //!
 //! # Using the machine
 //!
@@ -49,9 +119,6 @@
 //! fsync), and give it work with [`Gup::submit`] and [`Gup::read`]. After each call drain
 //! [`Gup::poll_event`] (write [`Event::Persist`] records to the log in order, apply
 //! [`Event::Apply`]) and [`Gup::poll_transmit`].
-//!
-//! The voting members (the configuration) are fixed when the cluster is created; other
-//! members of a view are learners that receive every update but do not vote.
 
 mod config;
 mod locker;
@@ -61,13 +128,16 @@ pub mod types;
 pub mod wire;
 
 pub use config::GupConfig;
-pub use types::{BatchId, Entry, Epoch, NodeId, Part, Record, View};
+pub use types::{BatchId, Entry, Epoch, NodeId, Part, Record, Snapshot, View, VotingConfig};
 pub use wire::Msg;
 
-use crate::codec::SnapshotPart;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
+
+/// How long an idle non-locker sleeps when nothing is under way (its next input is a
+/// message or a client's update, which come with their own wake-up).
+const IDLE_WAKE: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A client update, as numbered by [`Gup::submit`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -117,7 +187,7 @@ pub enum Event {
         /// The snapshot.
         data: Arc<[u8]>,
     },
-    /// The update is committed (fsynced on a majority) and applied here at `seq`.
+    /// The update is committed (fsynced on a quorum) and applied here at `seq`.
     Committed {
         /// The update.
         id: UpdateId,
@@ -151,8 +221,8 @@ pub struct Recovered {
     /// The records, in log order (a snapshot record first, if any).
     pub records: Vec<Record>,
     /// The log had a bad tail (checksum failure or torn record) that was refused: the node
-    /// may have lost promises and acknowledged entries, so it must not count towards any
-    /// quorum until a newer epoch has synced it.
+    /// may have lost promises and acknowledged entries, so it comes back as a new node
+    /// (the host must give it a new identity) that keeps only its committed prefix.
     pub lost_tail: bool,
 }
 
@@ -177,6 +247,8 @@ pub struct Counters {
     pub repairs: u64,
     /// Updates reported indeterminate.
     pub indeterminate: u64,
+    /// Configuration entries written (as locker).
+    pub config_changes: u64,
 }
 
 /// One position of the in-memory log, with the LSN of the record that persisted it.
@@ -202,23 +274,22 @@ enum AfterDurable {
 pub struct Gup {
     me: NodeId,
     config: GupConfig,
-    /// The voting configuration, sorted.
-    voters: Vec<NodeId>,
     incarnation: u32,
 
     // Durable protocol state (mirrors what the log says).
     promised: Epoch,
     last_normal: Option<Epoch>,
-    /// The node's log had a bad tail: it waits for a view (then `recovering_since` is set)
-    /// and for a sync of an epoch of that view or later.
-    lost_tail: bool,
-    recovering_since: Option<u64>,
 
     // The log.
     base: u64,
-    base_lsn: u64,
-    snapshot: SnapshotPart,
+    /// The voting configuration at `base` (None: a node that has never held a log).
+    base_config: Option<VotingConfig>,
+    snapshot: Option<Snapshot>,
     log: BTreeMap<u64, Slot>,
+    /// The configuration entries of the log, by position.
+    configs: BTreeMap<u64, VotingConfig>,
+    /// Every position up to here is in the log (or the snapshot).
+    contiguous: u64,
     durable_prefix: u64,
     applied: u64,
     commit: u64,
@@ -236,7 +307,13 @@ pub struct Gup {
     // Roles.
     view: Option<View>,
     normal: bool,
+    /// Adopting a new locker's log, which ends at the given position: normal once the log
+    /// is complete up to it.
+    establishing: Option<(Epoch, u64)>,
     locker: Option<locker::LockerState>,
+    /// Nodes whose sync states the new locker used, with their applied positions: they get
+    /// the decided log once it is durable.
+    locker_pending_establish: Vec<(NodeId, u64)>,
     sync: Option<locker::SyncCollect>,
     sender: sender::SenderState,
     /// Durable prefixes other nodes reported for the current epoch.
@@ -259,46 +336,126 @@ pub struct Gup {
 }
 
 impl Gup {
-    /// A participant that starts a new cluster whose voting members are `voters` (every
-    /// voter must be created the same way, or later join by copying one's log). Writes the
-    /// configuration to the log as its first records.
+    /// A participant that starts a new cluster whose first voting configuration is
+    /// `voters` (every one of them is created the same way; a daemon creates a cluster of
+    /// one, `vec![me]`, and lets the others join). Writes the configuration to the log as
+    /// its first, committed, position.
     pub fn bootstrap(me: NodeId, voters: Vec<NodeId>, config: GupConfig, now: Instant) -> Self {
-        let mut g = Self::recover(me, voters, config, Recovered::default(), now);
-        // The genesis epoch: view 0, locked by the lowest voter; everyone's (empty) log is
-        // its authoritative log.
-        let genesis = Epoch { view: 0, locker: g.voters[0] };
+        let voters = VotingConfig::new(voters);
+        let mut g = Self::empty(me, config, now);
+        g.incarnation = 1;
+        g.persist(Record::Boot { incarnation: 1, node: me });
+        // The genesis epoch: view 0, locked by the lowest voter; everyone's log is its
+        // authoritative log.
+        let genesis = Epoch { view: 0, round: 0, locker: voters.voters[0] };
         g.promised = genesis;
         g.last_normal = Some(genesis);
         g.persist(Record::Promise { epoch: genesis });
         g.persist(Record::Normal { epoch: genesis });
+        g.persist_entry(1, Entry::Config(voters));
+        g.commit = 1;
+        g.normal = genesis.locker != me;
+        g.apply_committed();
         g
     }
 
-    /// A participant rebuilt from its write-ahead log (empty for a node joining as a
-    /// learner). `voters` is the cluster's voting configuration.
-    pub fn recover(me: NodeId, mut voters: Vec<NodeId>, config: GupConfig, recovered: Recovered, now: Instant) -> Self {
-        voters.sort_unstable();
-        voters.dedup();
-        assert!(!voters.is_empty(), "a cluster needs at least one voting member");
+    /// A participant rebuilt from its write-ahead log (empty for a node joining the cluster
+    /// for the first time). A log that lost its tail, or that belongs to another identity
+    /// (see [`Record::Boot`]), makes a fresh node that keeps only its committed prefix.
+    pub fn recover(me: NodeId, config: GupConfig, recovered: Recovered, now: Instant) -> Self {
+        let mut g = Self::empty(me, config, now);
+        let mut identity: Option<NodeId> = None;
+        for record in recovered.records {
+            match record {
+                Record::Boot { incarnation, node } => {
+                    g.incarnation = g.incarnation.max(incarnation);
+                    if identity != Some(node) {
+                        // The records before belong to another identity: its promises are
+                        // not this one's.
+                        g.promised = Epoch::default();
+                        g.last_normal = None;
+                        identity = Some(node);
+                    }
+                }
+                Record::Entry { seq, entry } => {
+                    if seq > g.base {
+                        g.log.insert(seq, Slot { entry, lsn: 0 });
+                    }
+                }
+                Record::TruncateAfter { seq } => {
+                    g.log.split_off(&(seq + 1));
+                }
+                Record::Promise { epoch } => g.promised = g.promised.max(epoch),
+                Record::Normal { epoch } => g.last_normal = Some(epoch),
+                Record::Commit { seq } => g.commit = g.commit.max(seq),
+                Record::Snapshot { snapshot, node, incarnation, promised, last_normal, tail } => {
+                    identity = Some(node);
+                    g.incarnation = g.incarnation.max(incarnation);
+                    g.promised = promised;
+                    g.last_normal = last_normal;
+                    g.base = snapshot.seq;
+                    g.base_config = Some(snapshot.config.clone());
+                    g.applied = snapshot.seq;
+                    g.commit = g.commit.max(snapshot.seq);
+                    g.log = tail.into_iter().map(|(seq, entry)| (seq, Slot { entry, lsn: 0 })).collect();
+                    g.snapshot = Some(snapshot);
+                }
+            }
+        }
+        let fresh = recovered.lost_tail || identity != Some(me);
+        if fresh {
+            if identity == Some(me) {
+                tracing::error!(node = %me, "a log that lost its tail recovered under the same identity: the host must give the node a new one");
+            }
+            g.promised = Epoch::default();
+            g.last_normal = None;
+        }
+        g.configs = g
+            .log
+            .iter()
+            .filter_map(|(s, slot)| match &slot.entry {
+                Entry::Config(c) => Some((*s, c.clone())),
+                _ => None,
+            })
+            .collect();
+        g.durable_prefix = g.base;
+        g.contiguous = g.base;
+        g.advance_contiguous();
+        g.advance_durable_prefix();
+        g.granted_known = g.log.keys().next_back().copied().unwrap_or(g.base);
+        // A restarted node may resume following the epoch it followed, but never resumes
+        // *granting* in an epoch: grants it made but had not fsynced are forgotten.
+        g.normal = g.last_normal == Some(g.promised) && g.promised.locker != me && g.promised != Epoch::default();
+        g.incarnation += 1;
+        g.persist(Record::Boot { incarnation: g.incarnation, node: me });
+        if fresh {
+            // Only committed positions are known to be right; the rest is the locker's to say.
+            let keep = g.commit.max(g.base);
+            g.truncate_after(keep);
+        }
+        g.apply_committed();
+        g
+    }
+
+    fn empty(me: NodeId, config: GupConfig, now: Instant) -> Self {
         assert!(
             config.window as u64 <= locker::GRANT_MEMORY,
             "window {} above the locker's grant memory {}",
             config.window,
             locker::GRANT_MEMORY
         );
-        let mut g = Self {
+        Self {
             me,
             config,
-            voters,
             incarnation: 0,
             promised: Epoch::default(),
             last_normal: None,
-            lost_tail: recovered.lost_tail,
-            recovering_since: None,
             base: 0,
-            base_lsn: 0,
+            base_config: None,
             snapshot: None,
             log: BTreeMap::new(),
+            configs: BTreeMap::new(),
+            contiguous: 0,
             durable_prefix: 0,
             applied: 0,
             commit: 0,
@@ -310,7 +467,9 @@ impl Gup {
             after_durable: VecDeque::new(),
             view: None,
             normal: false,
+            establishing: None,
             locker: None,
+            locker_pending_establish: Vec::new(),
             sync: None,
             sender: sender::SenderState::default(),
             peer_prefix: HashMap::new(),
@@ -323,46 +482,7 @@ impl Gup {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             counters: Counters::default(),
-        };
-        for record in recovered.records {
-            match record {
-                Record::Boot { incarnation } => g.incarnation = g.incarnation.max(incarnation),
-                Record::Entry { seq, entry } => {
-                    if seq > g.base {
-                        g.log.insert(seq, Slot { entry, lsn: 0 });
-                    }
-                }
-                Record::TruncateAfter { seq } => {
-                    g.log.split_off(&(seq + 1));
-                }
-                Record::Promise { epoch } => g.promised = g.promised.max(epoch),
-                Record::Normal { epoch } => g.last_normal = Some(epoch),
-                Record::Commit { seq } => g.commit = g.commit.max(seq),
-                Record::Snapshot { seq, data } => {
-                    g.base = seq;
-                    g.applied = seq;
-                    g.commit = g.commit.max(seq);
-                    g.log = g.log.split_off(&(seq + 1));
-                    g.snapshot = Some((seq, data));
-                }
-            }
         }
-        if g.lost_tail {
-            // What the lost tail held is unknown: never offer this log as an epoch's log.
-            g.last_normal = None;
-        }
-        g.durable_prefix = g.base;
-        g.advance_durable_prefix();
-        // A restarted node may resume following the epoch it followed, but never resumes
-        // *granting* in an epoch: grants it made but had not fsynced are forgotten.
-        g.normal = !g.lost_tail
-            && g.last_normal == Some(g.promised)
-            && g.promised.locker != me
-            && g.promised != Epoch::default();
-        g.incarnation += 1;
-        g.persist(Record::Boot { incarnation: g.incarnation });
-        g.apply_committed();
-        g
     }
 
     /// This node.
@@ -410,6 +530,16 @@ impl Gup {
         self.base
     }
 
+    /// The voting configuration at the end of this node's log (None: it never held one).
+    pub fn voting_config(&self) -> Option<&VotingConfig> {
+        self.configs.values().next_back().or(self.base_config.as_ref())
+    }
+
+    /// The voting configuration in force at the applied position.
+    pub fn applied_config(&self) -> Option<&VotingConfig> {
+        self.config_at(self.applied)
+    }
+
     /// Counters.
     pub fn counters(&self) -> Counters {
         self.counters
@@ -434,9 +564,12 @@ impl Gup {
     /// A decoded message arrived from `from` (for hosts that decode themselves).
     pub fn handle_msg(&mut self, now: Instant, from: NodeId, msg: Msg) {
         self.last_now = self.last_now.max(now);
-        if let Msg::SyncState { snapshot: Some((_, data)), .. } | Msg::Catchup { snapshot: Some((_, data)), .. } = &msg
-        {
-            if !(self.config.snapshot_valid)(data) {
+        if from == self.me {
+            self.counters.malformed += 1;
+            return;
+        }
+        if let Msg::SyncState { snapshot: Some(s), .. } | Msg::Catchup { snapshot: Some(s), .. } = &msg {
+            if !(self.config.snapshot_valid)(&s.data) {
                 self.counters.malformed += 1;
                 tracing::warn!(%from, "dropped a message carrying an invalid snapshot");
                 return;
@@ -452,12 +585,11 @@ impl Gup {
                 self.on_heartbeat(now, from, epoch, commit, granted, round)
             }
             Msg::SyncRequest { epoch, from: first } => self.on_sync_request(from, epoch, first),
-            Msg::SyncState { epoch, last_normal, applied, commit, recovering_since, snapshot, entries } => self
-                .on_sync_state(
-                    now,
-                    from,
-                    locker::PeerState { epoch, last_normal, applied, commit, recovering_since, snapshot, entries },
-                ),
+            Msg::SyncState { epoch, last_normal, applied, commit, snapshot, entries } => self.on_sync_state(
+                now,
+                from,
+                locker::PeerState { epoch, last_normal, applied, commit, snapshot, entries },
+            ),
             Msg::Catchup { epoch, establish, from: first, end, commit, snapshot, entries } => {
                 self.on_catchup(now, from, epoch, establish, first, end, commit, snapshot, entries)
             }
@@ -466,7 +598,7 @@ impl Gup {
             Msg::ReadIndexReply { epoch, id, index } => self.on_read_index_reply(from, epoch, id, index),
             Msg::GrantCombined { epoch, batch, seq } => self.on_grant_combined(now, from, epoch, batch, seq),
             Msg::Committed { epoch, upto } => {
-                if epoch == self.promised && self.normal && from == epoch.locker && from != self.me {
+                if epoch == self.promised && self.normal && from == epoch.locker {
                     self.learn_commit(upto);
                 } else {
                     self.counters.stale += 1;
@@ -477,19 +609,15 @@ impl Gup {
     }
 
     /// A new membership view was installed. Views with a number not above the current one
-    /// are ignored. After a restart, the first view that contains this node must have been
-    /// installed after the restart (as membership's join gives it): a node whose log lost its
-    /// tail trusts that no epoch of that view was promised before.
+    /// are ignored. The view's lowest member locks; a member that finds itself the locker
+    /// of a newer view than its epoch's starts a new epoch.
     pub fn handle_view(&mut self, now: Instant, view: View) {
         self.last_now = self.last_now.max(now);
         if self.view.as_ref().is_some_and(|v| v.id >= view.id) {
             return;
         }
-        if self.lost_tail && self.recovering_since.is_none() && view.contains(self.me) {
-            self.recovering_since = Some(view.id);
-        }
         let member = view.contains(self.me);
-        let locker = view.members.iter().copied().find(|n| self.voters.binary_search(n).is_ok());
+        let locks = view.locker() == Some(self.me);
         self.view = Some(view);
         if !member {
             // Out of the view: stop acting as locker or sender; keep answering as a voter
@@ -497,7 +625,7 @@ impl Gup {
             self.locker = None;
             self.sync = None;
             self.fail_all_updates();
-        } else if locker == Some(self.me) {
+        } else if locks {
             self.on_view_as_locker(now);
         }
         self.after_input(now);
@@ -536,10 +664,29 @@ impl Gup {
         self.after_input(now);
     }
 
-    /// When [`Gup::handle_timeout`] should next be called.
+    /// When [`Gup::handle_timeout`] should next be called: every `tick` while something is
+    /// under way (updates, reads, a sync, a gap in the log), otherwise only for the locker's
+    /// next heartbeat — an idle node sleeps.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let grant_at = self.locker.as_ref().and_then(|l| l.queued_since).map(|t| t + self.config.grant_delay);
-        Some(grant_at.map_or(self.next_tick, |g| g.min(self.next_tick)))
+        let tick = if self.busy() {
+            self.next_tick
+        } else if let Some(l) = self.locker.as_ref().filter(|_| self.normal) {
+            self.next_tick.max(l.next_heartbeat(self.config.heartbeat_interval))
+        } else {
+            self.next_tick.max(self.last_now + IDLE_WAKE)
+        };
+        Some(grant_at.map_or(tick, |g| g.min(tick)))
+    }
+
+    /// Whether anything waits for the housekeeping tick.
+    fn busy(&self) -> bool {
+        self.sender.busy()
+            || !self.reads.is_empty()
+            || self.sync.is_some()
+            || self.establishing.is_some()
+            || self.contiguous < self.granted_known.max(self.commit)
+            || self.locker.as_ref().is_some_and(|l| l.busy(self.commit))
     }
 
     /// The next message to send, encoded.
@@ -569,20 +716,18 @@ impl Gup {
         if seq <= self.base {
             return;
         }
-        self.log = self.log.split_off(&(seq + 1));
-        self.base = seq;
-        self.snapshot = Some((seq, data.clone()));
-        self.base_lsn = self.persist(Record::Snapshot { seq, data });
+        let config = self.config_at(seq).cloned().expect("an applied position has a configuration");
+        self.set_base(Snapshot { seq, config, data });
     }
 
     // ----- shared helpers -----
 
-    fn majority(&self) -> usize {
-        self.voters.len() / 2 + 1
-    }
-
-    fn is_voter(&self, n: NodeId) -> bool {
-        self.voters.binary_search(&n).is_ok()
+    /// The configuration governing position `seq` (None for a node without any).
+    fn config_at(&self, seq: u64) -> Option<&VotingConfig> {
+        if seq <= self.base {
+            return self.base_config.as_ref();
+        }
+        self.configs.range(..=seq).next_back().map(|(_, c)| c).or(self.base_config.as_ref())
     }
 
     fn in_view(&self) -> bool {
@@ -592,7 +737,7 @@ impl Gup {
     /// Everyone an update must reach: the view's members and the voters, without me,
     /// in circular order starting after `after`.
     fn targets_after(&self, after: NodeId) -> Vec<NodeId> {
-        let mut all: Vec<NodeId> = self.voters.clone();
+        let mut all: Vec<NodeId> = self.voting_config().map(|c| c.all()).unwrap_or_default();
         if let Some(v) = &self.view {
             all.extend(v.members.iter().copied());
         }
@@ -619,22 +764,63 @@ impl Gup {
     fn persist_entry(&mut self, seq: u64, entry: Entry) {
         debug_assert!(seq > self.base);
         let lsn = self.persist(Record::Entry { seq, entry: entry.clone() });
+        match &entry {
+            Entry::Config(c) => {
+                self.configs.insert(seq, c.clone());
+            }
+            _ => {
+                self.configs.remove(&seq);
+            }
+        }
         self.log.insert(seq, Slot { entry, lsn });
         self.granted_known = self.granted_known.max(seq);
+        self.advance_contiguous();
     }
 
     fn truncate_after(&mut self, seq: u64) {
         if self.log.range(seq + 1..).next().is_some() {
             self.log.split_off(&(seq + 1));
+            self.configs.split_off(&(seq + 1));
             self.persist(Record::TruncateAfter { seq });
         }
         self.durable_prefix = self.durable_prefix.min(seq.max(self.base));
+        self.contiguous = self.contiguous.min(seq.max(self.base));
+    }
+
+    /// The state up to `snapshot.seq` is the snapshot's from now on (taken here, or
+    /// installed from a peer): entries up to it leave the log, and one record — which lets
+    /// the write-ahead log delete everything before it — carries what is still needed.
+    fn set_base(&mut self, snapshot: Snapshot) {
+        let seq = snapshot.seq;
+        self.log = self.log.split_off(&(seq + 1));
+        self.configs = self.configs.split_off(&(seq + 1));
+        self.base = seq;
+        self.base_config = Some(snapshot.config.clone());
+        self.contiguous = self.contiguous.max(seq);
+        self.advance_contiguous();
+        // Positions up to a snapshot are committed: holding them durably or not no longer
+        // matters to anyone's quorum.
+        self.durable_prefix = self.durable_prefix.max(seq);
+        self.advance_durable_prefix();
+        self.snapshot = Some(snapshot.clone());
+        let tail = self.log.iter().map(|(s, slot)| (*s, slot.entry.clone())).collect();
+        self.persist(Record::Snapshot {
+            snapshot,
+            node: self.me,
+            incarnation: self.incarnation,
+            promised: self.promised,
+            last_normal: self.last_normal,
+            tail,
+        });
+    }
+
+    fn advance_contiguous(&mut self) {
+        while self.log.contains_key(&(self.contiguous + 1)) {
+            self.contiguous += 1;
+        }
     }
 
     fn advance_durable_prefix(&mut self) {
-        if self.base_lsn <= self.durable_lsn {
-            self.durable_prefix = self.durable_prefix.max(self.base);
-        }
         while let Some(slot) = self.log.get(&(self.durable_prefix + 1)) {
             if slot.lsn > self.durable_lsn {
                 break;
@@ -652,16 +838,14 @@ impl Gup {
             }
             AfterDurable::SendSyncState { to, epoch, from } => {
                 if self.promised == epoch {
-                    let state = self.sync_state(epoch, from);
-                    self.send(to, state);
+                    if let Some(state) = self.sync_state(epoch, from) {
+                        self.send(to, state);
+                    }
                 }
             }
             AfterDurable::BecomeNormal { epoch, end } => {
-                if self.promised == epoch && !self.normal {
+                if self.promised == epoch && !self.normal && self.last_normal == Some(epoch) {
                     self.normal = true;
-                    self.last_normal = Some(epoch);
-                    self.lost_tail = false;
-                    self.recovering_since = None;
                     self.peer_prefix.clear();
                     self.advance_durable_prefix();
                     let upto = self.durable_prefix;
@@ -678,6 +862,7 @@ impl Gup {
         debug_assert!(epoch > self.promised);
         self.promised = epoch;
         self.normal = false;
+        self.establishing = None;
         self.peer_prefix.clear();
         self.ack_wanted.clear();
         if epoch.locker != self.me {
@@ -694,19 +879,36 @@ impl Gup {
         }
     }
 
-    /// Recomputes the commit from the durable prefixes voters reported in this epoch.
+    /// Recomputes the commit from the durable prefixes reported in this epoch: the largest
+    /// position `s` that a quorum of `K(s)` holds, looking only where my log is gap-free
+    /// (so that I know every configuration entry up to `s`).
     fn commit_from_acks(&mut self) {
-        if !self.normal {
+        if !self.normal || self.contiguous <= self.commit {
             return;
         }
-        let mut prefixes: Vec<u64> = self
-            .voters
-            .iter()
-            .map(|&v| if v == self.me { self.durable_prefix } else { self.peer_prefix.get(&v).copied().unwrap_or(0) })
-            .collect();
-        prefixes.sort_unstable_by(|a, b| b.cmp(a));
-        let majority_prefix = prefixes[self.majority() - 1];
-        self.learn_commit(majority_prefix);
+        let me = self.me;
+        let own = self.durable_prefix;
+        let peers = &self.peer_prefix;
+        let prefix = |n: NodeId| if n == me { own } else { peers.get(&n).copied().unwrap_or(0) };
+        // Regions of one configuration each, from the newest down: [start, end].
+        let mut end = self.contiguous;
+        let regions = self
+            .configs
+            .range(..=self.contiguous)
+            .rev()
+            .map(|(s, c)| (*s, c))
+            .chain(self.base_config.as_ref().map(|c| (self.base + 1, c)));
+        for (start, config) in regions {
+            let reached = config.quorum_value(prefix).min(end);
+            if reached >= start {
+                self.commit = self.commit.max(reached);
+                return;
+            }
+            if start <= self.commit + 1 {
+                return;
+            }
+            end = start - 1;
+        }
     }
 
     fn apply_committed(&mut self) {
@@ -736,6 +938,7 @@ impl Gup {
         self.commit_from_acks();
         self.notify_commits();
         self.apply_committed();
+        self.drive_config(now);
         self.sender_pump(now);
         self.reads_pump(now);
     }

@@ -21,6 +21,12 @@ struct ReadWait {
     last_sent: Instant,
 }
 
+impl Reads {
+    pub(super) fn is_empty(&self) -> bool {
+        self.waiting.is_empty()
+    }
+}
+
 impl Gup {
     /// Starts a linearizable read: [`Event::ReadReady`] says when the local state reflects
     /// every update committed before this call (serve the read from it then), or
@@ -173,6 +179,11 @@ impl Gup {
             self.counters.stale += 1;
             return;
         }
+        if self.establishing.is_some_and(|(e, _)| e == epoch) {
+            // Adopting this locker's log already; repairs complete it.
+            self.learn_commit(commit);
+            return;
+        }
         if epoch > self.promised || !self.normal {
             // A locker I do not follow yet (or whose log I never got): ask to be synced.
             let first = self.applied + 1;
@@ -190,42 +201,30 @@ impl Gup {
             self.counters.stale += 1;
             return;
         }
-        if self.lost_tail {
-            let Some(since) = self.recovering_since else { return };
-            if epoch.view < since {
-                // I may have promised an epoch of a view before `since` (the first view
-                // installed after my restart) and forgotten it: I join no such epoch. Tell
-                // the locker, which starts a newer one.
-                let state = self.sync_state(epoch, first);
-                self.send(from, state);
-                return;
-            }
-        }
         if epoch > self.promised {
             self.promise(epoch);
         }
         self.when_durable(AfterDurable::SendSyncState { to: from, epoch, from: first });
     }
 
-    /// My state for the sync of `epoch`, with my log from `first` on.
-    pub(super) fn sync_state(&self, epoch: Epoch, first: u64) -> Msg {
+    /// My state for the sync of `epoch`, with my log from `first` on (None when it does
+    /// not fit a message; the locker waits for others then).
+    pub(super) fn sync_state(&self, epoch: Epoch, first: u64) -> Option<Msg> {
         let snapshot = if first <= self.base && self.base > 0 { self.snapshot.clone() } else { None };
         let entries: Vec<(u64, Entry)> =
             self.log.range(first.max(self.base + 1)..).map(|(s, slot)| (*s, slot.entry.clone())).collect();
-        assert!(
-            entries.len() <= ENTRIES_PER_MESSAGE_MAX,
-            "log tail of {} entries beyond the sync limit: compact more often",
-            entries.len()
-        );
-        Msg::SyncState {
+        if entries.len() > ENTRIES_PER_MESSAGE_MAX {
+            tracing::error!(me = %self.me, entries = entries.len(), "log tail beyond the sync limit; not answering the sync");
+            return None;
+        }
+        Some(Msg::SyncState {
             epoch,
-            last_normal: if self.lost_tail { None } else { self.last_normal },
+            last_normal: self.last_normal,
             applied: self.applied,
             commit: self.commit,
-            recovering_since: if self.lost_tail { Some(self.recovering_since.unwrap_or(0)) } else { None },
             snapshot,
             entries,
-        }
+        })
     }
 
     /// Runs `action` once everything persisted so far is durable.
@@ -243,15 +242,11 @@ impl Gup {
 
     /// My own sync state, handed to my own sync.
     pub(super) fn self_sync_state(&mut self, now: Instant, epoch: Epoch, first: u64) {
-        if let Msg::SyncState { epoch, last_normal, applied, commit, recovering_since, snapshot, entries } =
+        if let Some(Msg::SyncState { epoch, last_normal, applied, commit, snapshot, entries }) =
             self.sync_state(epoch, first)
         {
             let me = self.me;
-            self.on_sync_state(
-                now,
-                me,
-                PeerState { epoch, last_normal, applied, commit, recovering_since, snapshot, entries },
-            );
+            self.on_sync_state(now, me, PeerState { epoch, last_normal, applied, commit, snapshot, entries });
         }
     }
 
@@ -272,30 +267,35 @@ impl Gup {
             self.counters.stale += 1;
             return;
         }
-        if establish && !self.normal {
-            if let Some((seq, data)) = snapshot {
-                self.install_snapshot(seq, data, false);
+        let adopting = self.establishing.is_some_and(|(e, _)| e == epoch);
+        // An establishing catch-up for an epoch whose log I adopted already (a duplicate
+        // while my Normal record is on its way to disk) changes nothing.
+        if establish && !self.normal && !adopting && self.last_normal != Some(epoch) {
+            if let Some(s) = snapshot {
+                self.install_snapshot(s, false);
             }
-            // Everything after `keep` is replaced by the locker's log (positions up to my
-            // applied one are committed and identical there).
-            let keep = first.saturating_sub(1).min(self.applied).max(self.base);
+            // Everything after my applied position is replaced by the locker's log
+            // (positions up to it are committed and identical there; the catch-up starts at
+            // or before the next one, and repairs fill what a restart made me forget).
+            let _ = first;
+            let keep = self.applied.max(self.base);
             self.truncate_after(keep);
             for (seq, entry) in entries {
                 if seq > keep && seq <= end {
                     self.persist_entry(seq, entry);
                 }
             }
-            self.granted_known = end;
+            self.establishing = Some((epoch, end));
+            self.granted_known = self.granted_known.max(end);
             self.learn_commit(commit.min(end));
-            self.persist(Record::Normal { epoch });
-            self.when_durable(AfterDurable::BecomeNormal { epoch, end });
+            self.check_established();
             return;
         }
-        if !self.normal {
+        if !self.normal && !adopting {
             return;
         }
-        if let Some((seq, data)) = snapshot {
-            self.install_snapshot(seq, data, true);
+        if let Some(s) = snapshot {
+            self.install_snapshot(s, self.normal);
         }
         let mut newest = 0;
         for (seq, entry) in entries {
@@ -304,20 +304,36 @@ impl Gup {
             }
             newest = newest.max(seq);
         }
+        self.learn_commit(commit);
+        if adopting {
+            self.check_established();
+            return;
+        }
         if newest > 0 {
             self.ack_wanted.entry(newest).or_default().push(from);
         }
-        self.learn_commit(commit);
         self.send_due_acks();
+    }
+
+    /// While adopting a new locker's log: once it is complete up to the end the locker
+    /// decided, it is this node's log of the epoch (normal once that is durable).
+    fn check_established(&mut self) {
+        let Some((epoch, end)) = self.establishing else { return };
+        if self.contiguous < end {
+            return;
+        }
+        self.establishing = None;
+        self.last_normal = Some(epoch);
+        self.persist(Record::Normal { epoch });
+        self.when_durable(AfterDurable::BecomeNormal { epoch, end });
     }
 
     /// Holes, read retries and read deadlines.
     pub(super) fn receiver_tick(&mut self, now: Instant) {
-        if self.normal && !self.is_locker() {
-            let mut first_missing = self.applied + 1;
-            while self.log.contains_key(&first_missing) {
-                first_missing += 1;
-            }
+        let adopting = self.establishing.is_some_and(|(e, _)| e == self.promised);
+        if (self.normal || adopting) && !self.is_locker() && self.promised.locker != self.me {
+            debug_assert!(self.applied <= self.contiguous, "applied positions stay in the log");
+            let first_missing = self.contiguous + 1;
             if first_missing <= self.granted_known.max(self.commit) {
                 let since = *self.hole_since.get_or_insert(now);
                 let quiet = self.last_repair.is_none_or(|t| t + self.config.repair_after <= now);

@@ -40,6 +40,13 @@ struct Flight {
     installs_seen: u64,
 }
 
+impl SenderState {
+    /// Whether updates are queued or in flight.
+    pub(super) fn busy(&self) -> bool {
+        !self.queue.is_empty() || !self.flights.is_empty() || self.resolve_at.is_some()
+    }
+}
+
 impl Gup {
     /// Queues a client update. It is committed, applied everywhere in the same order, and
     /// reported with [`Event::Committed`] — or reported [`Event::Indeterminate`] after

@@ -6,7 +6,10 @@
 //! panics (property-tested and fuzzed in `tests/wire.rs`).
 //!
 //! The format is append-only: kinds keep their numbers forever; a new field means a new
-//! version. History: version 1 (this one).
+//! version. History: version 1 (phase 1, never deployed: 32-bit node ids, fixed voters);
+//! version 2 (this one): 64-bit node ids (the membership's ids), epochs with a round,
+//! configuration entries, snapshots that carry their voting configuration, and sync states
+//! without the recovering flag (a node that lost its log comes back under a new id).
 
 use crate::codec::SnapshotPart;
 use crate::codec::{DecodeError, Reader, Writer};
@@ -14,7 +17,7 @@ use crate::gup::types::{BatchId, Entry, Epoch};
 use std::sync::Arc;
 
 /// The wire version this build speaks.
-pub const WIRE_VERSION: u8 = 1;
+pub const WIRE_VERSION: u8 = 2;
 
 /// One GUP message. Every message names the epoch it belongs to; messages of other epochs
 /// are ignored or answered with what the receiver knows.
@@ -98,9 +101,6 @@ pub enum Msg {
         applied: u64,
         /// Committed position known.
         commit: u64,
-        /// Set when the node lost part of its log (corruption) and restarted in this view:
-        /// it cannot count towards a quorum until an epoch of that view or later syncs it.
-        recovering_since: Option<u64>,
         /// The node's snapshot, when its log no longer reaches back to `from`.
         snapshot: SnapshotPart,
         /// Log entries from the requested position on.
@@ -255,15 +255,13 @@ impl Msg {
                 w.epoch(*epoch);
                 w.u64(*from);
             }
-            Msg::SyncState { epoch, last_normal, applied, commit, recovering_since, snapshot, entries } => {
+            Msg::SyncState { epoch, last_normal, applied, commit, snapshot, entries } => {
                 w.u8(SYNC_STATE);
                 w.epoch(*epoch);
                 w.opt_epoch(*last_normal);
                 w.u64(*applied);
                 w.u64(*commit);
-                w.bool(recovering_since.is_some());
-                w.u64(recovering_since.unwrap_or(0));
-                w.snapshot(snapshot);
+                w.snapshot_part(snapshot);
                 w.entries(entries);
             }
             Msg::Catchup { epoch, establish, from, end, commit, snapshot, entries } => {
@@ -273,7 +271,7 @@ impl Msg {
                 w.u64(*from);
                 w.u64(*end);
                 w.u64(*commit);
-                w.snapshot(snapshot);
+                w.snapshot_part(snapshot);
                 w.entries(entries);
             }
             Msg::RepairRequest { epoch, from, to } => {
@@ -323,30 +321,21 @@ impl Msg {
             UNLOCK => Msg::Unlock { epoch: r.epoch()?, upto: r.u64()? },
             HEARTBEAT => Msg::Heartbeat { epoch: r.epoch()?, commit: r.u64()?, granted: r.u64()?, round: r.u64()? },
             SYNC_REQUEST => Msg::SyncRequest { epoch: r.epoch()?, from: r.u64()? },
-            SYNC_STATE => {
-                let epoch = r.epoch()?;
-                let last_normal = r.opt_epoch()?;
-                let applied = r.u64()?;
-                let commit = r.u64()?;
-                let has_recovering = r.bool()?;
-                let since = r.u64()?;
-                Msg::SyncState {
-                    epoch,
-                    last_normal,
-                    applied,
-                    commit,
-                    recovering_since: has_recovering.then_some(since),
-                    snapshot: r.snapshot()?,
-                    entries: r.entries()?,
-                }
-            }
+            SYNC_STATE => Msg::SyncState {
+                epoch: r.epoch()?,
+                last_normal: r.opt_epoch()?,
+                applied: r.u64()?,
+                commit: r.u64()?,
+                snapshot: r.snapshot_part()?,
+                entries: r.entries()?,
+            },
             CATCHUP => Msg::Catchup {
                 epoch: r.epoch()?,
                 establish: r.bool()?,
                 from: r.u64()?,
                 end: r.u64()?,
                 commit: r.u64()?,
-                snapshot: r.snapshot()?,
+                snapshot: r.snapshot_part()?,
                 entries: r.entries()?,
             },
             REPAIR_REQUEST => Msg::RepairRequest { epoch: r.epoch()?, from: r.u64()?, to: r.u64()? },

@@ -164,6 +164,12 @@ impl Wal {
     /// the returned receiver. LSNs are those of `Event::Persist` (counted from 1 in this
     /// incarnation).
     pub fn open(dir: &Path) -> io::Result<(Wal, Receiver<u64>)> {
+        Self::open_notify(dir, Box::new(|| {}))
+    }
+
+    /// [`Wal::open`], calling `notify` (from the writer thread) after each durable LSN is
+    /// sent, to wake the thread that drives the protocol.
+    pub fn open_notify(dir: &Path, notify: Box<dyn Fn() + Send>) -> io::Result<(Wal, Receiver<u64>)> {
         let segs = segments(dir)?;
         let next = segs.last().map_or(1, |(n, _)| n + 1);
         // Always start a fresh segment: a refused tail never sits before new records.
@@ -174,8 +180,9 @@ impl Wal {
         let (tx, rx) = mpsc::channel();
         let dir = dir.to_path_buf();
         let s = shared.clone();
-        let thread =
-            std::thread::Builder::new().name("ulnet-wal".into()).spawn(move || writer(s, dir, next, file, tx))?;
+        let thread = std::thread::Builder::new()
+            .name("ulnet-wal".into())
+            .spawn(move || writer(s, dir, next, file, tx, notify))?;
         Ok((Wal { shared, thread: Some(thread) }, rx))
     }
 
@@ -207,7 +214,14 @@ impl Drop for Wal {
     }
 }
 
-fn writer(shared: Arc<Shared>, dir: PathBuf, mut segment: u64, mut file: File, durable: Sender<u64>) {
+fn writer(
+    shared: Arc<Shared>,
+    dir: PathBuf,
+    mut segment: u64,
+    mut file: File,
+    durable: Sender<u64>,
+    notify: Box<dyn Fn() + Send>,
+) {
     loop {
         let (bytes, lsn, rotate_at) = {
             let mut q = shared.state.lock().expect("wal lock");
@@ -249,6 +263,7 @@ fn writer(shared: Arc<Shared>, dir: PathBuf, mut segment: u64, mut file: File, d
                 if durable.send(lsn).is_err() {
                     return;
                 }
+                notify();
             }
             Err(e) => {
                 tracing::error!(error = %e, "write-ahead log: write or fsync failed");

@@ -5,15 +5,21 @@
 //!  crc32c covers the length field and the payload, so a torn length is caught too.
 //!  payload: | kind u8 | fields (little-endian, as the wire format) |
 //! ```
-//! Kinds are append-only; never reuse a number.
+//! Kinds are append-only; never reuse a number. History: format 1 (phase 1, never deployed);
+//! format 2 (this one): 64-bit node ids and epochs with a round (as wire version 2), `Boot`
+//! names the node, configuration entries, and kind 7 (a bare snapshot) retired for kind 8,
+//! a snapshot that carries the configuration, the node's durable protocol state and the log
+//! tail (the segments before it are deleted, so it must hold everything still needed).
 
 use crate::codec::{DecodeError, Reader, Writer, SNAPSHOT_BYTES_MAX};
 use crate::gup::Record;
 
 /// Bytes of the frame header.
 pub const FRAME_HEADER_BYTES: usize = 8;
-/// Largest payload a frame may announce (a snapshot plus its fields).
-pub const FRAME_PAYLOAD_MAX: usize = SNAPSHOT_BYTES_MAX + 64;
+/// Largest payload a frame may announce: a snapshot record (the snapshot, its fields and the
+/// log tail it carries, which the locker's limit on uncommitted positions keeps far below a
+/// snapshot's size).
+pub const FRAME_PAYLOAD_MAX: usize = 2 * SNAPSHOT_BYTES_MAX;
 
 const BOOT: u8 = 1;
 const ENTRY: u8 = 2;
@@ -21,15 +27,17 @@ const TRUNCATE_AFTER: u8 = 3;
 const PROMISE: u8 = 4;
 const NORMAL: u8 = 5;
 const COMMIT: u8 = 6;
-const SNAPSHOT: u8 = 7;
+// 7: retired (format 1's snapshot without configuration and state).
+const SNAPSHOT: u8 = 8;
 
 /// Encodes a record's payload.
 pub fn encode_record(record: &Record) -> Vec<u8> {
     let mut w = Writer::new();
     match record {
-        Record::Boot { incarnation } => {
+        Record::Boot { incarnation, node } => {
             w.u8(BOOT);
             w.u32(*incarnation);
+            w.node(*node);
         }
         Record::Entry { seq, entry } => {
             w.u8(ENTRY);
@@ -52,10 +60,14 @@ pub fn encode_record(record: &Record) -> Vec<u8> {
             w.u8(COMMIT);
             w.u64(*seq);
         }
-        Record::Snapshot { seq, data } => {
+        Record::Snapshot { snapshot, node, incarnation, promised, last_normal, tail } => {
             w.u8(SNAPSHOT);
-            w.u64(*seq);
-            w.blob(data);
+            w.snapshot(snapshot);
+            w.node(*node);
+            w.u32(*incarnation);
+            w.epoch(*promised);
+            w.opt_epoch(*last_normal);
+            w.entries(tail);
         }
     }
     w.buf
@@ -65,13 +77,24 @@ pub fn encode_record(record: &Record) -> Vec<u8> {
 pub fn decode_record(payload: &[u8]) -> Result<Record, DecodeError> {
     let mut r = Reader::new(payload);
     let record = match r.u8()? {
-        BOOT => Record::Boot { incarnation: r.u32()? },
+        BOOT => Record::Boot { incarnation: r.u32()?, node: r.node()? },
         ENTRY => Record::Entry { seq: r.u64()?, entry: r.entry()? },
         TRUNCATE_AFTER => Record::TruncateAfter { seq: r.u64()? },
         PROMISE => Record::Promise { epoch: r.epoch()? },
         NORMAL => Record::Normal { epoch: r.epoch()? },
         COMMIT => Record::Commit { seq: r.u64()? },
-        SNAPSHOT => Record::Snapshot { seq: r.u64()?, data: r.blob("snapshot", SNAPSHOT_BYTES_MAX)? },
+        SNAPSHOT => {
+            let snapshot = r.snapshot()?;
+            let node = r.node()?;
+            let incarnation = r.u32()?;
+            let promised = r.epoch()?;
+            let last_normal = r.opt_epoch()?;
+            let tail = r.entries()?;
+            if tail.first().is_some_and(|(seq, _)| *seq <= snapshot.seq) {
+                return Err(DecodeError::Invalid("a snapshot's tail starts inside the snapshot"));
+            }
+            Record::Snapshot { snapshot, node, incarnation, promised, last_normal, tail }
+        }
         tag => return Err(DecodeError::UnknownTag { what: "record", tag }),
     };
     r.finish()?;

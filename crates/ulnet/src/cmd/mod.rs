@@ -11,5 +11,6 @@ pub mod demo_trace;
 pub mod node;
 pub mod sort;
 pub mod sort_demo;
+pub mod registry;
 pub mod stats;
 pub mod trace;

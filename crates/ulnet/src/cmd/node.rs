@@ -21,7 +21,8 @@ pub struct NodeArgs {
     /// Nodes to join through, comma-separated; none forms a new cluster.
     #[arg(long, value_delimiter = ',')]
     seeds: Vec<SocketAddr>,
-    /// Directory for durable state (identity, view, promises).
+    /// Directory for durable state (identity, view, promises; the registry's log in
+    /// DIR/registry). The registry runs only on nodes with a data directory.
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// File holding the cluster secret.
@@ -80,6 +81,21 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
     if a.name.len() > ulnet_cluster::view::NAME_MAX {
         bail!("--name is longer than {} bytes", ulnet_cluster::view::NAME_MAX);
     }
+    let mut services: Vec<Box<dyn ulnet_cluster::service::Service>> = Vec::new();
+    if let Some(dir) = &a.data_dir {
+        let prepared = ulnet_registry::service::prepare(dir).context("reading the registry's log")?;
+        if prepared.new_identity {
+            eprintln!(
+                "ulnet node: the registry's log lost its tail; joining as a new member to recover it from the peers"
+            );
+        }
+        let gup = if a.profile == "local" {
+            ulnet_registry::gup::GupConfig::local()
+        } else {
+            ulnet_registry::gup::GupConfig::lan()
+        };
+        services.push(Box::new(ulnet_registry::service::RegistryService::new(dir, prepared, gup)));
+    }
     let config = NodeConfig {
         name: a.name,
         listen: a.listen,
@@ -91,7 +107,7 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
         metrics: a.metrics,
         witness_dir: a.witness_dir,
     };
-    let node = Node::start(config, Vec::new()).context("starting the node")?;
+    let node = Node::start(config, services).context("starting the node")?;
     eprintln!("ulnet node {} listening on {}", node.me().name, node.me().addr);
     node.join();
     Ok(0)

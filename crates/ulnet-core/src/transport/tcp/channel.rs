@@ -55,6 +55,9 @@ impl ReadyProbe for TcpProbe {
     fn wait_fds(&self) -> Vec<BorrowedFd<'_>> {
         vec![self.socket.as_fd()]
     }
+    fn readiness_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.socket.as_fd())
+    }
 }
 
 /// The receiving state: a buffer and where we are in the frame stream.

@@ -1,0 +1,319 @@
+//! The registry inside `ulnet node`: a [`Service`] of the node runtime that runs one
+//! [`Registry`] over the membership's views, with its write-ahead log in the node's data
+//! directory (`DIR/registry`), GUP messages to the same service on the other members, and
+//! the client methods of [`crate::client`] on the node's address.
+//!
+//! The node's membership id is the GUP node id. The first view decides how the registry
+//! starts: a node whose log is empty and whose first view holds only itself (view 1: it
+//! formed the cluster) creates the registry's first configuration; any other node with an
+//! empty log joins, is brought up to date by state transfer and then voted in; a node with
+//! a log recovers from it. A node whose log lost its tail must come back under a new
+//! membership id: [`prepare`] sees to it before the node starts.
+//!
+//! Everything runs on the node's control thread except the log writer, which wakes it when
+//! records are durable. Input (GUP messages, client requests, durable LSNs) is handed to
+//! the machine as it comes, and the machine's output is collected once per batch in
+//! `on_tick`, so that the lock requests that arrived together are granted together.
+
+use crate::client::{self, GetAnswer, Outcome, RegistryStatus, UpdateAnswer};
+use crate::gup::{GupConfig, NodeId, Recovered, UpdateId, View};
+use crate::wal::{self, Wal};
+use crate::{GetId, Registry, RegistryEvent, SetError};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::Receiver;
+use std::time::Instant;
+use ulnet_cluster::service::{ReplyToken, Service, ServiceContext, Status, Waker};
+use ulnet_cluster::view::MemberId;
+
+/// The registry's service id on the wire.
+pub const SERVICE_ID: u16 = 20;
+
+/// Default positions between snapshots (and log truncations). A snapshot costs a copy of
+/// the state; 10,000 updates of a registry of a few thousand keys cost far more in log.
+pub const SNAPSHOT_EVERY: u64 = 10_000;
+
+/// The registry's directory inside a node's data directory.
+pub fn registry_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("registry")
+}
+
+/// What [`prepare`] found.
+pub struct Prepared {
+    /// The log's records and whether its tail was refused.
+    pub recovery: wal::Recovery,
+    /// The node must take a new membership identity (its log lost what it promised).
+    pub new_identity: bool,
+}
+
+/// Reads the registry's log in `data_dir` before the node starts. A refused tail (torn or
+/// corrupted record) is reported, and the node's membership identity is set aside
+/// (`ulnet_cluster::runtime::forget_identity`) so that it comes back as a new member:
+/// the old identity may have promised and acknowledged what the lost tail held.
+pub fn prepare(data_dir: &Path) -> std::io::Result<Prepared> {
+    let recovery = wal::recover(&registry_dir(data_dir))?;
+    let new_identity = recovery.refused.is_some();
+    if let Some(r) = &recovery.refused {
+        tracing::warn!(
+            file = %r.file.display(), offset = r.offset, bytes = r.bytes, reason = %r.reason,
+            "registry log: refused a bad tail; this node rejoins as a new member and recovers the rest from its peers"
+        );
+        ulnet_cluster::runtime::forget_identity(data_dir)?;
+    }
+    Ok(Prepared { recovery, new_identity })
+}
+
+struct Running {
+    reg: Registry,
+    wal: Wal,
+    durable: Receiver<u64>,
+}
+
+/// The registry service. See the module documentation.
+pub struct RegistryService {
+    dir: PathBuf,
+    config: GupConfig,
+    snapshot_every: u64,
+    recovered: Option<Recovered>,
+    run: Option<Running>,
+    failed: bool,
+    waker: Option<Waker>,
+    sets: HashMap<UpdateId, ReplyToken>,
+    gets: HashMap<GetId, ReplyToken>,
+}
+
+impl RegistryService {
+    /// A service over the log [`prepare`] read in `data_dir`.
+    pub fn new(data_dir: &Path, prepared: Prepared, config: GupConfig) -> Self {
+        Self {
+            dir: registry_dir(data_dir),
+            config: Registry::config(config),
+            snapshot_every: SNAPSHOT_EVERY,
+            recovered: Some(prepared.recovery.recovered),
+            run: None,
+            failed: false,
+            waker: None,
+            sets: HashMap::new(),
+            gets: HashMap::new(),
+        }
+    }
+
+    /// Takes a snapshot every `n` applied positions instead of [`SNAPSHOT_EVERY`].
+    pub fn with_snapshot_every(mut self, n: u64) -> Self {
+        self.snapshot_every = n;
+        self
+    }
+
+    /// Starts the registry at the first view.
+    fn start(&mut self, me: NodeId, view: &View, now: Instant) {
+        let Some(recovered) = self.recovered.take() else { return };
+        let records = recovered.records.clone();
+        let first_node = records.is_empty() && view.id == 1 && view.members == [me];
+        let gup = if first_node {
+            tracing::info!(node = %me, "registry: forming the cluster's first configuration");
+            crate::gup::Gup::bootstrap(me, vec![me], self.config.clone(), now)
+        } else {
+            crate::gup::Gup::recover(me, self.config.clone(), recovered, now)
+        };
+        let reg = Registry::recover(gup, &records, self.snapshot_every);
+        let waker = self.waker.clone();
+        let notify: Box<dyn Fn() + Send> = match waker {
+            Some(w) => Box::new(move || w.wake()),
+            None => Box::new(|| {}),
+        };
+        match Wal::open_notify(&self.dir, notify) {
+            Ok((wal, durable)) => self.run = Some(Running { reg, wal, durable }),
+            Err(e) => self.fail(&format!("cannot open the log in {}: {e}", self.dir.display())),
+        }
+    }
+
+    /// The disk failed: the node can no longer make promises durable, so its registry stops
+    /// taking part (the others go on without it; restart it on a working disk).
+    fn fail(&mut self, why: &str) {
+        tracing::error!("registry stopped: {why}");
+        self.failed = true;
+        self.run = None;
+    }
+
+    fn status(&self, me: &MemberId) -> RegistryStatus {
+        let Some(run) = &self.run else {
+            return RegistryStatus { node: me.to_string(), ..RegistryStatus::default() };
+        };
+        let g = run.reg.gup();
+        RegistryStatus {
+            node: me.to_string(),
+            running: true,
+            epoch: {
+                let e = g.epoch();
+                format!("e{}.{}/{}", e.view, e.round, MemberId(e.locker.0))
+            },
+            normal: g.is_normal(),
+            locker: g.is_locker(),
+            applied: g.applied(),
+            committed: g.committed(),
+            voters: g
+                .applied_config()
+                .map(|c| c.voters.iter().map(|n| MemberId(n.0).to_string()).collect())
+                .unwrap_or_default(),
+            keys: run.reg.store().len() as u64,
+        }
+    }
+
+    fn not_running(&self) -> String {
+        if self.failed {
+            "this node's registry stopped after a disk failure".into()
+        } else {
+            "this node's registry has not started (no view yet)".into()
+        }
+    }
+}
+
+fn refused(message: String) -> Vec<u8> {
+    client::encode_update_answer(&UpdateAnswer { outcome: Outcome::Refused, seq: 0, message })
+}
+
+fn refused_get(message: String) -> Vec<u8> {
+    client::encode_get_answer(&GetAnswer { outcome: Outcome::Refused, seq: 0, value: None, message })
+}
+
+impl Service for RegistryService {
+    fn name(&self) -> &'static str {
+        "registry"
+    }
+
+    fn id(&self) -> u16 {
+        SERVICE_ID
+    }
+
+    fn request_methods(&self) -> Vec<u16> {
+        vec![client::METHOD_SET, client::METHOD_GET, client::METHOD_DELETE, client::METHOD_STATUS]
+    }
+
+    fn on_start(&mut self, waker: Waker, _ctx: &mut ServiceContext<'_>) {
+        self.waker = Some(waker);
+    }
+
+    fn on_view(&mut self, view: &ulnet_cluster::View, ctx: &mut ServiceContext<'_>) {
+        let now = Instant::now();
+        let me = NodeId(ctx.me().id.0);
+        let view = View::new(view.id, view.members.iter().map(|m| NodeId(m.id.0)).collect());
+        if self.run.is_none() && !self.failed {
+            self.start(me, &view, now);
+        }
+        if let Some(run) = &mut self.run {
+            run.reg.handle_view(now, view);
+        }
+    }
+
+    fn on_message(&mut self, from: MemberId, data: &[u8], _ctx: &mut ServiceContext<'_>) {
+        if let Some(run) = &mut self.run {
+            run.reg.handle_message(Instant::now(), NodeId(from.0), data);
+        }
+    }
+
+    fn on_request(&mut self, method: u16, payload: &[u8], reply: ReplyToken, ctx: &mut ServiceContext<'_>) {
+        let now = Instant::now();
+        if method == client::METHOD_STATUS {
+            let json = serde_json::to_vec(&self.status(&ctx.me().id)).unwrap_or_default();
+            ctx.reply(reply, Ok(json));
+            return;
+        }
+        let not_running = self.not_running();
+        let Some(run) = &mut self.run else {
+            let answer = if method == client::METHOD_GET { refused_get(not_running) } else { refused(not_running) };
+            ctx.reply(reply, Ok(answer));
+            return;
+        };
+        match method {
+            client::METHOD_SET | client::METHOD_DELETE => {
+                let result = if method == client::METHOD_SET {
+                    client::decode_set(payload).map(|(k, v)| run.reg.set(now, k, v))
+                } else {
+                    client::decode_key(payload).map(|k| run.reg.delete(now, k))
+                };
+                match result {
+                    Ok(Ok(id)) => {
+                        self.sets.insert(id, reply);
+                    }
+                    Ok(Err(e @ (SetError::KeyTooLarge(_) | SetError::ValueTooLarge(_) | SetError::Submit(_)))) => {
+                        ctx.reply(reply, Ok(refused(e.to_string())))
+                    }
+                    Err(_) => ctx.reply(reply, Err(Status::Malformed)),
+                }
+            }
+            client::METHOD_GET => match client::decode_key(payload) {
+                Ok(key) => {
+                    let id = run.reg.get(now, key);
+                    self.gets.insert(id, reply);
+                }
+                Err(_) => ctx.reply(reply, Err(Status::Malformed)),
+            },
+            _ => ctx.reply(reply, Err(Status::UnknownMethod)),
+        }
+    }
+
+    fn on_tick(&mut self, now: Instant, ctx: &mut ServiceContext<'_>) {
+        let Some(run) = &mut self.run else { return };
+        while let Ok(lsn) = run.durable.try_recv() {
+            run.reg.handle_durable(now, lsn);
+        }
+        if run.reg.poll_timeout().is_some_and(|t| t <= now) {
+            run.reg.handle_timeout(now);
+        }
+        let mut failure = None;
+        while let Some(ev) = run.reg.poll_event() {
+            match ev {
+                RegistryEvent::Persist { lsn, record } => {
+                    if let Err(e) = run.wal.append(lsn, &record) {
+                        failure = Some(e.to_string());
+                        break;
+                    }
+                }
+                RegistryEvent::SetDone { id, seq } => {
+                    if let Some(token) = self.sets.remove(&id) {
+                        let answer = UpdateAnswer { outcome: Outcome::Done, seq, message: String::new() };
+                        ctx.reply(token, Ok(client::encode_update_answer(&answer)));
+                    }
+                }
+                RegistryEvent::SetIndeterminate { id } => {
+                    if let Some(token) = self.sets.remove(&id) {
+                        let message = "not committed in time; it may still take effect".to_string();
+                        let answer = UpdateAnswer { outcome: Outcome::Indeterminate, seq: 0, message };
+                        ctx.reply(token, Ok(client::encode_update_answer(&answer)));
+                    }
+                }
+                RegistryEvent::GetDone { id, value, seq } => {
+                    if let Some(token) = self.gets.remove(&id) {
+                        let answer = GetAnswer { outcome: Outcome::Done, seq, value, message: String::new() };
+                        ctx.reply(token, Ok(client::encode_get_answer(&answer)));
+                    }
+                }
+                RegistryEvent::GetFailed { id } => {
+                    if let Some(token) = self.gets.remove(&id) {
+                        let message = "could not confirm the read in time".to_string();
+                        let answer = GetAnswer { outcome: Outcome::Indeterminate, seq: 0, value: None, message };
+                        ctx.reply(token, Ok(client::encode_get_answer(&answer)));
+                    }
+                }
+                RegistryEvent::Changed { .. } | RegistryEvent::Reset { .. } => {}
+            }
+        }
+        if let Some(why) = failure {
+            for (_, token) in self.sets.drain() {
+                ctx.reply(token, Ok(refused(format!("registry stopped: {why}"))));
+            }
+            for (_, token) in self.gets.drain() {
+                ctx.reply(token, Ok(refused_get(format!("registry stopped: {why}"))));
+            }
+            self.fail(&why);
+            return;
+        }
+        while let Some((to, bytes)) = run.reg.poll_transmit() {
+            ctx.send(MemberId(to.0), bytes);
+        }
+    }
+
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.run.as_ref().and_then(|r| r.reg.poll_timeout())
+    }
+}
