@@ -39,7 +39,8 @@ pub enum MembershipEvent {
         view: u64,
     },
     /// A newer view `view` was chosen without this node: it stops acting as a member and
-    /// asks to join again.
+    /// asks to join again once every member of the newest view it knows answers its
+    /// probes (a node pruned for a broken link stays out until the link works).
     Removed {
         /// The view that excludes this node.
         view: u64,

@@ -32,6 +32,7 @@ pub mod events;
 pub mod gossip;
 pub mod membership;
 mod regroup;
+mod rejoin;
 pub mod runtime;
 pub mod service;
 pub mod view;

@@ -17,6 +17,7 @@ use crate::config::Config;
 use crate::events::{MemberState, MembershipEvent};
 use crate::gossip::GossipDetector;
 use crate::regroup::{self, Phase, PromiseRow, Regroup};
+use crate::rejoin::RejoinCheck;
 use crate::view::{Member, MemberId, View};
 use crate::wire::{Authenticator, Ballot, DecodeError, Message, Packet};
 use crate::witness::{NoWitness, Witness};
@@ -147,6 +148,8 @@ pub struct Membership {
     unresolved_since: Option<Instant>,
     suspect_resent_at: Option<Instant>,
     removed: VecDeque<Member>,
+    /// After removal from a view: the probes that must be answered before joining again.
+    rejoin: Option<RejoinCheck>,
     catchup: HashMap<SocketAddr, Instant>,
     next_join: Option<Instant>,
     next_tick: Option<Instant>,
@@ -204,6 +207,7 @@ impl Membership {
             unresolved_since: None,
             suspect_resent_at: None,
             removed: VecDeque::new(),
+            rejoin: None,
             catchup: HashMap::new(),
             next_join: None,
             next_tick: None,
@@ -469,6 +473,12 @@ impl Membership {
                 let v = self.view.clone().expect("checked above");
                 self.send(from, Message::Commit { view: v });
             }
+        } else if self.rejoin.as_ref().is_some_and(|c| packet.sender_view > c.view().id)
+            && self.catchup_allowed(now, from)
+        {
+            // Waiting to rejoin: learn views newer than the one that excluded us, so that
+            // members that left since are not waited for.
+            self.send(from, Message::ViewRequest);
         }
         self.dispatch(now, from, packet);
         if self.view.is_some() {
@@ -504,7 +514,7 @@ impl Membership {
                 None => self.counters.ignored += 1,
             },
             Message::Probe => self.send(from, Message::ProbeAck),
-            Message::ProbeAck => {}
+            Message::ProbeAck => self.on_probe_ack(now, sender),
         }
     }
 
@@ -512,9 +522,11 @@ impl Membership {
     pub fn handle_timeout(&mut self, now: Instant) {
         if self.status == Status::Joining {
             if self.next_join.is_some_and(|t| t <= now) {
-                let me = self.me.clone();
-                for seed in self.seeds.clone() {
-                    self.send(seed, Message::JoinRequest { member: me.clone(), forwarded: false });
+                if self.rejoin_ready(now) {
+                    let me = self.me.clone();
+                    for seed in self.seeds.clone() {
+                        self.send(seed, Message::JoinRequest { member: me.clone(), forwarded: false });
+                    }
                 }
                 self.next_join = Some(now + self.config.join_retry);
             }
@@ -700,6 +712,29 @@ impl Membership {
     }
 
     // ---- join ----
+
+    /// Whether this node may ask to join: always, unless it was removed from a view and
+    /// not every member of the newest view it knows has answered a probe recently
+    /// ([`crate::rejoin`]). Probes those that have not.
+    fn rejoin_ready(&mut self, now: Instant) -> bool {
+        let me = self.me.id;
+        let Some(check) = &self.rejoin else { return true };
+        for m in check.due_probes(now, me) {
+            self.send(m.addr, Message::Probe);
+        }
+        self.rejoin.as_ref().is_some_and(|c| c.connected(now, me))
+    }
+
+    fn on_probe_ack(&mut self, now: Instant, sender: MemberId) {
+        let me = self.me.id;
+        let Some(check) = self.rejoin.as_mut().filter(|_| self.status == Status::Joining) else { return };
+        let before = check.connected(now, me);
+        check.answered(now, sender);
+        if !before && check.connected(now, me) {
+            tracing::info!(node = %self.me.name, view = check.view().id, "every member answered: asking to join again");
+            self.next_join = Some(now);
+        }
+    }
 
     fn on_join_request(&mut self, now: Instant, member: Member, forwarded: bool) {
         if self.status != Status::Member {
@@ -1148,6 +1183,13 @@ impl Membership {
             self.install(now, view);
         } else if self.view.is_some() {
             self.removed_from(now, view);
+        } else if let Some(check) = &mut self.rejoin {
+            for m in &view.members {
+                if !self.seeds.contains(&m.addr) {
+                    self.seeds.push(m.addr);
+                }
+            }
+            check.newer_view(view);
         } else {
             self.counters.ignored += 1;
         }
@@ -1182,6 +1224,7 @@ impl Membership {
         self.unresolved_since = None;
         self.next_regroup_at = None;
         self.next_join = None;
+        self.rejoin = None;
         self.suspicions.retain(|t, _| view.contains(*t));
         self.announced_suspects.retain(|t| view.contains(*t));
         self.local_suspects.retain(|t| view.contains(*t));
@@ -1196,7 +1239,11 @@ impl Membership {
     }
 
     fn removed_from(&mut self, now: Instant, newer: View) {
-        tracing::warn!(node = %self.me.name, view = newer.id, "removed from the cluster: no longer a member, rejoining");
+        tracing::warn!(
+            node = %self.me.name,
+            view = newer.id,
+            "removed from the cluster: no longer a member; rejoining once every member answers a probe"
+        );
         for m in newer.members.iter().filter(|m| m.id != self.me.id) {
             if !self.seeds.contains(&m.addr) {
                 self.seeds.push(m.addr);
@@ -1219,6 +1266,7 @@ impl Membership {
             d.clear();
         }
         self.next_join = Some(now);
+        self.rejoin = Some(RejoinCheck::new(newer.clone(), self.config.buddy_fail_after()));
         self.push_event(MembershipEvent::Removed { view: newer.id });
     }
 }

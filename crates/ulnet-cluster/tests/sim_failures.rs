@@ -251,3 +251,62 @@ fn a_second_crash_during_a_regroup_is_handled_in_cautious_mode() {
         Ok(())
     });
 }
+
+/// The view the nodes of `side` all act as members of, when its members are exactly them.
+fn side_view(sim: &ulnet_sim::Sim<SimMember>, side: &[NodeId]) -> Option<u64> {
+    let ids: Vec<_> = side.iter().map(|id| sim.node(*id).map(|n| n.machine.me().id)).collect::<Option<_>>()?;
+    let first = sim.node(side[0])?.machine.view()?.clone();
+    let all_in = side.iter().all(|id| {
+        let n = sim.node(*id).unwrap();
+        n.machine.status() == Status::Member && n.machine.view().is_some_and(|v| v.id == first.id)
+    });
+    (all_in && first.len() == ids.len() && ids.iter().all(|id| first.contains(*id))).then_some(first.id)
+}
+
+#[test]
+fn a_node_pruned_for_a_broken_link_stays_out_until_the_link_heals() {
+    // Regression (found by the network-namespace test, crates/ulnet/tests/cluster_netns.rs):
+    // a node pruned for one broken link asked to join again at once, was admitted, and was
+    // pruned again a detection period later — a new view every ~0.6 s for as long as the
+    // link stayed broken.
+    let config = Config::sim();
+    for_each_seed("broken_link_prune_is_stable", 0..200, |seed| {
+        let n = 5;
+        let mut sim = world(seed, n, Faults::lossy(0.02), &config);
+        let mut checker = Checker::default();
+        run_to_convergence(&mut sim, &mut checker, Duration::from_secs(10))?;
+        // Member ids follow node indices, so node i's buddy watchers are i + 1 and i + 2:
+        // cut i -> i + 1, one way.
+        let from = sim.random_below(u64::from(n)) as u32;
+        let (from, to) = (NodeId(from), NodeId((from + 1) % n));
+        sim.partition_one_way(&[from], &[to]);
+        let rest_without = |out: NodeId| -> Vec<NodeId> { (0..n).map(NodeId).filter(|&i| i != out).collect() };
+        let deadline = sim.now() + config.exclusion_bound() * 2;
+        let (out, view) = loop {
+            sim.run_for(Duration::from_millis(10), |s| checker.check(s))?;
+            if let Some(found) =
+                [from, to].into_iter().find_map(|out| side_view(&sim, &rest_without(out)).map(|v| (out, v)))
+            {
+                break found;
+            }
+            if sim.now() > deadline {
+                return Err(sim.violation(format!("cut {from} -> {to}: nobody pruned{}", dump(&sim))));
+            }
+        };
+        // For as long as the link stays broken, nothing changes: the four keep their view,
+        // the pruned node stays out.
+        let rest = rest_without(out);
+        sim.run_for(config.exclusion_bound() * 2, |s| {
+            checker.check(s)?;
+            // (The pruned node may act on its old view until it hears of the new one.)
+            let out_rejoined = s.node(out).unwrap().machine.view().is_some_and(|v| v.id >= view);
+            if side_view(s, &rest) != Some(view) || out_rejoined {
+                return Err(format!("cut {from} -> {to}, {out} pruned in view {view}: the views moved on{}", dump(s)));
+            }
+            Ok(())
+        })?;
+        sim.heal();
+        run_to_convergence(&mut sim, &mut checker, Duration::from_secs(10))?;
+        Ok(())
+    });
+}

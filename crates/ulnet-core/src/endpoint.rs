@@ -2,8 +2,11 @@
 
 use crate::cq::{CompletionKind, CompletionQueue};
 use crate::error::{ChannelError, ConnectError, SendError};
+use crate::node::NodeId;
+use crate::trace::{self, MessageKind};
 use crate::transport::shm::{self, ShmConfig, ShmListener};
 use crate::transport::tcp::{self, TcpChannelListener, TcpConfig};
+use crate::transport::udp::{self, UdpChannelListener, UdpConfig, UdpCounters, UdpStats};
 use crate::transport::{Capabilities, ReadyProbe, Responder, SendOutcome, Transport};
 use std::collections::VecDeque;
 use std::os::fd::AsFd;
@@ -26,17 +29,29 @@ pub struct EndpointConfig {
     pub shm: ShmConfig,
     /// Settings of its TCP channels.
     pub tcp: TcpConfig,
+    /// Settings of its UDP channels.
+    pub udp: UdpConfig,
     /// Most posted (queued) sends per channel. 64: a streaming sender keeps a few large
     /// messages queued while the receiver drains; beyond that the caller should wait.
     pub send_queue_max: usize,
     /// Fraction of a receive ring at which the "almost full" upcall fires. 3/4: leaves a
     /// quarter of the ring for what arrives while the handler runs.
     pub almost_full_fraction: f64,
+    /// The node this endpoint belongs to, told to peers when channels are set up.
+    /// Default: `ULNET_NODE_ID`, else the process id.
+    pub node_id: NodeId,
 }
 
 impl Default for EndpointConfig {
     fn default() -> Self {
-        Self { shm: ShmConfig::default(), tcp: TcpConfig::default(), send_queue_max: 64, almost_full_fraction: 0.75 }
+        Self {
+            shm: ShmConfig::default(),
+            tcp: TcpConfig::default(),
+            udp: UdpConfig::default(),
+            send_queue_max: 64,
+            almost_full_fraction: 0.75,
+            node_id: NodeId::default(),
+        }
     }
 }
 
@@ -76,6 +91,10 @@ pub enum Event<'a> {
 /// request it reads in place, with no copy of the request and no queueing.
 pub struct ReplyTo<'a> {
     responder: &'a mut dyn Responder,
+    counters: &'a mut EndpointCounters,
+    channel: ChannelId,
+    /// (this node, the peer), for traces.
+    nodes: (NodeId, NodeId),
 }
 
 impl ReplyTo<'_> {
@@ -83,7 +102,32 @@ impl ReplyTo<'_> {
     /// not at all (`NoResource`).
     #[inline]
     pub fn send(&mut self, gather: &[&[u8]]) -> Result<SendOutcome, SendError> {
-        self.responder.send(gather)
+        self.send_as(gather, MessageKind::Message, 0)
+    }
+
+    /// Like [`ReplyTo::send`], telling a trace what the message is (see
+    /// [`Endpoint::send_as`]).
+    #[inline]
+    pub fn send_as(&mut self, gather: &[&[u8]], kind: MessageKind, request_id: u64) -> Result<SendOutcome, SendError> {
+        let outcome = self.responder.send(gather)?;
+        count_send(self.counters, outcome, gather);
+        if trace::enabled() && outcome == SendOutcome::Done {
+            trace::record_send(self.nodes, self.channel.0, gather, kind, request_id, 0);
+        }
+        Ok(outcome)
+    }
+}
+
+/// Counts a send's outcome.
+#[inline(always)]
+fn count_send(counters: &mut EndpointCounters, outcome: SendOutcome, gather: &[&[u8]]) {
+    match outcome {
+        SendOutcome::Done => {
+            counters.messages_sent += 1;
+            counters.bytes_sent += gather.iter().map(|b| b.len() as u64).sum::<u64>();
+        }
+        SendOutcome::NoResource => counters.no_resource += 1,
+        SendOutcome::InProgress(_) => {}
     }
 }
 
@@ -108,7 +152,8 @@ type ChannelHandler = Box<dyn FnMut(ChannelId) + Send>;
 /// Counters of an endpoint.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EndpointCounters {
-    /// Messages sent (whole messages, not fragments).
+    /// Messages sent (whole messages, not fragments), replies from delivery handlers
+    /// included.
     pub messages_sent: u64,
     /// Bytes sent.
     pub bytes_sent: u64,
@@ -128,6 +173,8 @@ struct PostedSend {
     data: Vec<u8>,
     sent: usize,
     token: u64,
+    /// Trace ticks when it was posted (0 while tracing is off).
+    enqueued: u64,
 }
 
 struct ChannelSlot {
@@ -135,6 +182,8 @@ struct ChannelSlot {
     probe: Arc<dyn ReadyProbe>,
     posted: VecDeque<PostedSend>,
     down: bool,
+    /// The node at the other end ([`NodeId::UNKNOWN`] if the transport did not learn it).
+    peer_node: NodeId,
 }
 
 /// A process's handle on the network: channels to peers, each with its queues, and the
@@ -149,6 +198,9 @@ pub struct Endpoint {
     channels: Vec<Option<ChannelSlot>>,
     listener: Option<ShmListener>,
     tcp_listener: Option<TcpChannelListener>,
+    udp_listener: Option<UdpChannelListener>,
+    /// Drops and activity of every UDP channel and the UDP listener.
+    udp_stats: Arc<UdpStats>,
     completed: VecDeque<(ChannelId, u64)>,
     cq: Option<CompletionQueue>,
     on_event: Option<EventHandler>,
@@ -167,15 +219,19 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    /// A new endpoint with no channels.
+    /// A new endpoint with no channels. The first endpoint of a process starts tracing if
+    /// `ULNET_TRACE` asks for it (see [`crate::trace`]).
     pub fn new(config: EndpointConfig) -> Self {
         static NEXT_ID: AtomicU32 = AtomicU32::new(0);
+        trace::start_from_env(config.node_id);
         Self {
             id: EndpointId(NEXT_ID.fetch_add(1, Ordering::Relaxed)),
             config,
             channels: Vec::new(),
             listener: None,
             tcp_listener: None,
+            udp_listener: None,
+            udp_stats: Arc::default(),
             completed: VecDeque::new(),
             cq: None,
             on_event: None,
@@ -208,6 +264,16 @@ impl Endpoint {
         self.counters
     }
 
+    /// The node this endpoint belongs to.
+    pub fn node_id(&self) -> NodeId {
+        self.config.node_id
+    }
+
+    /// The node at the other end of `channel`, if known.
+    pub fn peer_node(&self, channel: ChannelId) -> Option<NodeId> {
+        self.slot(channel).map(|s| s.peer_node).filter(|n| *n != NodeId::UNKNOWN)
+    }
+
     /// Lets shared-memory peers on this host connect under `name`.
     pub fn listen_shm(&mut self, name: &str) -> Result<(), ConnectError> {
         self.listener = Some(ShmListener::bind(name)?);
@@ -225,8 +291,29 @@ impl Endpoint {
     /// Opens a TCP channel to the endpoint listening at `addr`, retrying until `timeout`
     /// while nobody listens yet.
     pub fn connect_tcp(&mut self, addr: &str, timeout: Duration) -> Result<ChannelId, ConnectError> {
-        let channel = tcp::connect(addr, &self.config.tcp, timeout)?;
+        let channel = tcp::connect_as(addr, &self.config.tcp, self.config.node_id, timeout)?;
         Ok(self.add_channel(Box::new(channel)))
+    }
+
+    /// Lets peers connect over UDP at `addr` (port 0 picks one); returns the bound address.
+    pub fn listen_udp(&mut self, addr: &str) -> Result<std::net::SocketAddr, ConnectError> {
+        let listener = UdpChannelListener::bind(addr, self.udp_stats.clone())?;
+        let bound = listener.local_addr();
+        self.udp_listener = Some(listener);
+        Ok(bound)
+    }
+
+    /// Opens a UDP channel to the endpoint listening at `addr`, repeating the handshake
+    /// until `timeout`.
+    pub fn connect_udp(&mut self, addr: &str, timeout: Duration) -> Result<ChannelId, ConnectError> {
+        let channel = udp::connect(addr, &self.config.udp, timeout, self.udp_stats.clone())?;
+        Ok(self.add_channel(Box::new(channel)))
+    }
+
+    /// What the UDP channels and listener of this endpoint dropped (malformed, truncated,
+    /// replayed, wrong-secret, stranger datagrams) and did (packets, retransmissions).
+    pub fn udp_counters(&self) -> UdpCounters {
+        self.udp_stats.snapshot()
     }
 
     /// Accepts a peer that connected to one of our listeners, waiting up to `timeout`.
@@ -247,6 +334,9 @@ impl Endpoint {
             if let Some(l) = &self.tcp_listener {
                 fds.push(rustix::event::PollFd::from_borrowed_fd(l.as_fd(), rustix::event::PollFlags::IN));
             }
+            if let Some(l) = &self.udp_listener {
+                fds.push(rustix::event::PollFd::from_borrowed_fd(l.as_fd(), rustix::event::PollFlags::IN));
+            }
             let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
             let _ = rustix::event::poll(&mut fds, ms);
         }
@@ -254,18 +344,25 @@ impl Endpoint {
 
     /// Accepts a peer if one is waiting on any of our listeners.
     pub fn try_accept(&mut self) -> Result<Option<ChannelId>, ConnectError> {
-        if self.listener.is_none() && self.tcp_listener.is_none() {
+        if self.listener.is_none() && self.tcp_listener.is_none() && self.udp_listener.is_none() {
             return Err(ConnectError::Config("endpoint is not listening"));
         }
         if let Some(l) = &self.listener {
-            if let Some(c) = l.try_accept(&self.config.shm)? {
+            if let Some(c) = l.try_accept_as(&self.config.shm, self.config.node_id)? {
                 return Ok(Some(self.add_channel(Box::new(c))));
             }
         }
         if let Some(l) = &self.tcp_listener {
-            if let Some(c) = l.try_accept(&self.config.tcp)? {
+            if let Some(c) = l.try_accept_as(&self.config.tcp, self.config.node_id)? {
                 return Ok(Some(self.add_channel(Box::new(c))));
             }
+        }
+        let udp = match &mut self.udp_listener {
+            Some(l) => l.try_accept(&self.config.udp)?,
+            None => None,
+        };
+        if let Some(c) = udp {
+            return Ok(Some(self.add_channel(Box::new(c))));
         }
         Ok(None)
     }
@@ -273,14 +370,15 @@ impl Endpoint {
     /// Opens a shared-memory channel to the endpoint listening under `name`, retrying until
     /// `timeout` while it is not there yet.
     pub fn connect_shm(&mut self, name: &str, timeout: Duration) -> Result<ChannelId, ConnectError> {
-        let channel = shm::connect::connect_retry(name, &self.config.shm, timeout)?;
+        let channel = shm::connect::connect_retry_as(name, &self.config.shm, self.config.node_id, timeout)?;
         Ok(self.add_channel(Box::new(channel)))
     }
 
     /// Adds a channel made by any transport.
     pub fn add_channel(&mut self, transport: Box<dyn Transport>) -> ChannelId {
         let probe = transport.probe();
-        let slot = ChannelSlot { transport, probe: probe.clone(), posted: VecDeque::new(), down: false };
+        let peer_node = transport.peer_node().unwrap_or(NodeId::UNKNOWN);
+        let slot = ChannelSlot { transport, probe: probe.clone(), posted: VecDeque::new(), down: false, peer_node };
         let index = match self.channels.iter().position(Option::is_none) {
             Some(i) => {
                 self.channels[i] = Some(slot);
@@ -354,19 +452,30 @@ impl Endpoint {
     /// or close.
     #[inline]
     pub fn send(&mut self, channel: ChannelId, gather: &[&[u8]]) -> Result<SendOutcome, SendError> {
+        self.send_as(channel, gather, MessageKind::Message, 0)
+    }
+
+    /// [`Endpoint::send`] for layers above that tell a trace what the message is: its kind
+    /// and the request id that pairs a response with its request (0: none). Without
+    /// tracing the two are ignored.
+    #[inline]
+    pub fn send_as(
+        &mut self,
+        channel: ChannelId,
+        gather: &[&[u8]],
+        kind: MessageKind,
+        request_id: u64,
+    ) -> Result<SendOutcome, SendError> {
         let slot = self.slot_mut(channel)?;
         if !slot.posted.is_empty() {
             self.counters.no_resource += 1;
             return Ok(SendOutcome::NoResource);
         }
         let outcome = slot.transport.send(gather)?;
-        match outcome {
-            SendOutcome::Done => {
-                self.counters.messages_sent += 1;
-                self.counters.bytes_sent += gather.iter().map(|b| b.len() as u64).sum::<u64>();
-            }
-            SendOutcome::NoResource => self.counters.no_resource += 1,
-            SendOutcome::InProgress(_) => {}
+        let peer = slot.peer_node;
+        count_send(&mut self.counters, outcome, gather);
+        if trace::enabled() && outcome == SendOutcome::Done {
+            trace::record_send((self.config.node_id, peer), channel.0, gather, kind, request_id, 0);
         }
         Ok(outcome)
     }
@@ -388,7 +497,8 @@ impl Endpoint {
             self.counters.no_resource += 1;
             return Ok(SendOutcome::NoResource);
         }
-        slot.posted.push_back(PostedSend { data, sent: 0, token });
+        let enqueued = if trace::enabled() { trace::now() } else { 0 };
+        slot.posted.push_back(PostedSend { data, sent: 0, token, enqueued });
         self.posted_total += 1;
         self.progress();
         Ok(SendOutcome::InProgress(token))
@@ -414,6 +524,10 @@ impl Endpoint {
                 let done = slot.posted.pop_front().expect("front exists");
                 self.posted_total -= 1;
                 self.counters.messages_sent += 1;
+                if trace::enabled() {
+                    let nodes = (self.config.node_id, slot.peer_node);
+                    trace::record_send(nodes, i as u32, &[&done.data], MessageKind::Message, 0, done.enqueued);
+                }
                 self.completed.push_back((ChannelId(i as u32), done.token));
                 if let Some(cq) = &self.cq {
                     cq.push(self.id, ChannelId(i as u32), CompletionKind::SendDone(done.token));
@@ -447,11 +561,21 @@ impl Endpoint {
         }
         let channel = ChannelId(i as u32);
         let counters = &mut self.counters;
+        let nodes = (self.config.node_id, slot.peer_node);
+        let tracing = trace::enabled();
         let result = slot.transport.poll_recv(max, &mut |d, responder| {
             counters.deliveries_received += 1;
             counters.bytes_received += d.data.len() as u64;
-            let reply = ReplyTo { responder };
+            // One record per message, when it is whole (its last fragment).
+            let traced = tracing && d.is_last();
+            if traced {
+                trace::open_receive((nodes.1, nodes.0), channel.0, d.message_len);
+            }
+            let reply = ReplyTo { responder, counters: &mut *counters, channel, nodes };
             handle(Event::Message { channel, data: d.data, message_len: d.message_len, offset: d.offset, reply });
+            if traced {
+                trace::close_receive();
+            }
         });
         match result {
             Ok(got) => got,
@@ -563,6 +687,25 @@ impl Endpoint {
         Ok(self.run_upcalls())
     }
 
+    /// Like [`Endpoint::wait`], also waking when one of `extra` becomes readable: a thread
+    /// that serves its channels and a local producer (an eventfd another thread writes when
+    /// it has handed over work) sleeps on both at once instead of polling either.
+    pub fn wait_also(
+        &mut self,
+        extra: &[std::os::fd::BorrowedFd<'_>],
+        timeout: Option<Duration>,
+    ) -> std::io::Result<usize> {
+        if !self.is_readable() {
+            self.flush_sends();
+            let probes: Vec<Arc<dyn ReadyProbe>> =
+                self.channels.iter().flatten().filter(|s| !s.down).map(|s| s.probe.clone()).collect();
+            if crate::wait::sleep_on(&probes, extra, timeout)? {
+                self.counters.sleeps += 1;
+            }
+        }
+        Ok(self.run_upcalls())
+    }
+
     /// Writes every channel's queued sends (TCP coalesces small messages until the next
     /// poll, wait, flush or close). Returns `true` when nothing is left queued.
     pub fn flush_sends(&mut self) -> bool {
@@ -593,6 +736,9 @@ impl Endpoint {
         }
         if let Some(w) = &self.waker {
             extra.push(w.as_fd());
+        }
+        if let Some(l) = &self.udp_listener {
+            extra.push(l.as_fd());
         }
         if crate::wait::sleep_on(&probes, &extra, timeout)? {
             self.counters.sleeps += 1;

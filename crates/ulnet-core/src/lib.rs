@@ -33,7 +33,10 @@ mod cq;
 pub mod descriptor;
 mod endpoint;
 pub mod error;
+pub mod node;
+pub mod rma;
 mod sys;
+pub mod trace;
 pub mod transport;
 mod wait;
 mod waker;
@@ -42,6 +45,7 @@ mod watch;
 pub use cq::{Completion, CompletionKind, CompletionQueue};
 pub use endpoint::{ChannelId, Endpoint, EndpointConfig, EndpointCounters, EndpointId, Event, ReplyTo, Upcall};
 pub use error::{ChannelError, ConnectError, SendError};
+pub use node::NodeId;
 pub use transport::{Capabilities, Responder, SendOutcome, Transport, TransportKind};
 pub use waker::Waker;
 

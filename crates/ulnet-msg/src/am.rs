@@ -16,6 +16,8 @@
 //! rpc.register_am_reply(1, |msg, replier: &mut ulnet_msg::am::AmReplier| replier.reply(2, msg.args, &[]));
 //! ```
 
+pub mod bulk;
+
 use crate::wire::{Header, Kind, HEADER_LEN};
 use std::collections::VecDeque;
 use ulnet_core::{ChannelId, ReplyTo, SendOutcome};
@@ -101,7 +103,7 @@ impl AmReplier<'_, '_> {
         let args = encode_args(&args);
         let gather = frame(Kind::AmReply, handler, &mut header, &args, payload);
         let gather = &gather[..2 + payload.len()];
-        match self.reply.send(gather) {
+        match self.reply.send_as(gather, Kind::AmReply.trace_kind(), 0) {
             Ok(SendOutcome::Done) => {}
             Ok(_) => self.deferred.push_back((self.channel, gather.concat())),
             Err(e) => tracing::debug!("active-message reply not sent: {e}"),

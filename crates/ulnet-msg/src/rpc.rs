@@ -19,6 +19,7 @@ use std::collections::{BinaryHeap, VecDeque};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use ulnet_core::trace;
 use ulnet_core::{ChannelError, ChannelId, Endpoint, Event, ReplyTo, SendError, SendOutcome};
 
 /// Most buffers of a request or reply payload (one more, the header, makes the gather list).
@@ -171,7 +172,8 @@ impl Replier<'_, '_> {
         let mut gather: [&[u8]; ulnet_core::GATHER_MAX] = [&[]; ulnet_core::GATHER_MAX];
         gather[0] = &header;
         gather[1..=payload.len()].copy_from_slice(payload);
-        match reply.send(&gather[..=payload.len()]) {
+        let kind = self.header.kind.trace_kind();
+        match reply.send_as(&gather[..=payload.len()], kind, self.header.request_id) {
             Ok(SendOutcome::Done) => {}
             Ok(_) => self.deferred.push_back((self.channel, gather[..=payload.len()].concat())),
             Err(e) => tracing::debug!("reply not sent: {e}"),
@@ -377,6 +379,20 @@ impl Rpc {
         table_set(&mut self.am.replies, handler, Box::new(f));
     }
 
+    /// Runs the active-message reply handler `msg.handler` here, as if its reply had
+    /// arrived: a bulk get delivers the data it fetched this way. Returns whether a handler
+    /// is registered under that id.
+    pub(crate) fn run_am_reply(&mut self, msg: &AmMessage<'_>) -> bool {
+        match self.am.replies.get_mut(msg.handler as usize).and_then(Option::as_mut) {
+            Some(h) => {
+                self.counters.replies += 1;
+                h(msg);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Sends an active-message request: runs request handler `handler` at the receiver with
     /// `args` and the payload (up to [`am::AM_PAYLOAD_GATHER_MAX`] buffers, not copied).
     pub fn am_request(
@@ -389,7 +405,7 @@ impl Rpc {
         let mut header = [0u8; HEADER_LEN];
         let args = am::encode_args(&args);
         let gather = am::frame(Kind::AmRequest, handler, &mut header, &args, payload);
-        self.ep.send(channel, &gather[..2 + payload.len()]).map_err(CallError::from)
+        self.ep.send_as(channel, &gather[..2 + payload.len()], Kind::AmRequest.trace_kind(), 0).map_err(CallError::from)
     }
 
     /// Sends a request; the reply or failure comes from [`Rpc::poll`]. `payload` is a gather
@@ -406,7 +422,7 @@ impl Rpc {
         let request_id = (u64::from(self.slots[slot as usize].generation) << 32) | u64::from(slot);
         let deadline_us = timeout.map_or(0, |t| t.as_micros().clamp(1, u32::MAX as u128) as u32);
         let header = Header { kind: Kind::Request, method, status: None, request_id, deadline_us }.encode();
-        match self.send_with_header(channel, &header, payload)? {
+        match self.send_with_header(channel, &header, payload, (trace::MessageKind::Request, request_id))? {
             SendOutcome::Done => {}
             _ => return Ok(CallOutcome::NoResource),
         }
@@ -422,7 +438,7 @@ impl Rpc {
     /// Sends a request that gets no reply.
     pub fn one_way(&mut self, channel: ChannelId, method: u16, payload: &[&[u8]]) -> Result<SendOutcome, CallError> {
         let header = Header { kind: Kind::OneWay, method, status: None, request_id: 0, deadline_us: 0 }.encode();
-        self.send_with_header(channel, &header, payload)
+        self.send_with_header(channel, &header, payload, (trace::MessageKind::OneWay, 0))
     }
 
     /// Answers a deferred request: `Ok(payload)` (a gather list of at most
@@ -455,7 +471,7 @@ impl Rpc {
         if let Some(channel) = self.release(call.0) {
             let header =
                 Header { kind: Kind::Cancel, method: 0, status: None, request_id: call.0, deadline_us: 0 }.encode();
-            let _ = self.ep.send(channel, &[&header]);
+            let _ = self.ep.send_as(channel, &[&header], trace::MessageKind::Control, call.0);
         }
     }
 
@@ -464,11 +480,12 @@ impl Rpc {
         channel: ChannelId,
         header: &[u8; HEADER_LEN],
         payload: &[&[u8]],
+        (kind, request_id): (trace::MessageKind, u64),
     ) -> Result<SendOutcome, CallError> {
         let mut gather: [&[u8]; ulnet_core::GATHER_MAX] = [&[]; ulnet_core::GATHER_MAX];
         gather[0] = header;
         gather[1..=payload.len()].copy_from_slice(payload);
-        self.ep.send(channel, &gather[..=payload.len()]).map_err(CallError::from)
+        self.ep.send_as(channel, &gather[..=payload.len()], kind, request_id).map_err(CallError::from)
     }
 
     /// Frees the slot of an outstanding call; returns its channel, or `None` if the id does
@@ -491,6 +508,7 @@ impl Rpc {
     pub fn poll(&mut self, max: usize, mut handle: impl FnMut(RpcEvent<'_>)) -> usize {
         let mut work = self.send_deferred() + self.send_pooled_results();
         work += self.fire_deadlines(&mut handle);
+        let tracing = trace::enabled();
         let Rpc {
             ep,
             handlers,
@@ -551,6 +569,7 @@ impl Rpc {
                     counters,
                     config,
                     pooled_in_flight,
+                    tracing,
                 };
                 ctx.dispatch(channel, msg, &mut reply, &mut handle);
             }
@@ -597,7 +616,12 @@ impl Rpc {
     fn send_deferred(&mut self) -> usize {
         let mut sent = 0;
         while let Some((channel, bytes)) = self.deferred.front() {
-            match self.ep.send(*channel, &[bytes]) {
+            // Deferred messages are copies whose header says what they are.
+            let (kind, id) = match trace::enabled().then(|| Header::decode(bytes)) {
+                Some(Ok(h)) => (h.kind.trace_kind(), h.request_id),
+                _ => (trace::MessageKind::Message, 0),
+            };
+            match self.ep.send_as(*channel, &[bytes], kind, id) {
                 Ok(SendOutcome::NoResource) => break,
                 Ok(_) | Err(_) => {
                     self.deferred.pop_front();
@@ -651,6 +675,8 @@ struct Dispatch<'a> {
     counters: &'a mut RpcCounters,
     config: &'a RpcConfig,
     pooled_in_flight: &'a mut usize,
+    /// Tracing was on when the poll started: describe messages and time their handlers.
+    tracing: bool,
 }
 
 impl Dispatch<'_> {
@@ -670,11 +696,14 @@ impl Dispatch<'_> {
                         request_id,
                         deadline_us: 0,
                     };
-                    let _ = reply.send(&[&h.encode()]);
+                    let _ = reply.send_as(&[&h.encode()], trace::MessageKind::Response, request_id);
                 }
                 return;
             }
         };
+        if self.tracing {
+            trace::note_receive(header.kind.trace_kind(), header.request_id);
+        }
         let payload = &msg[HEADER_LEN..];
         match header.kind {
             Kind::Reply | Kind::ErrorReply => {
@@ -691,9 +720,16 @@ impl Dispatch<'_> {
                 self.free_slots.push(index as u32);
                 self.counters.replies += 1;
                 let call = CallId(header.request_id);
+                let tracing = self.tracing;
+                if tracing {
+                    trace::handler_start();
+                }
                 match header.status {
                     None => handle(RpcEvent::Reply { call, channel, data: payload }),
                     Some(status) => handle(RpcEvent::Failed { call, channel, error: status.into() }),
+                }
+                if tracing {
+                    trace::handler_end();
                 }
             }
             Kind::Request | Kind::OneWay => self.serve(channel, header, payload, reply),
@@ -709,6 +745,10 @@ impl Dispatch<'_> {
         };
         let msg = AmMessage { channel, handler: header.method, args, payload };
         let id = header.method as usize;
+        let tracing = self.tracing;
+        if tracing {
+            trace::handler_start();
+        }
         if header.kind == Kind::AmRequest {
             match self.am.requests.get_mut(id).and_then(Option::as_mut) {
                 Some(h) => {
@@ -725,6 +765,9 @@ impl Dispatch<'_> {
                 }
                 None => self.counters.refused += 1,
             }
+        }
+        if tracing {
+            trace::handler_end();
         }
     }
 
@@ -748,7 +791,13 @@ impl Dispatch<'_> {
             }
             Some(Handler::Inline(h)) => {
                 self.counters.served += 1;
+                if self.tracing {
+                    trace::handler_start();
+                }
                 h(&Request { channel, method: header.method, payload }, &mut replier);
+                if self.tracing {
+                    trace::handler_end();
+                }
                 if answer && !replier.replied {
                     replier.fail(Status::HandlerFailed);
                 }

@@ -38,6 +38,19 @@ pub enum Kind {
     AmReply = 7,
 }
 
+impl Kind {
+    /// What a trace calls a message of this kind.
+    pub fn trace_kind(self) -> ulnet_core::trace::MessageKind {
+        use ulnet_core::trace::MessageKind as M;
+        match self {
+            Kind::Request | Kind::AmRequest => M::Request,
+            Kind::Reply | Kind::ErrorReply | Kind::AmReply => M::Response,
+            Kind::OneWay => M::OneWay,
+            Kind::Cancel => M::Control,
+        }
+    }
+}
+
 /// Why a server refused a request (the `status` of an `ErrorReply`). Wire format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u16)]

@@ -31,9 +31,19 @@ enum Command {
     /// The replicated registry of a running cluster.
     #[command(subcommand)]
     Registry(cmd::registry::RegistryCommand),
+    /// Communication tracing: study trace files, test samples for heavy tails.
+    Trace(cmd::trace::TraceArgs),
+    /// Sort Sort Benchmark records across nodes (River, Millennium Sort).
+    Sort(cmd::sort::SortArgs),
+    /// One node of `ulnet sort` (started by it).
+    #[command(hide = true)]
+    SortNode(cmd::sort::SortNodeArgs),
     /// One process of `ulnet demo` (started by it).
     #[command(hide = true)]
     DemoNode(cmd::demo::DemoNodeArgs),
+    /// One process of the remote-memory step of `ulnet demo` (started by it).
+    #[command(hide = true)]
+    DemoRmaNode(cmd::demo_rma::DemoRmaNodeArgs),
 }
 
 fn main() {
@@ -48,9 +58,17 @@ fn main() {
         Command::Node(a) => cmd::node::run_node(a),
         Command::Cluster(c) => cmd::node::run_cluster(c),
         Command::Registry(c) => cmd::registry::run(c),
+        Command::DemoRmaNode(a) => cmd::demo_rma::run_node(a),
         Command::Gensort(a) => ulnet_sortbench::cli::run_gensort(&a),
         Command::Valsort(a) => ulnet_sortbench::cli::run_valsort(&a),
+        Command::Trace(a) => cmd::trace::run(a),
+        Command::Sort(a) => cmd::sort::run(a),
+        Command::SortNode(a) => cmd::sort::run_node_command(a),
     };
+    // A trace started by ULNET_TRACE is finished before exit (exit runs no destructors).
+    if let Some(Err(e)) = ulnet_core::trace::stop_if_running() {
+        eprintln!("ulnet: warning: trace not finished: {e}");
+    }
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {

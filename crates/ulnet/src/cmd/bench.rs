@@ -3,6 +3,9 @@
 //! Without `--server/--connect` the command starts its own peer process on this host
 //! (`ulnet bench TEST --server ...`) and measures across the two processes.
 
+mod file_service;
+mod rma;
+
 use super::clock::{ticks, CycleClock};
 use super::stats;
 use anyhow::{bail, Context, Result};
@@ -12,6 +15,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use ulnet_core::{ChannelId, Endpoint, EndpointConfig, Event, SendOutcome};
 use ulnet_msg::rpc::{CallOutcome, Rpc, RpcConfig, RpcEvent};
+
+mod incast;
 
 /// Which benchmark.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -26,9 +31,31 @@ pub enum Test {
     RpcLat,
     /// RPC rate: calls/s with `--outstanding` calls in flight.
     RpcRate,
+    /// One-sided put ping-pong latency (one-way = round trip / 2).
+    PutLat,
+    /// One-sided get latency: the time of one whole get, as ucx_perftest's ucp_get.
+    GetLat,
+    /// Remote compare-and-swap ping-pong latency (one-way = round trip / 2).
+    CasLat,
+    /// Remote fetch-and-add ping-pong latency (one-way = round trip / 2).
+    FaaLat,
+    /// One-sided put bandwidth, MB/s.
+    PutBw,
+    /// One-sided get bandwidth, MB/s.
+    GetBw,
+    /// File service by one-sided reads (DX) against RPC: client latency and server CPU per
+    /// operation for GetAttribute, LookupName, ReadFile 1K/4K/8K (prints its own table).
+    FileService,
+    /// N sender processes to one receiver: aggregate throughput and fairness.
+    Incast,
 }
 
 impl Test {
+    /// One-sided tests, run by `bench::rma`.
+    fn is_rma(self) -> bool {
+        matches!(self, Test::PutLat | Test::GetLat | Test::CasLat | Test::FaaLat | Test::PutBw | Test::GetBw)
+    }
+
     fn name(self) -> &'static str {
         match self {
             Test::AmLat => "am-lat",
@@ -36,6 +63,14 @@ impl Test {
             Test::MsgRate => "msg-rate",
             Test::RpcLat => "rpc-lat",
             Test::RpcRate => "rpc-rate",
+            Test::PutLat => "put-lat",
+            Test::GetLat => "get-lat",
+            Test::CasLat => "cas-lat",
+            Test::FaaLat => "faa-lat",
+            Test::PutBw => "put-bw",
+            Test::GetBw => "get-bw",
+            Test::FileService => "file-service",
+            Test::Incast => "incast",
         }
     }
     fn default_size(self) -> usize {
@@ -44,6 +79,10 @@ impl Test {
             Test::AmBw => 1 << 20,
             Test::MsgRate => 8,
             Test::RpcLat | Test::RpcRate => 128,
+            Test::PutLat | Test::GetLat | Test::CasLat | Test::FaaLat => 8,
+            Test::PutBw | Test::GetBw => 64 << 10,
+            Test::FileService => 8,
+            Test::Incast => 64 << 10,
         }
     }
     fn default_iters(self) -> u64 {
@@ -53,6 +92,10 @@ impl Test {
             Test::MsgRate => 5_000_000,
             Test::RpcLat => 100_000,
             Test::RpcRate => 2_000_000,
+            Test::PutLat | Test::GetLat | Test::CasLat | Test::FaaLat => 100_000,
+            Test::PutBw | Test::GetBw => 50_000,
+            Test::FileService => 20_000,
+            Test::Incast => 0, // incast runs for --duration-ms
         }
     }
 }
@@ -64,6 +107,8 @@ pub enum TransportArg {
     Shm,
     /// TCP, one connection.
     Tcp,
+    /// Reliable, flow-controlled UDP.
+    Udp,
 }
 
 impl TransportArg {
@@ -71,6 +116,7 @@ impl TransportArg {
         match self {
             TransportArg::Shm => "shm",
             TransportArg::Tcp => "tcp",
+            TransportArg::Udp => "udp",
         }
     }
 }
@@ -100,11 +146,11 @@ pub struct BenchArgs {
     /// --warmup as the active side: stream tests acknowledge by count.
     #[arg(long)]
     server: bool,
-    /// Where the server listens (shm: a name; tcp: HOST:PORT, port 0 picks one). The
+    /// Where the server listens (shm: a name; tcp, udp: HOST:PORT, port 0 picks one). The
     /// server prints `listening ADDR` on stdout once it does.
     #[arg(long)]
     listen: Option<String>,
-    /// Connect to a server (shm: its name; tcp: HOST:PORT).
+    /// Connect to a server (shm: its name; tcp, udp: HOST:PORT).
     #[arg(long, conflicts_with = "server")]
     connect: Option<String>,
     /// Calls in flight for `rpc-rate`.
@@ -114,6 +160,31 @@ pub struct BenchArgs {
     /// tag-matching receive into a user buffer does (default: consume in place).
     #[arg(long)]
     recv_copy: bool,
+    /// Trace every message into FILE (this process; node 0) and FILE.peer (the peer
+    /// process this command starts; node 1), for `ulnet trace analyze`.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<std::path::PathBuf>,
+    /// RMA tests over shm: send every operation through the target's engine over a
+    /// shared-memory channel instead of mapping the segment.
+    #[arg(long)]
+    no_map: bool,
+    /// file-service: how long both servers keep polling after their last request before
+    /// they sleep in the kernel (0: sleep at once, as an interrupt-driven server would).
+    #[arg(long, default_value_t = 0)]
+    server_spin_us: u64,
+    /// Sender processes for `incast`.
+    #[arg(long, default_value_t = 8)]
+    senders: usize,
+    /// Measured time of `incast`, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    duration_ms: u64,
+    /// Blocking mode: sleep in `Endpoint::wait` whenever a poll found nothing to do or a
+    /// send found no room, instead of busy-polling (as iperf3 and most socket programs do).
+    #[arg(long)]
+    blocking: bool,
+    /// Whether UDP senders obey the receiver's credit (`incast`): on or off.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    flow_control: String,
 }
 
 #[derive(Serialize)]
@@ -180,12 +251,43 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The one-byte message that acknowledges the end of a warm-up or measured stream.
 const ACK: &[u8] = b"A";
 
+/// Set by `--blocking`: idle loops sleep in `Endpoint::wait` instead of spinning.
+static BLOCKING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// In blocking mode, sleeps until the endpoint has something (or a protocol timer is due).
+fn idle(ep: &mut Endpoint) -> Result<()> {
+    if BLOCKING.load(std::sync::atomic::Ordering::Relaxed) {
+        ep.wait(Some(Duration::from_millis(10)))?;
+    }
+    Ok(())
+}
+
 pub fn run(args: BenchArgs) -> Result<i32> {
+    BLOCKING.store(args.blocking, std::sync::atomic::Ordering::Relaxed);
+    if args.test == Test::Incast {
+        return incast::run(&args);
+    }
     let params = Params::from(&args);
+    if params.test.is_rma() {
+        return rma::run(&args, &params);
+    }
+    if params.test == Test::FileService {
+        return file_service::run(&args, &params);
+    }
     if params.size == 0 && args.test != Test::AmLat {
         bail!("--size must be at least 1 byte");
     }
-    let config = EndpointConfig::default();
+    let node = super::bench_trace::node_id(args.server);
+    if let Some(path) = &args.trace {
+        super::bench_trace::start(path, node)?;
+    }
+    let result = run_traced(&args, &params, node);
+    super::bench_trace::finish(args.trace.as_deref())?;
+    result
+}
+
+fn run_traced(args: &BenchArgs, params: &Params, node: ulnet_core::NodeId) -> Result<i32> {
+    let config = EndpointConfig { node_id: node, ..Default::default() };
     let mut ep = Endpoint::new(config);
     if args.server {
         let listen = args.listen.clone().context("--server needs --listen")?;
@@ -195,13 +297,14 @@ pub fn run(args: BenchArgs) -> Result<i32> {
                 listen
             }
             TransportArg::Tcp => ep.listen_tcp(&listen)?.to_string(),
+            TransportArg::Udp => ep.listen_udp(&listen)?.to_string(),
         };
         println!("listening {bound}");
         std::io::Write::flush(&mut std::io::stdout())?;
         let ch = ep.accept(CONNECT_TIMEOUT)?;
         match params.test {
-            Test::RpcLat | Test::RpcRate => serve_rpc(ep, &params),
-            _ => serve(&mut ep, ch, &params)?,
+            Test::RpcLat | Test::RpcRate => serve_rpc(ep, params),
+            _ => serve(&mut ep, ch, params)?,
         }
         return Ok(0);
     }
@@ -211,9 +314,9 @@ pub fn run(args: BenchArgs) -> Result<i32> {
         None => {
             let listen = match params.transport {
                 TransportArg::Shm => format!("bench-{}-{}", std::process::id(), params.test.name()),
-                TransportArg::Tcp => "127.0.0.1:0".to_string(),
+                TransportArg::Tcp | TransportArg::Udp => "127.0.0.1:0".to_string(),
             };
-            let (c, bound) = spawn_server(&args, &listen, &params)?;
+            let (c, bound) = spawn_server(args, &listen, params)?;
             child = Some(c);
             bound
         }
@@ -221,20 +324,23 @@ pub fn run(args: BenchArgs) -> Result<i32> {
     let ch = match params.transport {
         TransportArg::Shm => ep.connect_shm(&addr, CONNECT_TIMEOUT)?,
         TransportArg::Tcp => ep.connect_tcp(&addr, CONNECT_TIMEOUT)?,
+        TransportArg::Udp => ep.connect_udp(&addr, CONNECT_TIMEOUT)?,
     };
     let report = match params.test {
         Test::AmLat | Test::AmBw | Test::MsgRate => {
             let report =
-                if params.test == Test::AmLat { latency(&mut ep, ch, &params)? } else { stream(&mut ep, ch, &params)? };
+                if params.test == Test::AmLat { latency(&mut ep, ch, params)? } else { stream(&mut ep, ch, params)? };
             ep.close(ch);
             report
         }
         Test::RpcLat | Test::RpcRate => {
             let mut rpc = Rpc::new(ep, RpcConfig { workers: 0, ..Default::default() });
-            let report = rpc_client(&mut rpc, ch, &params)?;
+            let report = rpc_client(&mut rpc, ch, params)?;
             rpc.endpoint().close(ch);
             report
         }
+        Test::Incast => unreachable!("incast is run by its own module"),
+        _ => unreachable!("RMA tests are run by bench::rma"),
     };
     if let Some(mut c) = child {
         let status = c.wait()?;
@@ -253,7 +359,9 @@ fn spawn_server(args: &BenchArgs, listen: &str, p: &Params) -> Result<(Child, St
         .args(["bench", p.test.name(), "--server", "--listen", listen, "--transport", p.transport.name()])
         .args(["--size", &p.size.to_string(), "--iters", &p.iters.to_string(), "--warmup", &p.warmup.to_string()])
         .args(p.recv_copy.then_some("--recv-copy"))
+        .args(BLOCKING.load(std::sync::atomic::Ordering::Relaxed).then_some("--blocking"))
         .args(["--outstanding", &p.outstanding.to_string()])
+        .args(super::bench_trace::peer_args(args.trace.as_deref()))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -302,13 +410,16 @@ fn send_blocking(ep: &mut Endpoint, ch: ChannelId, msg: &[u8]) -> Result<()> {
             SendOutcome::Done => return Ok(()),
             SendOutcome::NoResource | SendOutcome::InProgress(_) => {
                 let mut down = None;
-                ep.poll(64, |e| {
+                let n = ep.poll(64, |e| {
                     if let Event::ChannelDown { error, .. } = e {
                         down = Some(error);
                     }
                 });
                 if let Some(e) = down {
                     bail!("peer went away: {e}");
+                }
+                if n == 0 {
+                    idle(ep)?;
                 }
             }
         }
@@ -321,11 +432,14 @@ fn receive_messages(ep: &mut Endpoint, count: u64, batch: usize) -> Result<()> {
     let mut got = 0;
     let mut down = None;
     while got < count && down.is_none() {
-        ep.poll(batch, |e| match e {
+        let n = ep.poll(batch, |e| match e {
             Event::Message { data, message_len, offset, .. } if offset + data.len() as u64 == message_len => got += 1,
             Event::ChannelDown { error, .. } => down = Some(error),
             _ => {}
         });
+        if n == 0 {
+            idle(ep)?;
+        }
     }
     match down {
         Some(e) => bail!("peer went away: {e}"),
@@ -375,7 +489,7 @@ fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
     let batch = if p.test == Test::AmLat { 1 } else { 256 };
     loop {
         let mut closed = None;
-        ep.poll(batch, |e| match e {
+        let polled = ep.poll(batch, |e| match e {
             Event::Message { data, message_len, offset, mut reply, .. } => {
                 if !user_buffer.is_empty() {
                     let at = offset as usize;
@@ -403,6 +517,16 @@ fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
                 }
             }
             Test::RpcLat | Test::RpcRate => unreachable!("RPC tests are served by serve_rpc"),
+            Test::PutLat
+            | Test::GetLat
+            | Test::CasLat
+            | Test::FaaLat
+            | Test::PutBw
+            | Test::GetBw
+            | Test::FileService => {
+                unreachable!("RMA tests are run by bench::rma and bench::file_service")
+            }
+            Test::Incast => unreachable!("incast is run by its own module"),
             Test::AmBw | Test::MsgRate => {
                 if answered == 0 && whole >= p.warmup {
                     send_blocking(ep, ch, ACK)?;
@@ -418,6 +542,9 @@ fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
             Some(ulnet_core::ChannelError::Closed) => return Ok(()),
             Some(e) => bail!("client went away: {e}"),
             None => {}
+        }
+        if polled == 0 {
+            idle(ep)?;
         }
     }
 }

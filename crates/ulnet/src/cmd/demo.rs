@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use ulnet_core::{ChannelId, Endpoint, EndpointConfig, Event, SendOutcome};
+use ulnet_core::{ChannelId, Endpoint, EndpointConfig, Event, NodeId, SendOutcome};
 
 /// Arguments of `ulnet demo`.
 #[derive(Args, Debug)]
@@ -23,6 +23,9 @@ pub struct DemoArgs {
     /// Messages each node sends to each other node.
     #[arg(long, default_value_t = 20_000)]
     messages: u64,
+    /// Trace every process's messages into DIR/node-N.ultrace and end with their study.
+    #[arg(long, value_name = "DIR")]
+    trace: Option<std::path::PathBuf>,
 }
 
 /// Arguments of one demo process.
@@ -52,6 +55,7 @@ pub fn run(args: DemoArgs) -> Result<i32> {
     if !(2..=16).contains(&args.nodes) {
         bail!("--nodes must be between 2 and 16");
     }
+    super::demo_trace::start(args.trace.as_deref())?;
     let run = format!("demo-{}", std::process::id());
     eprintln!("ulnet demo: starting {} local processes, full mesh of shared-memory channels", args.nodes);
     let exe = std::env::current_exe()?;
@@ -101,9 +105,12 @@ pub fn run(args: DemoArgs) -> Result<i32> {
         sent - received,
         bad
     );
+    super::demo_trace::report(args.trace.as_deref(), reports.len())?;
+    let rma_ok = super::demo_rma::run(args.nodes)?;
     let membership_ok = super::demo_cluster::run()?;
+    super::sort_demo::run(args.nodes)?;
     super::dc::demo()?;
-    Ok(if bad == 0 && sent == received && membership_ok { 0 } else { 1 })
+    Ok(if bad == 0 && sent == received && rma_ok && membership_ok { 0 } else { 1 })
 }
 
 pub fn run_node(a: DemoNodeArgs) -> Result<i32> {
@@ -133,7 +140,7 @@ fn message_size(rng: &mut XorShift) -> usize {
 }
 
 fn node(run: &str, index: usize, nodes: usize, messages: u64) -> Result<NodeReport> {
-    let mut ep = Endpoint::new(EndpointConfig::default());
+    let mut ep = Endpoint::new(EndpointConfig { node_id: NodeId(index as u32), ..Default::default() });
     ep.listen_shm(&format!("{run}-{index}"))?;
     // peers[j] = channel to node j.
     let mut peers: Vec<Option<ChannelId>> = vec![None; nodes];

@@ -14,8 +14,8 @@ use crate::transport::{Capabilities, ReadyProbe, Responder, SendOutcome, Transpo
 use crate::{Delivery, GATHER_MAX};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
 /// Largest message a channel carries (streamed in fragments beyond one buffer).
@@ -41,13 +41,16 @@ pub(crate) struct ShmProbe {
     doorbell: Doorbell,
     socket: OwnedFd,
     check_peer: AtomicBool,
+    /// The owner's local ring head (the next record to consume), stored after every poll.
+    /// Not the head published in the mapping: that one lags by up to a release batch, and
+    /// the consumed records behind it are not zeroed yet, so it would read as ready.
+    consumer_head: AtomicU64,
 }
 
 impl ReadyProbe for ShmProbe {
     #[inline]
     fn is_ready(&self) -> bool {
-        // The owner publishes its head after every poll, so this is where the next record goes.
-        let head = self.mem.load_u64(self.ring.head_off, Ordering::Relaxed);
+        let head = self.consumer_head.load(Ordering::Relaxed);
         let off = self.ring.ring_off + (head & (self.ring.capacity as u64 - 1)) as usize;
         self.mem.load_u64(off, Ordering::Acquire) != 0
     }
@@ -275,6 +278,8 @@ pub struct ShmChannel {
     failure: Option<ChannelError>,
     empty_polls: u32,
     peer_gone: bool,
+    /// The peer's node id, from the handshake.
+    pub(crate) peer_node: crate::node::NodeId,
 }
 
 impl ShmChannel {
@@ -298,6 +303,7 @@ impl ShmChannel {
             doorbell: rx_doorbell,
             socket: socket.as_fd().try_clone_to_owned()?,
             check_peer: AtomicBool::new(false),
+            consumer_head: AtomicU64::new(0),
         });
         Ok(ShmChannel {
             rx: RxHalf {
@@ -322,6 +328,7 @@ impl ShmChannel {
             failure: None,
             empty_polls: 0,
             peer_gone: false,
+            peer_node: crate::node::NodeId::UNKNOWN,
         })
     }
 
@@ -475,6 +482,7 @@ impl Transport for ShmChannel {
             }
             delivered += 1;
         }
+        self.probe.consumer_head.store(self.rx.ring.head(), Ordering::Relaxed);
         // Zero and release consumed records in batches, far behind the lines the sender is
         // writing now (see `RingConsumer`): a batch while busy, or a smaller one when idle.
         let unreleased = self.rx.ring.unreleased();
@@ -511,6 +519,10 @@ impl Transport for ShmChannel {
             }
         }
         Ok(0)
+    }
+
+    fn peer_node(&self) -> Option<crate::node::NodeId> {
+        Some(self.peer_node)
     }
 
     fn probe(&self) -> Arc<dyn ReadyProbe> {

@@ -2,9 +2,9 @@
 //! namespace, where each side hands the other its sealed receive mapping and doorbell.
 //!
 //! ```text
-//!  connector                                   listener
-//!     | -- HELLO  (magic, version) + [memfd, eventfd] -->  |  validates the mapping
-//!     | <-- ACCEPT (magic, version) + [memfd, eventfd] --  |
+//!  connector                                             listener
+//!     | -- HELLO  (magic, version, node id) + [memfd, eventfd] -->  |  validates the mapping
+//!     | <-- ACCEPT (magic, version, node id) + [memfd, eventfd] --  |
 //!     |  validates the mapping; both sides map each other's receive mapping
 //! ```
 //!
@@ -16,6 +16,7 @@ use super::free_ring::FreeRingProducer;
 use super::layout::{Layout, ShmGeometry};
 use super::mem::{MappedMem, RingMem};
 use crate::error::ConnectError;
+use crate::node::NodeId;
 use crate::sys::doorbell::Doorbell;
 use crate::sys::{fdpass, memfd};
 use std::fs::File;
@@ -29,8 +30,11 @@ use std::time::{Duration, Instant};
 
 const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"ULNETHI1");
 const ACCEPT_MAGIC: u64 = u64::from_le_bytes(*b"ULNETOK1");
-/// Handshake protocol version. History: 1 — first version.
-const HANDSHAKE_VERSION: u64 = 1;
+/// Handshake protocol version. History: 1 — first version; 2 — the sender's node id
+/// (u32) and a reserved u32 (0) appended.
+const HANDSHAKE_VERSION: u64 = 2;
+/// Bytes of a greeting: magic and version (version 1), node id and reserved (appended in 2).
+const GREETING_LEN: usize = 24;
 /// Longest a handshake may take once a peer has connected.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -86,23 +90,30 @@ fn create_own(config: &ShmConfig) -> Result<OwnMapping, ConnectError> {
     Ok(OwnMapping { file, mem, layout, doorbell: Doorbell::new()?, free })
 }
 
-fn encode(magic: u64) -> [u8; 16] {
-    let mut b = [0u8; 16];
+fn encode(magic: u64, node: NodeId) -> [u8; GREETING_LEN] {
+    let mut b = [0u8; GREETING_LEN];
     b[..8].copy_from_slice(&magic.to_le_bytes());
-    b[8..].copy_from_slice(&HANDSHAKE_VERSION.to_le_bytes());
+    b[8..16].copy_from_slice(&HANDSHAKE_VERSION.to_le_bytes());
+    b[16..20].copy_from_slice(&node.0.to_le_bytes());
     b
 }
 
+/// The peer's mapping, doorbell and node id.
+type PeerParts = (Arc<MappedMem>, Layout, Doorbell, NodeId);
+
 /// Receives the peer's greeting and mapping, validating both.
-fn receive_peer(sock: &UnixStream, magic: u64) -> Result<(Arc<MappedMem>, Layout, Doorbell), ConnectError> {
-    let mut msg = [0u8; 16];
-    let mut fds = fdpass::recv_with_fds(sock, &mut msg)?;
+fn receive_peer(sock: &UnixStream, magic: u64) -> Result<PeerParts, ConnectError> {
+    // The version-1 part first (it carries the descriptors), then what the version appends.
+    let mut msg = [0u8; GREETING_LEN];
+    let mut fds = fdpass::recv_with_fds(sock, &mut msg[..16])?;
     if u64::from_le_bytes(msg[..8].try_into().expect("8 bytes")) != magic {
         return Err(ConnectError::Handshake("not a ulnet shared-memory peer"));
     }
-    if u64::from_le_bytes(msg[8..].try_into().expect("8 bytes")) != HANDSHAKE_VERSION {
+    if u64::from_le_bytes(msg[8..16].try_into().expect("8 bytes")) != HANDSHAKE_VERSION {
         return Err(ConnectError::Handshake("unsupported handshake version"));
     }
+    std::io::Read::read_exact(&mut &*sock, &mut msg[16..])?;
+    let node = NodeId(u32::from_le_bytes(msg[16..20].try_into().expect("4 bytes")));
     if fds.len() != 2 {
         return Err(ConnectError::Handshake("expected a mapping and a doorbell"));
     }
@@ -111,19 +122,14 @@ fn receive_peer(sock: &UnixStream, magic: u64) -> Result<(Arc<MappedMem>, Layout
     memfd::check_sealed(&file)?;
     let mem = Arc::new(MappedMem::map(&file)?);
     let layout = Layout::read_control(&*mem)?;
-    Ok((mem, layout, doorbell))
+    Ok((mem, layout, doorbell, node))
 }
 
-fn finish(
-    own: OwnMapping,
-    peer: (Arc<MappedMem>, Layout, Doorbell),
-    sock: UnixStream,
-    config: &ShmConfig,
-) -> Result<ShmChannel, ConnectError> {
+fn finish(own: OwnMapping, peer: PeerParts, sock: UnixStream, config: &ShmConfig) -> Result<ShmChannel, ConnectError> {
     sock.set_read_timeout(None)?;
     sock.set_nonblocking(true)?;
-    let (tx_mem, tx_layout, tx_doorbell) = peer;
-    Ok(ShmChannel::new(
+    let (tx_mem, tx_layout, tx_doorbell, peer_node) = peer;
+    let mut channel = ShmChannel::new(
         own.mem,
         own.layout,
         own.doorbell,
@@ -133,27 +139,45 @@ fn finish(
         tx_doorbell,
         sock,
         config.inline_max,
-    )?)
+    )?;
+    channel.peer_node = peer_node;
+    Ok(channel)
 }
 
-/// Connects to the endpoint listening under `name` on this host.
+/// Connects to the endpoint listening under `name` on this host, without telling it our
+/// node id.
 pub fn connect(name: &str, config: &ShmConfig) -> Result<ShmChannel, ConnectError> {
+    connect_as(name, config, NodeId::UNKNOWN)
+}
+
+/// Connects as node `node` to the endpoint listening under `name` on this host.
+pub fn connect_as(name: &str, config: &ShmConfig, node: NodeId) -> Result<ShmChannel, ConnectError> {
     let sock = UnixStream::connect_addr(&socket_addr(name)?).map_err(|e| match e.kind() {
         io::ErrorKind::ConnectionRefused | io::ErrorKind::NotFound => ConnectError::NoListener(name.to_string()),
         _ => ConnectError::Io(e),
     })?;
     sock.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
     let own = create_own(config)?;
-    fdpass::send_with_fds(&sock, &encode(HELLO_MAGIC), &[own.file.as_fd(), own.doorbell.as_fd()])?;
+    fdpass::send_with_fds(&sock, &encode(HELLO_MAGIC, node), &[own.file.as_fd(), own.doorbell.as_fd()])?;
     let peer = receive_peer(&sock, ACCEPT_MAGIC)?;
     finish(own, peer, sock, config)
 }
 
 /// Connects, retrying while nobody listens yet, until `timeout`.
 pub fn connect_retry(name: &str, config: &ShmConfig, timeout: Duration) -> Result<ShmChannel, ConnectError> {
+    connect_retry_as(name, config, NodeId::UNKNOWN, timeout)
+}
+
+/// [`connect_retry`] as node `node`.
+pub fn connect_retry_as(
+    name: &str,
+    config: &ShmConfig,
+    node: NodeId,
+    timeout: Duration,
+) -> Result<ShmChannel, ConnectError> {
     let deadline = Instant::now() + timeout;
     loop {
-        match connect(name, config) {
+        match connect_as(name, config, node) {
             Err(ConnectError::NoListener(_)) if Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(2))
             }
@@ -185,6 +209,11 @@ impl ShmListener {
 
     /// Accepts one pending peer, if any, without blocking on the rendezvous.
     pub fn try_accept(&self, config: &ShmConfig) -> Result<Option<ShmChannel>, ConnectError> {
+        self.try_accept_as(config, NodeId::UNKNOWN)
+    }
+
+    /// [`ShmListener::try_accept`], telling the peer that we are node `node`.
+    pub fn try_accept_as(&self, config: &ShmConfig, node: NodeId) -> Result<Option<ShmChannel>, ConnectError> {
         let sock = match self.listener.accept() {
             Ok((sock, _)) => sock,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
@@ -194,7 +223,7 @@ impl ShmListener {
         sock.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
         let peer = receive_peer(&sock, HELLO_MAGIC)?;
         let own = create_own(config)?;
-        fdpass::send_with_fds(&sock, &encode(ACCEPT_MAGIC), &[own.file.as_fd(), own.doorbell.as_fd()])?;
+        fdpass::send_with_fds(&sock, &encode(ACCEPT_MAGIC, node), &[own.file.as_fd(), own.doorbell.as_fd()])?;
         finish(own, peer, sock, config).map(Some)
     }
 

@@ -92,6 +92,8 @@ pub struct TcpChannel {
     rx: TcpRx,
     tx: TcpTx,
     failure: Option<ChannelError>,
+    /// The peer's node id, from the handshake.
+    pub(crate) peer_node: crate::node::NodeId,
 }
 
 fn io_failure(e: &io::Error) -> ChannelError {
@@ -325,6 +327,7 @@ impl TcpChannel {
             },
             tx: TcpTx { tag: tx_tag, backlog: Vec::new(), backlog_pos: 0, streaming: None },
             failure: None,
+            peer_node: crate::node::NodeId::UNKNOWN,
         })
     }
 
@@ -419,6 +422,10 @@ impl Transport for TcpChannel {
             return Ok(true);
         }
         self.tx.flush_backlog(&self.stream).map_err(|e| self.fail(e))
+    }
+
+    fn peer_node(&self) -> Option<crate::node::NodeId> {
+        Some(self.peer_node)
     }
 
     fn probe(&self) -> Arc<dyn ReadyProbe> {

@@ -7,6 +7,7 @@ pub mod handshake;
 pub use channel::TcpChannel;
 
 use crate::error::ConnectError;
+use crate::node::NodeId;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
@@ -36,8 +37,14 @@ fn random_tag() -> u32 {
     u32::from_le_bytes(b) | 1
 }
 
-/// Connects to `addr`, retrying refused connections until `timeout`.
+/// Connects to `addr`, retrying refused connections until `timeout`, without telling the
+/// peer our node id.
 pub fn connect(addr: &str, config: &TcpConfig, timeout: Duration) -> Result<TcpChannel, ConnectError> {
+    connect_as(addr, config, NodeId::UNKNOWN, timeout)
+}
+
+/// Connects to `addr` as node `node`, retrying refused connections until `timeout`.
+pub fn connect_as(addr: &str, config: &TcpConfig, node: NodeId, timeout: Duration) -> Result<TcpChannel, ConnectError> {
     let deadline = Instant::now() + timeout;
     let target: SocketAddr = addr
         .to_socket_addrs()
@@ -61,9 +68,11 @@ pub fn connect(addr: &str, config: &TcpConfig, timeout: Duration) -> Result<TcpC
     };
     stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
     let rx_tag = random_tag();
-    let tx_tag = handshake::client(&mut stream, &config.secret, rx_tag).map_err(handshake_error)?;
+    let peer = handshake::client_node(&mut stream, &config.secret, rx_tag, node).map_err(handshake_error)?;
     stream.set_read_timeout(None)?;
-    Ok(TcpChannel::new(stream, rx_tag, tx_tag)?)
+    let mut channel = TcpChannel::new(stream, rx_tag, peer.tag)?;
+    channel.peer_node = peer.node;
+    Ok(channel)
 }
 
 /// A listening TCP socket for channels.
@@ -88,6 +97,11 @@ impl TcpChannelListener {
     /// Accepts one pending connection, if any, and runs the handshake. A peer that fails it
     /// is dropped and reported.
     pub fn try_accept(&self, config: &TcpConfig) -> Result<Option<TcpChannel>, ConnectError> {
+        self.try_accept_as(config, NodeId::UNKNOWN)
+    }
+
+    /// [`TcpChannelListener::try_accept`] telling the peer that we are node `node`.
+    pub fn try_accept_as(&self, config: &TcpConfig, node: NodeId) -> Result<Option<TcpChannel>, ConnectError> {
         let mut stream = match self.listener.accept() {
             Ok((s, _)) => s,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
@@ -96,9 +110,11 @@ impl TcpChannelListener {
         stream.set_nonblocking(false)?;
         stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
         let rx_tag = random_tag();
-        let tx_tag = handshake::server(&mut stream, &config.secret, rx_tag).map_err(handshake_error)?;
+        let peer = handshake::server_node(&mut stream, &config.secret, rx_tag, node).map_err(handshake_error)?;
         stream.set_read_timeout(None)?;
-        Ok(Some(TcpChannel::new(stream, rx_tag, tx_tag)?))
+        let mut channel = TcpChannel::new(stream, rx_tag, peer.tag)?;
+        channel.peer_node = peer.node;
+        Ok(Some(channel))
     }
 }
 

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Side-by-side figures for `ulnet sort` (issue 8), alternating with the peer in one run.
+
+Each case runs the peer command and the ulnet commands alternately, ROUNDS times, on the
+same input file, timing each from the outside (command start to exit, the output in the
+page cache, as GNU sort leaves it), and compares medians. ulnet's per-phase times come from
+its --json report (medians over the rounds). Every ulnet output is checked with
+`ulnet valsort` once (not timed).
+
+usage: bench/sort.py [--rounds N] [--dir DIR] [--markdown FILE] [--cases datamation,1e7,external]
+  DIR holds the generated inputs (default target/sort-bench); they are deleted at the end.
+"""
+import argparse, json, os, shutil, statistics, subprocess, sys, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ULNET = os.environ.get("ULNET", os.path.join(HERE, "..", "target", "release", "ulnet"))
+
+
+def timed(cmd, env=None):
+    t = time.perf_counter()
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env)
+    return time.perf_counter() - t, out.stdout
+
+
+def drop_file(path):
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass
+
+
+def valsort(path, want_records):
+    out = subprocess.run([ULNET, "valsort", path], capture_output=True, text=True)
+    ok = out.returncode == 0 and f"Records: {want_records}" in out.stderr and "SUCCESS" in out.stderr
+    if not ok:
+        raise SystemExit(f"valsort failed on {path}:\n{out.stderr}")
+
+
+def gensort(path, n, args):
+    if not os.path.exists(path) or os.path.getsize(path) != n * 100:
+        subprocess.run([ULNET, "gensort", *args, str(n), path], check=True)
+
+
+def run_case(name, peer_name, peer_cmd, ours, rounds, records, outputs, goal):
+    """ours: list of (label, argv); peer_cmd: argv. Returns rows for the report."""
+    peer_t, our_t, phases = [], {l: [] for l, _ in ours}, {l: [] for l, _ in ours}
+    for r in range(rounds):
+        for o in outputs:
+            drop_file(o)
+        t, _ = timed(peer_cmd, env={**os.environ, "LC_ALL": "C"})
+        peer_t.append(t)
+        for label, argv in ours:
+            for o in outputs:
+                drop_file(o)
+            t, out = timed(argv)
+            our_t[label].append(t)
+            rep = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
+            phases[label].append(rep)
+            if r == 0:
+                valsort(argv[argv.index("--output") + 1], records)
+        print(f"  round {r + 1}/{rounds}: {peer_name} {peer_t[-1]:.3f} s; "
+              + "; ".join(f"{l} {our_t[l][-1]:.3f} s" for l, _ in ours), flush=True)
+    mp = statistics.median(peer_t)
+    rows = []
+    for label, argv in ours:
+        mo = statistics.median(our_t[label])
+        ph = {k: statistics.median([p[k] for p in phases[label]])
+              for k in ["startup_s", "read_distribute_s", "sort_s", "write_s", "total_s"]}
+        ratio = mo / mp
+        rows.append(dict(case=name, label=label, ours=mo, peer=mp, peer_name=peer_name, ratio=ratio, goal=goal,
+                         ok=ratio <= goal, phases=ph, our_runs=our_t[label], peer_runs=peer_t,
+                         cmd=" ".join(a if a != ULNET else "ulnet" for a in argv), peer_cmd=" ".join(peer_cmd),
+                         mode=phases[label][0]["mode"], imbalance=phases[label][0]["imbalance"]))
+        print(f"{name:12} {label:28} ulnet {mo:8.3f} s  {peer_name} {mp:8.3f} s  ratio {ratio:6.3f}  "
+              f"goal <={goal}  {'PASS' if ratio <= goal else 'MISS'}", flush=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=int(os.environ.get("ROUNDS", 5)))
+    ap.add_argument("--dir", default=os.path.join(HERE, "..", "target", "sort-bench"))
+    ap.add_argument("--markdown")
+    ap.add_argument("--cases", default="datamation,1e7,external")
+    a = ap.parse_args()
+    os.makedirs(a.dir, exist_ok=True)
+    d = a.dir
+    rows = []
+    cases = a.cases.split(",")
+    try:
+        if "datamation" in cases:
+            inp, out, gnu = f"{d}/dm.in", f"{d}/dm.out", f"{d}/dm.gnu"
+            gensort(inp, 1_000_000, ["-a"])
+            print("Datamation: 10^6 ASCII records", flush=True)
+            ours = [(f"{n} local nodes", [ULNET, "sort", "--input", inp, "--output", out, "--nodes", str(n), "--json"])
+                    for n in (2, 4)]
+            rows += run_case("datamation", "GNU sort", ["sort", "-S", "2G", inp, "-o", gnu], ours, a.rounds,
+                             1_000_000, [out, gnu], 0.25)
+            for f in (inp, out, gnu):
+                drop_file(f)
+        if "1e7" in cases:
+            inp, out, gnu = f"{d}/e7.in", f"{d}/e7.out", f"{d}/e7.gnu"
+            gensort(inp, 10_000_000, ["-a"])
+            print("10^7 ASCII records", flush=True)
+            ours = [(f"{n} local nodes", [ULNET, "sort", "--input", inp, "--output", out, "--nodes", str(n), "--json"])
+                    for n in (2, 4)]
+            rows += run_case("1e7", "GNU sort", ["sort", "-S", "2G", inp, "-o", gnu], ours, a.rounds,
+                             10_000_000, [out, gnu], 0.25)
+            for f in (inp, out, gnu):
+                drop_file(f)
+        if "external" in cases:
+            inp, out, cp = f"{d}/ext.in", f"{d}/ext.out", f"{d}/ext.cp"
+            gensort(inp, 40_000_000, [])
+            print("External: 4 x 10^7 binary records, 1 GiB memory in total", flush=True)
+            ours = [("2 nodes x 512 MiB", [ULNET, "sort", "--input", inp, "--output", out, "--nodes", "2",
+                                           "--memory", "512MiB", "--temp-dir", d, "--json"])]
+            rows += run_case("external", "cp", ["cp", inp, cp], ours, max(1, a.rounds // 2 + 1), 40_000_000,
+                             [out, cp], 3.0)
+            for f in (inp, out, cp):
+                drop_file(f)
+    finally:
+        if not os.listdir(d):
+            shutil.rmtree(d, ignore_errors=True)
+    if a.markdown:
+        with open(a.markdown, "w") as f:
+            f.write("| case | ulnet | ulnet (median s) | peer | peer (median s) | ratio | goal | met |\n"
+                    "|---|---|---|---|---|---|---|---|\n")
+            for r in rows:
+                f.write(f"| {r['case']} | {r['label']} ({r['mode']}) | {r['ours']:.3f} | {r['peer_name']} | "
+                        f"{r['peer']:.3f} | {r['ratio']:.3f} | <={r['goal']} | {'yes' if r['ok'] else 'no'} |\n")
+            f.write("\nPer-phase times of ulnet (medians over the rounds, slowest node, seconds; total is node 0's "
+                    "command start to commit, the wall time above includes process exit):\n\n"
+                    "| case | ulnet | startup | read+distribute | sort | write | total | largest partition / mean |\n"
+                    "|---|---|---|---|---|---|---|---|\n")
+            for r in rows:
+                p = r["phases"]
+                f.write(f"| {r['case']} | {r['label']} | {p['startup_s']:.3f} | {p['read_distribute_s']:.3f} | "
+                        f"{p['sort_s']:.3f} | {p['write_s']:.3f} | {p['total_s']:.3f} | {r['imbalance']:.3f} |\n")
+            f.write("\nCommands (run alternately, peer first in each round):\n\n")
+            for r in rows:
+                f.write(f"- {r['case']}, {r['label']}: `{r['cmd']}` vs `{r['peer_cmd']}`; ulnet runs "
+                        f"[{', '.join(f'{x:.3f}' for x in r['our_runs'])}]; peer runs "
+                        f"[{', '.join(f'{x:.3f}' for x in r['peer_runs'])}]\n")
+    sys.exit(0 if all(r["ok"] for r in rows) else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,742 @@
+//! The trace file format: a header, then checksummed blocks of fixed-size records.
+//!
+//! All integers are little-endian. A file is written by one process.
+//!
+//! ```text
+//!  file header (72 bytes)
+//!  0  magic "ULTRACE\0"                8  version u16 (1)     10 header_len u16 (72)
+//!  12 record_len u16 (96)              14 block_header_len u16 (48)
+//!  16 node_id u32                      20 pid u32
+//!  24 boot_id u64      (hash of the kernel boot id: equal boot ids share one monotonic clock)
+//!  32 ref_ticks u64    (clock reference: a tick reading ...
+//!  40 ref_mono_ns u64   ... taken with CLOCK_MONOTONIC ...
+//!  48 ref_real_ns u64   ... and CLOCK_REALTIME at the same instant)
+//!  56 ticks_per_sec u64 (estimate at start; blocks refine it)
+//!  64 crc32c u32 of bytes 0..64        68 reserved u32 (0)
+//!
+//!  block (48-byte header, then record_count records)
+//!  0  magic "ULTB"    4 flags u16 (1: end block)    6 reserved u16 (0)
+//!  8  record_count u32                12 sequence u32 (0, 1, 2, ... per file)
+//!  16 dropped_total u64 (records lost to full rings so far, all threads)
+//!  24 ref_ticks u64   32 ref_mono_ns u64   (another clock reference, taken at write time)
+//!  40 crc32c u32 of header bytes 0..40 and the records   44 reserved u32 (0)
+//!
+//!  record (96 bytes)
+//!  0  ticks u64 (event time)   8 src_node u32   12 dst_node u32   16 channel u32
+//!  20 kind u8   21 direction u8   22 buffers u8   23 flags u8 (0)   24 size u64
+//!  32 buffer_len [u32; 4]      48 request_id u64
+//!  56 enqueued u64   64 sent u64   72 received u64   80 handler_start u64   88 handler_end u64
+//!     (stage times in ticks; 0: not measured)
+//! ```
+//!
+//! Ticks become nanoseconds of CLOCK_MONOTONIC by interpolating between the clock
+//! references (the header's and every block's), so a file needs no separate calibration.
+//! The last block of a complete file is an end block; a file without one was cut short.
+//!
+//! Versions (append-only; discriminants are format): 1 — this layout.
+
+use std::fmt;
+
+/// The first bytes of every trace file.
+pub const FILE_MAGIC: [u8; 8] = *b"ULTRACE\0";
+/// The first bytes of every block.
+pub const BLOCK_MAGIC: [u8; 4] = *b"ULTB";
+/// Format version written.
+pub const VERSION: u16 = 1;
+/// Bytes of the file header.
+pub const FILE_HEADER_LEN: usize = 72;
+/// Bytes of a block header.
+pub const BLOCK_HEADER_LEN: usize = 48;
+/// Bytes of a record.
+pub const RECORD_LEN: usize = 96;
+/// Most records in one block: 1,024 records are 96 KiB, written in one go.
+pub const BLOCK_RECORDS_MAX: usize = 1024;
+/// Block flag: the last block of a complete file.
+pub const BLOCK_FLAG_END: u16 = 1;
+/// Most buffers a record describes (the gather limit of the core).
+pub const RECORD_BUFFERS_MAX: usize = crate::GATHER_MAX;
+
+const _: () = assert!(RECORD_BUFFERS_MAX == 4, "the record layout has four buffer lengths");
+
+/// What a traced message was. Discriminants are part of the file format: never renumber.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum MessageKind {
+    /// A message the message layer did not describe (sent with [`crate::Endpoint::send`]).
+    Message = 0,
+    /// A request that expects a response.
+    Request = 1,
+    /// A response to a request (success or error).
+    Response = 2,
+    /// A call that expects no response.
+    OneWay = 3,
+    /// Message-layer control (a cancellation).
+    Control = 4,
+    /// A one-sided read of remote memory.
+    RmaRead = 5,
+    /// A one-sided write of remote memory.
+    RmaWrite = 6,
+    /// A remote compare-and-swap.
+    RmaCas = 7,
+    /// A remote fetch-and-add.
+    RmaFaa = 8,
+}
+
+impl MessageKind {
+    /// Every kind, in discriminant order.
+    pub const ALL: [MessageKind; 9] = [
+        MessageKind::Message,
+        MessageKind::Request,
+        MessageKind::Response,
+        MessageKind::OneWay,
+        MessageKind::Control,
+        MessageKind::RmaRead,
+        MessageKind::RmaWrite,
+        MessageKind::RmaCas,
+        MessageKind::RmaFaa,
+    ];
+
+    /// The kind with this discriminant.
+    pub fn from_u8(v: u8) -> Option<Self> {
+        Self::ALL.get(v as usize).copied()
+    }
+
+    /// A short lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            MessageKind::Message => "message",
+            MessageKind::Request => "request",
+            MessageKind::Response => "response",
+            MessageKind::OneWay => "one-way",
+            MessageKind::Control => "control",
+            MessageKind::RmaRead => "rma-read",
+            MessageKind::RmaWrite => "rma-write",
+            MessageKind::RmaCas => "rma-cas",
+            MessageKind::RmaFaa => "rma-faa",
+        }
+    }
+}
+
+/// Which side recorded a message. Discriminants are part of the file format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Direction {
+    /// The sender recorded it when it went out.
+    Send = 0,
+    /// The receiver recorded it when it arrived (whole).
+    Receive = 1,
+}
+
+/// One traced message, as one side saw it. Times are in ticks of the file's clock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Record {
+    /// When it happened (sent, or received).
+    pub ticks: u64,
+    /// The sending node.
+    pub src_node: u32,
+    /// The receiving node.
+    pub dst_node: u32,
+    /// The channel at the recording side.
+    pub channel: u32,
+    /// [`MessageKind`] discriminant.
+    pub kind: u8,
+    /// [`Direction`] discriminant.
+    pub direction: u8,
+    /// Buffers in the gather list (0: not known, as at a receiver).
+    pub buffers: u8,
+    /// Bytes of the whole message.
+    pub size: u64,
+    /// Bytes of each of the first four buffers.
+    pub buffer_len: [u32; RECORD_BUFFERS_MAX],
+    /// Pairs a response with its request (0: none).
+    pub request_id: u64,
+    /// When the send was asked for.
+    pub enqueued: u64,
+    /// When the transport took it.
+    pub sent: u64,
+    /// When the receiver found it.
+    pub received: u64,
+    /// When the handler that consumed it started.
+    pub handler_start: u64,
+    /// When that handler returned.
+    pub handler_end: u64,
+}
+
+/// Why a trace file or part of it cannot be read. Every variant names the byte offset.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// The file ends inside a header or block.
+    #[error("trace file truncated at byte offset {offset}: {what}")]
+    Truncated {
+        /// Where the incomplete part starts.
+        offset: u64,
+        /// What was being read.
+        what: &'static str,
+    },
+    /// Bytes that are not what the format says belongs there.
+    #[error("trace file corrupt at byte offset {offset}: {what}")]
+    Corrupt {
+        /// Where the bad part starts.
+        offset: u64,
+        /// What is wrong.
+        what: String,
+    },
+    /// A file of a format version this build does not read.
+    #[error("trace file version {0} is not supported (this build reads version {VERSION})")]
+    Version(u16),
+}
+
+/// The file header, decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileHeader {
+    /// The node that wrote the file.
+    pub node_id: u32,
+    /// Its process id.
+    pub pid: u32,
+    /// Hash of the kernel boot id: files with equal values share one monotonic clock.
+    pub boot_id: u64,
+    /// The clock reference: ticks ...
+    pub ref_ticks: u64,
+    /// ... CLOCK_MONOTONIC ...
+    pub ref_mono_ns: u64,
+    /// ... and CLOCK_REALTIME at one instant.
+    pub ref_real_ns: u64,
+    /// Tick rate estimated at start.
+    pub ticks_per_sec: u64,
+}
+
+/// A block header, decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockHeader {
+    /// `BLOCK_FLAG_*`.
+    pub flags: u16,
+    /// Records that follow.
+    pub record_count: u32,
+    /// Position of the block in the file.
+    pub sequence: u32,
+    /// Records dropped so far because a ring was full.
+    pub dropped_total: u64,
+    /// A clock reference taken when the block was written: ticks ...
+    pub ref_ticks: u64,
+    /// ... and CLOCK_MONOTONIC.
+    pub ref_mono_ns: u64,
+}
+
+fn u16_at(b: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([b[at], b[at + 1]])
+}
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
+}
+
+impl FileHeader {
+    /// Encodes the header with its checksum.
+    pub fn encode(&self) -> [u8; FILE_HEADER_LEN] {
+        let mut b = [0u8; FILE_HEADER_LEN];
+        b[0..8].copy_from_slice(&FILE_MAGIC);
+        b[8..10].copy_from_slice(&VERSION.to_le_bytes());
+        b[10..12].copy_from_slice(&(FILE_HEADER_LEN as u16).to_le_bytes());
+        b[12..14].copy_from_slice(&(RECORD_LEN as u16).to_le_bytes());
+        b[14..16].copy_from_slice(&(BLOCK_HEADER_LEN as u16).to_le_bytes());
+        b[16..20].copy_from_slice(&self.node_id.to_le_bytes());
+        b[20..24].copy_from_slice(&self.pid.to_le_bytes());
+        b[24..32].copy_from_slice(&self.boot_id.to_le_bytes());
+        b[32..40].copy_from_slice(&self.ref_ticks.to_le_bytes());
+        b[40..48].copy_from_slice(&self.ref_mono_ns.to_le_bytes());
+        b[48..56].copy_from_slice(&self.ref_real_ns.to_le_bytes());
+        b[56..64].copy_from_slice(&self.ticks_per_sec.to_le_bytes());
+        let crc = crc32c::crc32c(&b[..64]);
+        b[64..68].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    /// Decodes and checks the header at the start of `bytes`.
+    pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
+        if bytes.len() < 8 || bytes[..8] != FILE_MAGIC {
+            if bytes.len() < 8 && FILE_MAGIC.starts_with(bytes) {
+                return Err(DecodeError::Truncated { offset: 0, what: "file header" });
+            }
+            return Err(DecodeError::Corrupt { offset: 0, what: "not a ulnet trace file (bad magic)".into() });
+        }
+        if bytes.len() < 10 {
+            return Err(DecodeError::Truncated { offset: 0, what: "file header" });
+        }
+        let version = u16_at(bytes, 8);
+        if version != VERSION {
+            return Err(DecodeError::Version(version));
+        }
+        if bytes.len() < FILE_HEADER_LEN {
+            return Err(DecodeError::Truncated { offset: 0, what: "file header" });
+        }
+        let b = &bytes[..FILE_HEADER_LEN];
+        if crc32c::crc32c(&b[..64]) != u32_at(b, 64) {
+            return Err(DecodeError::Corrupt { offset: 0, what: "file header checksum mismatch".into() });
+        }
+        let lens = (u16_at(b, 10) as usize, u16_at(b, 12) as usize, u16_at(b, 14) as usize);
+        if lens != (FILE_HEADER_LEN, RECORD_LEN, BLOCK_HEADER_LEN) || u32_at(b, 68) != 0 {
+            return Err(DecodeError::Corrupt { offset: 0, what: format!("unexpected header layout {lens:?}") });
+        }
+        Ok(FileHeader {
+            node_id: u32_at(b, 16),
+            pid: u32_at(b, 20),
+            boot_id: u64_at(b, 24),
+            ref_ticks: u64_at(b, 32),
+            ref_mono_ns: u64_at(b, 40),
+            ref_real_ns: u64_at(b, 48),
+            ticks_per_sec: u64_at(b, 56),
+        })
+    }
+}
+
+impl Record {
+    /// Encodes the record into `out` (exactly [`RECORD_LEN`] bytes).
+    pub fn encode_into(&self, out: &mut [u8]) {
+        assert_eq!(out.len(), RECORD_LEN, "a record is {RECORD_LEN} bytes");
+        out[0..8].copy_from_slice(&self.ticks.to_le_bytes());
+        out[8..12].copy_from_slice(&self.src_node.to_le_bytes());
+        out[12..16].copy_from_slice(&self.dst_node.to_le_bytes());
+        out[16..20].copy_from_slice(&self.channel.to_le_bytes());
+        out[20] = self.kind;
+        out[21] = self.direction;
+        out[22] = self.buffers;
+        out[23] = 0;
+        out[24..32].copy_from_slice(&self.size.to_le_bytes());
+        for (i, len) in self.buffer_len.iter().enumerate() {
+            out[32 + 4 * i..36 + 4 * i].copy_from_slice(&len.to_le_bytes());
+        }
+        out[48..56].copy_from_slice(&self.request_id.to_le_bytes());
+        let stages = [self.enqueued, self.sent, self.received, self.handler_start, self.handler_end];
+        for (i, t) in stages.iter().enumerate() {
+            out[56 + 8 * i..64 + 8 * i].copy_from_slice(&t.to_le_bytes());
+        }
+    }
+
+    /// Decodes a record found at byte `offset` of its file, refusing unknown kinds and
+    /// directions, set reserved bits and inconsistent buffer lists.
+    pub fn decode(b: &[u8], offset: u64) -> Result<Self, DecodeError> {
+        assert_eq!(b.len(), RECORD_LEN, "a record is {RECORD_LEN} bytes");
+        let corrupt = |what: String| DecodeError::Corrupt { offset, what };
+        if MessageKind::from_u8(b[20]).is_none() {
+            return Err(corrupt(format!("record has unknown kind {}", b[20])));
+        }
+        if b[21] > Direction::Receive as u8 {
+            return Err(corrupt(format!("record has unknown direction {}", b[21])));
+        }
+        if b[23] != 0 {
+            return Err(corrupt("record has reserved flags set".into()));
+        }
+        let mut buffer_len = [0u32; RECORD_BUFFERS_MAX];
+        for (i, len) in buffer_len.iter_mut().enumerate() {
+            *len = u32_at(b, 32 + 4 * i);
+        }
+        let r = Record {
+            ticks: u64_at(b, 0),
+            src_node: u32_at(b, 8),
+            dst_node: u32_at(b, 12),
+            channel: u32_at(b, 16),
+            kind: b[20],
+            direction: b[21],
+            buffers: b[22],
+            size: u64_at(b, 24),
+            buffer_len,
+            request_id: u64_at(b, 48),
+            enqueued: u64_at(b, 56),
+            sent: u64_at(b, 64),
+            received: u64_at(b, 72),
+            handler_start: u64_at(b, 80),
+            handler_end: u64_at(b, 88),
+        };
+        let described = (r.buffers as usize).min(RECORD_BUFFERS_MAX);
+        if r.buffer_len[described..].iter().any(|&l| l != 0) {
+            return Err(corrupt(format!("record of {} buffers has lengths beyond them", r.buffers)));
+        }
+        let listed: u64 = r.buffer_len.iter().map(|&l| u64::from(l)).sum();
+        if r.buffers as usize <= RECORD_BUFFERS_MAX && r.buffers > 0 && listed != r.size {
+            return Err(corrupt(format!("record of {} bytes lists buffers of {listed} bytes", r.size)));
+        }
+        Ok(r)
+    }
+
+    /// The message kind.
+    pub fn message_kind(&self) -> MessageKind {
+        MessageKind::from_u8(self.kind).unwrap_or(MessageKind::Message)
+    }
+
+    /// Which side recorded it.
+    pub fn direction(&self) -> Direction {
+        if self.direction == Direction::Receive as u8 {
+            Direction::Receive
+        } else {
+            Direction::Send
+        }
+    }
+}
+
+impl BlockHeader {
+    /// Encodes the header; `crc` is computed by [`encode_block`].
+    fn encode_without_crc(&self) -> [u8; BLOCK_HEADER_LEN] {
+        let mut b = [0u8; BLOCK_HEADER_LEN];
+        b[0..4].copy_from_slice(&BLOCK_MAGIC);
+        b[4..6].copy_from_slice(&self.flags.to_le_bytes());
+        b[8..12].copy_from_slice(&self.record_count.to_le_bytes());
+        b[12..16].copy_from_slice(&self.sequence.to_le_bytes());
+        b[16..24].copy_from_slice(&self.dropped_total.to_le_bytes());
+        b[24..32].copy_from_slice(&self.ref_ticks.to_le_bytes());
+        b[32..40].copy_from_slice(&self.ref_mono_ns.to_le_bytes());
+        b
+    }
+}
+
+/// Appends a block of `records` (at most [`BLOCK_RECORDS_MAX`]) to `out`.
+pub fn encode_block(header: &BlockHeader, records: &[Record], out: &mut Vec<u8>) {
+    assert!(records.len() <= BLOCK_RECORDS_MAX, "a block holds at most {BLOCK_RECORDS_MAX} records");
+    assert_eq!(header.record_count as usize, records.len(), "the header counts the records");
+    let start = out.len();
+    out.extend_from_slice(&header.encode_without_crc());
+    for r in records {
+        let at = out.len();
+        out.resize(at + RECORD_LEN, 0);
+        r.encode_into(&mut out[at..]);
+    }
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&out[start..start + 40]), &out[start + BLOCK_HEADER_LEN..]);
+    out[start + 40..start + 44].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// A whole trace file, decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TraceFile {
+    /// Its header.
+    pub header: FileHeader,
+    /// Its blocks' headers, in file order.
+    pub blocks: Vec<BlockHeader>,
+    /// Every record, in file order.
+    pub records: Vec<Record>,
+}
+
+impl TraceFile {
+    /// Records dropped because a ring was full (from the last block).
+    pub fn dropped(&self) -> u64 {
+        self.blocks.last().map_or(0, |b| b.dropped_total)
+    }
+
+    /// Converts ticks to CLOCK_MONOTONIC nanoseconds by interpolating between the clock
+    /// references of the header and the blocks.
+    pub fn clock(&self) -> TickClock {
+        let mut points: Vec<(u64, u64)> = std::iter::once((self.header.ref_ticks, self.header.ref_mono_ns))
+            .chain(self.blocks.iter().map(|b| (b.ref_ticks, b.ref_mono_ns)))
+            .collect();
+        points.sort_unstable();
+        points.dedup_by_key(|p| p.0);
+        // References must rise together; one that does not (a clock step) is dropped.
+        let mut monotone: Vec<(u64, u64)> = Vec::with_capacity(points.len());
+        for p in points {
+            if monotone.last().is_none_or(|l| p.1 > l.1) {
+                monotone.push(p);
+            }
+        }
+        let (first, last) = (monotone[0], monotone[monotone.len() - 1]);
+        let span_ns = last.1.saturating_sub(first.1);
+        let rate = if span_ns >= 50_000_000 {
+            (last.0 - first.0) as f64 / span_ns as f64
+        } else {
+            self.header.ticks_per_sec.max(1) as f64 / 1e9
+        };
+        TickClock { points: monotone, ticks_per_ns: rate }
+    }
+}
+
+/// Tick-to-nanosecond conversion of one file; see [`TraceFile::clock`].
+#[derive(Clone, Debug)]
+pub struct TickClock {
+    points: Vec<(u64, u64)>,
+    ticks_per_ns: f64,
+}
+
+impl TickClock {
+    /// CLOCK_MONOTONIC nanoseconds at `ticks` (0 stays 0: "not measured").
+    pub fn mono_ns(&self, ticks: u64) -> u64 {
+        if ticks == 0 {
+            return 0;
+        }
+        let i = self.points.partition_point(|p| p.0 <= ticks);
+        let (base, next) = match i {
+            0 => (self.points[0], None),
+            i if i == self.points.len() => (self.points[i - 1], None),
+            i => (self.points[i - 1], Some(self.points[i])),
+        };
+        let ns = match next {
+            Some(n) if n.0 > base.0 => {
+                let f = (ticks - base.0) as f64 / (n.0 - base.0) as f64;
+                base.1 as f64 + f * (n.1 - base.1) as f64
+            }
+            _ => base.1 as f64 + (ticks as f64 - base.0 as f64) / self.ticks_per_ns,
+        };
+        ns.max(1.0) as u64
+    }
+}
+
+/// Decodes a whole file. Strict: any truncation or corruption is an error naming its
+/// offset, including a file that stops at a block boundary without its end block.
+pub fn decode_file(bytes: &[u8]) -> Result<TraceFile, DecodeError> {
+    let (file, rest) = decode_prefix(bytes);
+    match rest {
+        Some(e) => Err(e),
+        None => Ok(file.expect("a file without an error has a header")),
+    }
+}
+
+/// Decodes as much of a file as is intact: the header and the blocks before the first bad
+/// one, and the error that stopped it (`None` when the whole file is intact). `None` for
+/// the file when even its header is unreadable.
+pub fn decode_prefix(bytes: &[u8]) -> (Option<TraceFile>, Option<DecodeError>) {
+    let header = match FileHeader::decode(bytes) {
+        Ok(h) => h,
+        Err(e) => return (None, Some(e)),
+    };
+    let mut file = TraceFile { header, blocks: Vec::new(), records: Vec::new() };
+    let mut at = FILE_HEADER_LEN;
+    loop {
+        if at == bytes.len() {
+            return (
+                Some(file),
+                Some(DecodeError::Truncated {
+                    offset: at as u64,
+                    what: "end block missing (the writer did not finish)",
+                }),
+            );
+        }
+        match decode_block(bytes, at, file.blocks.len() as u32) {
+            Ok((block, records, next)) => {
+                let end = block.flags & BLOCK_FLAG_END != 0;
+                file.blocks.push(block);
+                file.records.extend(records);
+                at = next;
+                if end {
+                    if at != bytes.len() {
+                        return (
+                            Some(file),
+                            Some(DecodeError::Corrupt { offset: at as u64, what: "bytes after the end block".into() }),
+                        );
+                    }
+                    return (Some(file), None);
+                }
+            }
+            Err(e) => return (Some(file), Some(e)),
+        }
+    }
+}
+
+/// Decodes the block at `at`, which must be block number `sequence`.
+fn decode_block(bytes: &[u8], at: usize, sequence: u32) -> Result<(BlockHeader, Vec<Record>, usize), DecodeError> {
+    let offset = at as u64;
+    if bytes.len() - at < BLOCK_HEADER_LEN {
+        return Err(DecodeError::Truncated { offset, what: "block header" });
+    }
+    let h = &bytes[at..at + BLOCK_HEADER_LEN];
+    if h[..4] != BLOCK_MAGIC {
+        return Err(DecodeError::Corrupt { offset, what: "bad block magic".into() });
+    }
+    let block = BlockHeader {
+        flags: u16_at(h, 4),
+        record_count: u32_at(h, 8),
+        sequence: u32_at(h, 12),
+        dropped_total: u64_at(h, 16),
+        ref_ticks: u64_at(h, 24),
+        ref_mono_ns: u64_at(h, 32),
+    };
+    if block.flags & !BLOCK_FLAG_END != 0 || u16_at(h, 6) != 0 || u32_at(h, 44) != 0 {
+        return Err(DecodeError::Corrupt { offset, what: "block header has reserved bits set".into() });
+    }
+    if block.record_count as usize > BLOCK_RECORDS_MAX {
+        return Err(DecodeError::Corrupt { offset, what: format!("block claims {} records", block.record_count) });
+    }
+    let body = block.record_count as usize * RECORD_LEN;
+    let end = at + BLOCK_HEADER_LEN + body;
+    if end > bytes.len() {
+        return Err(DecodeError::Truncated { offset, what: "block records" });
+    }
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&h[..40]), &bytes[at + BLOCK_HEADER_LEN..end]);
+    if crc != u32_at(h, 40) {
+        return Err(DecodeError::Corrupt { offset, what: "block checksum mismatch".into() });
+    }
+    if block.sequence != sequence {
+        return Err(DecodeError::Corrupt {
+            offset,
+            what: format!("block {} where block {sequence} belongs (blocks lost or reordered)", block.sequence),
+        });
+    }
+    let records = (0..block.record_count as usize)
+        .map(|i| {
+            let r_at = at + BLOCK_HEADER_LEN + i * RECORD_LEN;
+            Record::decode(&bytes[r_at..r_at + RECORD_LEN], r_at as u64)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((block, records, end))
+}
+
+impl fmt::Display for MessageKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn record() -> impl Strategy<Value = Record> {
+        (any::<[u64; 8]>(), any::<[u32; 3]>(), 0u8..9, 0u8..2, 0usize..=4, any::<[u16; 4]>()).prop_map(
+            |(t, nodes, kind, direction, buffers, lens)| {
+                let mut buffer_len = [0u32; 4];
+                for i in 0..buffers {
+                    buffer_len[i] = u32::from(lens[i]);
+                }
+                Record {
+                    ticks: t[0],
+                    src_node: nodes[0],
+                    dst_node: nodes[1],
+                    channel: nodes[2],
+                    kind,
+                    direction,
+                    buffers: buffers as u8,
+                    size: if buffers == 0 { t[1] } else { buffer_len.iter().map(|&l| u64::from(l)).sum() },
+                    buffer_len,
+                    request_id: t[2],
+                    enqueued: t[3],
+                    sent: t[4],
+                    received: t[5],
+                    handler_start: t[6],
+                    handler_end: t[7],
+                }
+            },
+        )
+    }
+
+    fn header() -> FileHeader {
+        FileHeader {
+            node_id: 3,
+            pid: 1234,
+            boot_id: 77,
+            ref_ticks: 1_000,
+            ref_mono_ns: 5_000,
+            ref_real_ns: 9_000,
+            ticks_per_sec: 2_000_000_000,
+        }
+    }
+
+    /// A file of the given blocks of records, the last one an end block.
+    fn file(blocks: &[Vec<Record>]) -> Vec<u8> {
+        let mut out = header().encode().to_vec();
+        for (i, records) in blocks.iter().enumerate() {
+            let last = i + 1 == blocks.len();
+            let h = BlockHeader {
+                flags: if last { BLOCK_FLAG_END } else { 0 },
+                record_count: records.len() as u32,
+                sequence: i as u32,
+                dropped_total: i as u64,
+                ref_ticks: 2_000 + i as u64 * 1_000,
+                ref_mono_ns: 5_500 + i as u64 * 500,
+            };
+            encode_block(&h, records, &mut out);
+        }
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn records_round_trip(r in record()) {
+            let mut b = [0u8; RECORD_LEN];
+            r.encode_into(&mut b);
+            prop_assert_eq!(Record::decode(&b, 0), Ok(r));
+        }
+
+        #[test]
+        fn files_round_trip(blocks in proptest::collection::vec(proptest::collection::vec(record(), 0..5), 1..4)) {
+            let bytes = file(&blocks);
+            let f = decode_file(&bytes).unwrap();
+            prop_assert_eq!(f.header, header());
+            prop_assert_eq!(f.dropped(), blocks.len() as u64 - 1);
+            prop_assert_eq!(f.records, blocks.concat());
+        }
+
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let _ = decode_file(&bytes);
+        }
+
+        #[test]
+        fn mutated_files_never_panic_and_errors_name_an_offset_inside(
+            blocks in proptest::collection::vec(proptest::collection::vec(record(), 0..3), 1..3),
+            flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+            cut in any::<prop::sample::Index>(),
+            do_cut: bool,
+        ) {
+            let mut bytes = file(&blocks);
+            for (i, x) in &flips {
+                let i = i.index(bytes.len());
+                bytes[i] ^= x | 1;
+            }
+            if do_cut {
+                bytes.truncate(cut.index(bytes.len()));
+            }
+            match decode_file(&bytes) {
+                Ok(_) => {}
+                Err(DecodeError::Truncated { offset, .. }) | Err(DecodeError::Corrupt { offset, .. }) => {
+                    prop_assert!(offset as usize <= bytes.len());
+                }
+                Err(DecodeError::Version(_)) => {}
+            }
+        }
+
+        #[test]
+        fn every_truncation_is_reported_at_or_before_the_cut(
+            blocks in proptest::collection::vec(proptest::collection::vec(record(), 1..3), 1..3),
+            cut in any::<prop::sample::Index>(),
+        ) {
+            let bytes = file(&blocks);
+            let cut = cut.index(bytes.len());
+            match decode_file(&bytes[..cut]) {
+                Err(DecodeError::Truncated { offset, .. }) => prop_assert!(offset as usize <= cut),
+                other => prop_assert!(false, "a cut file decoded as {:?}", other),
+            }
+        }
+    }
+
+    #[test]
+    fn a_flipped_record_byte_names_its_block() {
+        let r = Record { size: 10, kind: 1, ..Default::default() };
+        let mut bytes = file(&[vec![r; 3], vec![r; 2]]);
+        let second_block = FILE_HEADER_LEN + BLOCK_HEADER_LEN + 3 * RECORD_LEN;
+        bytes[second_block + BLOCK_HEADER_LEN + 30] ^= 0x40;
+        assert_eq!(
+            decode_file(&bytes),
+            Err(DecodeError::Corrupt { offset: second_block as u64, what: "block checksum mismatch".into() })
+        );
+        let msg = decode_file(&bytes).unwrap_err().to_string();
+        assert!(msg.contains(&format!("offset {second_block}")), "{msg}");
+    }
+
+    #[test]
+    fn a_file_cut_at_a_block_boundary_lacks_its_end_block() {
+        let r = Record::default();
+        let bytes = file(&[vec![r; 2], vec![r; 2]]);
+        let boundary = FILE_HEADER_LEN + BLOCK_HEADER_LEN + 2 * RECORD_LEN;
+        let (f, e) = decode_prefix(&bytes[..boundary]);
+        assert_eq!(f.unwrap().records.len(), 2, "the intact prefix is kept");
+        assert!(matches!(e, Some(DecodeError::Truncated { offset, .. }) if offset == boundary as u64));
+    }
+
+    #[test]
+    fn ticks_interpolate_between_references() {
+        let f = decode_file(&file(&[vec![], vec![]])).unwrap();
+        let c = f.clock();
+        assert_eq!(c.mono_ns(1_000), 5_000);
+        assert_eq!(c.mono_ns(1_500), 5_250);
+        assert_eq!(c.mono_ns(2_500), 5_750);
+        assert_eq!(c.mono_ns(0), 0, "zero means not measured");
+    }
+}

@@ -1,0 +1,153 @@
+//! What a sort is asked to do ([`SortJob`]) and what it reports ([`SortReport`]).
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// How records are to be treated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FormatChoice {
+    /// Look at sampled records: ASCII when every one is a gensort `-a` line.
+    Auto,
+    /// ASCII records (gensort `-a`): checked on the sampled records.
+    Ascii,
+    /// Binary records.
+    Binary,
+}
+
+/// One sort, as every node sees it (every node is started with the same job).
+#[derive(Clone, Debug)]
+pub struct SortJob {
+    /// A name unique to this run (rendezvous names, temporary files).
+    pub job: String,
+    /// The input file (the same path must be readable on every node).
+    pub input: PathBuf,
+    /// The output file (or, with `partitioned`, the prefix of the partition files).
+    pub output: PathBuf,
+    /// Number of nodes.
+    pub nodes: usize,
+    /// Memory bound per node in bytes: past it a node spills sorted runs and merges them
+    /// (two passes). `None`: one pass, in memory.
+    pub memory: Option<u64>,
+    /// Where runs go (default: beside the output).
+    pub temp_dir: Option<PathBuf>,
+    /// One output file per node (`OUTPUT.NNNNN`) instead of one file.
+    pub partitioned: bool,
+    /// Checksum the input and validate the output (valsort's checks, on the fly).
+    pub verify: bool,
+    /// Record format.
+    pub format: FormatChoice,
+    /// When the command started (Unix time, ns): the zero of every phase time.
+    pub start_unix_ns: u128,
+    /// `fsync` the output before reporting.
+    pub fsync: bool,
+    /// Pause after each buffer read, in ms (for failure tests: keeps a sort running long
+    /// enough to kill a node in the middle of it).
+    pub read_delay_ms: u64,
+}
+
+impl SortJob {
+    /// The file the single output is written to until every node has finished.
+    pub fn partial_output(&self) -> PathBuf {
+        PathBuf::from(format!("{}.ulnet-partial-{}", self.output.display(), self.job))
+    }
+
+    /// Node `rank`'s partition file (partitioned output).
+    pub fn partition_file(&self, rank: usize) -> PathBuf {
+        PathBuf::from(format!("{}.{rank:05}", self.output.display()))
+    }
+
+    /// Node `rank`'s partition file until the sort commits.
+    pub fn partial_partition_file(&self, rank: usize) -> PathBuf {
+        PathBuf::from(format!("{}.{rank:05}.ulnet-partial-{}", self.output.display(), self.job))
+    }
+
+    /// The valsort summaries of the partitions, in order (partitioned output with verify).
+    pub fn summary_file(&self) -> PathBuf {
+        PathBuf::from(format!("{}.sum", self.output.display()))
+    }
+
+    /// Files a failed run may leave behind, for a launcher to remove.
+    pub fn partial_files(&self) -> Vec<PathBuf> {
+        let mut v = vec![self.partial_output()];
+        v.extend((0..self.nodes).map(|r| self.partial_partition_file(r)));
+        v
+    }
+}
+
+/// Phase times and counts of one node. Times are seconds; phases follow the seed's
+/// figures 8–9: startup (launch, connect, sample), read and distribute, sort, write.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct NodeReport {
+    /// The node's rank.
+    pub rank: usize,
+    /// Host it ran on.
+    pub host: String,
+    /// Command start to the node being connected and holding the splitters.
+    pub startup_s: f64,
+    /// Reading its input slice, partitioning, sending, and receiving until its queue ran
+    /// dry (in external mode this includes spilling runs).
+    pub read_distribute_s: f64,
+    /// Sorting (or merging runs) until the last record was handed to the writer.
+    pub sort_s: f64,
+    /// Writing what was still unwritten when sorting ended.
+    pub write_s: f64,
+    /// Seconds from the command start to its output being written.
+    pub done_s: f64,
+    /// Records read from its input slice.
+    pub records_read: u64,
+    /// Records in its partition.
+    pub records: u64,
+    /// Runs spilled (external mode).
+    pub runs: usize,
+    /// Seconds receiving waited for a run to be written (external mode).
+    pub spill_s: f64,
+    /// Records sent to other nodes.
+    pub records_sent: u64,
+    /// Times a sender waited for credit.
+    pub credit_waits: u64,
+    /// Times the node slept in the kernel waiting for its channels or its disk reader.
+    #[serde(default)]
+    pub sleeps: u64,
+    /// Short naps taken when waiting returned at once with nothing to do.
+    #[serde(default)]
+    pub naps: u64,
+    /// Checksum of its input slice (hex), with verify.
+    pub input_checksum: Option<String>,
+    /// valsort summary of its partition (hex of the 280-byte record), with verify.
+    pub summary: Option<String>,
+}
+
+/// What a sort reports (the JSON of `ulnet sort --json`, fields of the CLI contract
+/// first).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct SortReport {
+    /// Records sorted.
+    pub records: u64,
+    /// Bytes sorted.
+    pub bytes: u64,
+    /// Nodes.
+    pub nodes: usize,
+    /// Command start to output committed.
+    pub total_s: f64,
+    /// Startup of the slowest node (the one that finished writing last).
+    pub startup_s: f64,
+    /// Its read and distribute phase.
+    pub read_distribute_s: f64,
+    /// Its sort phase.
+    pub sort_s: f64,
+    /// Its write phase.
+    pub write_s: f64,
+    /// `ascii` or `binary`.
+    pub format: String,
+    /// `memory` (one pass) or `external` (runs spilled and merged on some node).
+    pub mode: String,
+    /// Records in the largest partition over the mean (1.0 is perfect balance).
+    pub imbalance: f64,
+    /// Whether the output was validated (and passed) with verify.
+    pub verified: bool,
+    /// The output file(s).
+    pub output: Vec<String>,
+    /// Every node's figures.
+    pub per_node: Vec<NodeReport>,
+}

@@ -1,0 +1,592 @@
+//! One node of the distributed sort.
+//!
+//! ```text
+//!  startup      connect the mesh; sample the input slice; node 0 picks N-1 splitters
+//!               (and creates the output), every node gets them
+//!  read+dist.   DiskSource(slice) → PartitionSink(splitters) → RiverSink | NetSink(peer)…
+//!               while NetSources fill this node's store; until the queue runs dry
+//!  sort         radix sort (or merge of spilled runs), bucket by bucket into …
+//!  write        … a DiskSink at the partition's offset, writing behind the sort
+//!  commit       every node reports to node 0, which validates, renames the output into
+//!               place and tells everyone to exit
+//! ```
+//!
+//! A failure anywhere aborts the river (the peers learn why), removes the partial output
+//! and returns an error naming the node that failed; the output file only appears once
+//! every node has written its part.
+
+use super::job::{FormatChoice, NodeReport, SortJob, SortReport};
+use super::radix::entry;
+use super::store::RecordStore;
+use crate::disk::{DiskSink, DiskSource, Poll};
+use crate::error::RiverError;
+use crate::flow::Sink;
+use crate::mesh::{self, MeshConfig};
+use crate::partition::PartitionSink;
+use crate::pool::MemPool;
+use crate::river::{River, RiverConfig};
+use crate::Doorbell;
+use std::fs::{File, OpenOptions};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use ulnet_sortbench::{Checksum, Summary, Validator, RECORD_SIZE, SUMMARY_SIZE};
+
+const TAG_SAMPLES: u32 = 1;
+const TAG_SPLITTERS: u32 = 2;
+const TAG_COUNT: u32 = 3;
+const TAG_DONE: u32 = 4;
+const TAG_COMMIT: u32 = 5;
+
+/// Samples each node takes from its slice. 1,024: with 4 nodes the splitters land within
+/// about 1.5% of the ideal quantiles, for a few hundred microseconds of page reads.
+const SAMPLES_PER_NODE: u64 = 1024;
+/// Read-ahead and write-behind buffers per node: 4 each keeps the disk streaming while
+/// the node partitions (reading) or sorts (writing).
+const IO_BUFFERS: usize = 4;
+/// Size of each without a memory bound: 1 MB, large enough that per-call costs vanish,
+/// small enough that the pools cost little to fault in.
+const IO_BUFFER_BYTES: usize = 10_000 * RECORD_SIZE;
+/// Bytes the sort needs per arena byte: the record plus two 16-byte entries per 100 bytes.
+const SORT_OVERHEAD: f64 = 1.32;
+/// Memory kept aside for everything not counted (stacks, channel rings, the heap).
+const SLACK_BYTES: u64 = 2 << 20;
+
+/// How a node divides its memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryPlan {
+    /// Size of each read and write buffer.
+    pub io_buffer_bytes: usize,
+    /// Most bytes of records held before spilling a run (`None`: no bound).
+    pub arena_bytes: Option<usize>,
+    /// Read-ahead memory for the merge of runs.
+    pub merge_read_bytes: usize,
+}
+
+impl MemoryPlan {
+    /// The plan for a bound of `memory` bytes per node (`None`: unbounded) among `nodes`.
+    /// With a bound, the terms are: 8 I/O buffers of `memory / 64` (at most 4 MB), the
+    /// river's network buffers, slack, and the arena with its sort overhead in the rest;
+    /// the merge reads runs with everything but the write buffers.
+    pub fn new(memory: Option<u64>, nodes: usize, river: &RiverConfig) -> Result<Self, RiverError> {
+        let Some(m) = memory else {
+            return Ok(MemoryPlan { io_buffer_bytes: IO_BUFFER_BYTES, arena_bytes: None, merge_read_bytes: 64 << 20 });
+        };
+        let io = ((m / 64) as usize).clamp(1000 * RECORD_SIZE, IO_BUFFER_BYTES) / RECORD_SIZE * RECORD_SIZE;
+        let network = ((nodes - 1) * (river.staged_chunks + 2) * river.chunk_bytes()) as u64;
+        let fixed = (2 * IO_BUFFERS * io) as u64 + network + SLACK_BYTES;
+        if m < fixed + (1 << 20) {
+            return Err(RiverError::Config(format!(
+                "--memory {m} is too small for a node's buffers; at least {} bytes are needed",
+                fixed + (1 << 20)
+            )));
+        }
+        let arena = ((m - fixed) as f64 / SORT_OVERHEAD) as usize / RECORD_SIZE * RECORD_SIZE;
+        let merge_read_bytes = (m - (IO_BUFFERS * io) as u64 - network - SLACK_BYTES) as usize;
+        Ok(MemoryPlan { io_buffer_bytes: io, arena_bytes: Some(arena), merge_read_bytes })
+    }
+}
+/// Longest a node waits for a step of another node (a dead node is seen at once through
+/// its channel; this only bounds a hung one).
+const STEP_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Where the node stands, for progress bars.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Records of its slice read and distributed so far.
+    Read,
+    /// Records of its partition written so far.
+    Write,
+}
+
+/// Where a node runs and how it reaches the others.
+#[derive(Clone, Debug)]
+pub struct NodePlace {
+    /// Its rank.
+    pub rank: usize,
+    /// How to connect the mesh.
+    pub mesh: MeshConfig,
+}
+
+fn now_ns() -> u128 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map_or_else(|_| "?".into(), |s| s.trim().to_string())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+}
+
+/// Whether a record looks like a gensort `-a` record: printable bytes, ending in CR LF.
+fn is_ascii_record(r: &[u8]) -> bool {
+    r.len() == RECORD_SIZE && r[98] == b'\r' && r[99] == b'\n' && r[..98].iter().all(|b| (0x20..0x7f).contains(b))
+}
+
+/// Rule of the partitioning: a record goes to the node whose splitter range holds its
+/// key, ties between equal keys broken by the record's position in the input, so even
+/// input made of one repeated key spreads evenly.
+struct KeyRange {
+    splitters: Vec<u128>,
+    next_index: u64,
+}
+
+impl crate::Partitioner for KeyRange {
+    #[inline]
+    fn partition(&mut self, record: &[u8]) -> usize {
+        let e = entry(record, self.next_index);
+        self.next_index += 1;
+        self.splitters.partition_point(|s| *s <= e)
+    }
+}
+
+/// Picks `nodes - 1` splitters from samples: the sample at each `k/nodes` quantile.
+pub fn splitters_from(mut samples: Vec<u128>, nodes: usize) -> Vec<u128> {
+    samples.sort_unstable();
+    if samples.is_empty() {
+        return vec![u128::MAX; nodes - 1];
+    }
+    (1..nodes).map(|k| samples[k * samples.len() / nodes]).collect()
+}
+
+/// The sorted output's way to disk: records are copied once, straight into the disk
+/// sink's buffers; each full buffer is validated (valsort's checks, with verify) and
+/// handed to the writer thread.
+struct OutputWriter<'a> {
+    disk: DiskSink,
+    current: Option<crate::Buffer>,
+    validator: Option<Validator>,
+    records: u64,
+    progress: &'a mut dyn FnMut(Phase, u64),
+    last_progress: Instant,
+}
+
+impl OutputWriter<'_> {
+    fn hand_over(&mut self) -> Result<(), RiverError> {
+        if let Some(full) = self.current.take() {
+            if let Some(v) = &mut self.validator {
+                v.push(full.as_slice());
+            }
+            self.records += (full.len() / RECORD_SIZE) as u64;
+            if self.last_progress.elapsed() > Duration::from_millis(50) {
+                (self.progress)(Phase::Write, self.records);
+                self.last_progress = Instant::now();
+            }
+            self.disk.sink_buffer(full)?;
+        }
+        Ok(())
+    }
+}
+
+impl Sink for OutputWriter<'_> {
+    #[inline]
+    fn sink_records(&mut self, records: &[u8]) -> Result<(), RiverError> {
+        let mut rest = records;
+        while !rest.is_empty() {
+            let current = match &mut self.current {
+                Some(b) => b,
+                None => self.current.insert(self.disk.buffer()),
+            };
+            let room = current.remaining() / RECORD_SIZE * RECORD_SIZE;
+            let take = room.min(rest.len());
+            current.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+            if current.remaining() < RECORD_SIZE {
+                self.hand_over()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn close(&mut self) -> Result<(), RiverError> {
+        self.hand_over()?;
+        (self.progress)(Phase::Write, self.records);
+        self.disk.close()
+    }
+}
+
+/// Runs node `place.rank` of `job`. Node 0 returns the report of the whole sort; the
+/// others return `None` once node 0 has committed the output. `progress` is called with
+/// counts of records as they move (for progress bars).
+pub fn run_node(
+    job: &SortJob,
+    place: &NodePlace,
+    progress: &mut dyn FnMut(Phase, u64),
+) -> Result<Option<SortReport>, RiverError> {
+    let rank = place.rank;
+    let (ep, peers) = mesh::connect(&place.mesh)?;
+    let size = peers.len();
+    assert_eq!(size, job.nodes, "the mesh has as many nodes as the job");
+    let bell = Doorbell::new().map_err(|e| RiverError::io("making a doorbell", e))?;
+    let river_config = RiverConfig::default();
+    let plan = MemoryPlan::new(job.memory, size, &river_config)?;
+    let write_pool = MemPool::sector_aligned(IO_BUFFERS, plan.io_buffer_bytes, 4096)
+        .map_err(|e| RiverError::io("allocating write buffers", e))?;
+
+    let input_len = std::fs::metadata(&job.input)
+        .map_err(|e| RiverError::io(format!("reading the size of {}", job.input.display()), e))?
+        .len();
+    if input_len % RECORD_SIZE as u64 != 0 || input_len == 0 {
+        return Err(RiverError::PartialRecord { len: input_len as usize, record_size: RECORD_SIZE });
+    }
+    let total = input_len / RECORD_SIZE as u64;
+    let first = total * rank as u64 / size as u64;
+    let last = total * (rank as u64 + 1) / size as u64;
+    let expected = (total / size as u64) as usize * RECORD_SIZE;
+
+    let store = match plan.arena_bytes {
+        // Address space for the whole input: a partition can never be larger.
+        None => RecordStore::in_memory(RECORD_SIZE, input_len as usize, write_pool.clone())
+            .map_err(|e| RiverError::io("reserving the record arena", e))?,
+        Some(arena) => {
+            let dir = job.temp_dir.clone().unwrap_or_else(|| {
+                job.output.parent().filter(|p| !p.as_os_str().is_empty()).map_or_else(|| ".".into(), Path::to_path_buf)
+            });
+            let prefix = dir.join(format!(".ulnet-sort-{}-{rank}.run", job.job));
+            RecordStore::spilling(
+                RECORD_SIZE,
+                arena.min(expected + expected / 8).max(RECORD_SIZE),
+                prefix,
+                write_pool.clone(),
+            )
+            .map_err(|e| RiverError::io("reserving the record arena", e))?
+        }
+    };
+    let river = River::new(ep, rank, peers, store, river_config, Some(bell.clone()));
+    let result = node_body(job, &river, rank, size, total, first..last, &bell, &write_pool, &plan, progress);
+    match result {
+        Ok(report) => {
+            river.shutdown();
+            Ok(report)
+        }
+        Err(e) => {
+            // Tell the others the root cause (a cause reported by another node is theirs
+            // to spread).
+            if !matches!(e, RiverError::Aborted { .. }) {
+                river.abort(&e.to_string());
+            }
+            let _ = std::fs::remove_file(job.partial_partition_file(rank));
+            if rank == 0 {
+                let _ = std::fs::remove_file(job.partial_output());
+            }
+            Err(e)
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn node_body(
+    job: &SortJob,
+    river: &River<RecordStore>,
+    rank: usize,
+    size: usize,
+    total: u64,
+    slice: std::ops::Range<u64>,
+    bell: &Doorbell,
+    write_pool: &MemPool,
+    plan: &MemoryPlan,
+    progress: &mut dyn FnMut(Phase, u64),
+) -> Result<Option<SortReport>, RiverError> {
+    let since_start = || (now_ns().saturating_sub(job.start_unix_ns)) as f64 / 1e9;
+    let input_err = |e: std::io::Error| RiverError::io(format!("reading {}", job.input.display()), e);
+
+    // Startup: sample our slice; node 0 picks the splitters.
+    let (samples, ascii) = {
+        let file = File::open(&job.input).map_err(input_err)?;
+        let n = slice.end - slice.start;
+        let take = SAMPLES_PER_NODE.min(n);
+        let mut samples = Vec::with_capacity(take as usize);
+        let mut ascii = true;
+        let mut rec = [0u8; RECORD_SIZE];
+        use std::os::unix::fs::FileExt;
+        for i in 0..take {
+            let index = slice.start + (i * n + n / 2) / take;
+            file.read_exact_at(&mut rec, index * RECORD_SIZE as u64).map_err(input_err)?;
+            ascii &= is_ascii_record(&rec);
+            samples.push(entry(&rec, index));
+        }
+        (samples, ascii)
+    };
+    if job.format == FormatChoice::Ascii && !ascii {
+        return Err(RiverError::Input(format!(
+            "--ascii given but node {rank}'s slice holds records that are not gensort -a lines"
+        )));
+    }
+    let encode_entries = |flag: bool, entries: &[u128]| {
+        let mut m = vec![u8::from(flag)];
+        for e in entries {
+            m.extend_from_slice(&e.to_le_bytes());
+        }
+        m
+    };
+    let decode_entries = |from: usize, m: &[u8]| -> Result<(bool, Vec<u128>), RiverError> {
+        if m.is_empty() || (m.len() - 1) % 16 != 0 {
+            return Err(RiverError::Protocol { node: from, reason: "malformed sample or splitter list".into() });
+        }
+        Ok((m[0] != 0, m[1..].chunks_exact(16).map(|c| u128::from_le_bytes(c.try_into().expect("16 bytes"))).collect()))
+    };
+    let (ascii, splitters) = if rank == 0 {
+        let mut all = samples;
+        let mut ascii_all = ascii;
+        for j in 1..size {
+            let (_, m) = river.recv_control(Some(j), TAG_SAMPLES, STEP_TIMEOUT)?;
+            let (a, s) = decode_entries(j, &m)?;
+            ascii_all &= a;
+            all.extend(s);
+        }
+        let splitters = splitters_from(all, size);
+        // The output exists, at its full length, before anyone writes to it.
+        if !job.partitioned {
+            let f = File::create(job.partial_output())
+                .map_err(|e| RiverError::io(format!("creating {}", job.partial_output().display()), e))?;
+            f.set_len(total * RECORD_SIZE as u64).map_err(|e| RiverError::io("sizing the output", e))?;
+        }
+        let msg = encode_entries(ascii_all, &splitters);
+        for j in 1..size {
+            river.send_control(j, TAG_SPLITTERS, &msg)?;
+        }
+        (ascii_all, splitters)
+    } else {
+        river.send_control(0, TAG_SAMPLES, &encode_entries(ascii, &samples))?;
+        let (_, m) = river.recv_control(Some(0), TAG_SPLITTERS, STEP_TIMEOUT)?;
+        let (a, s) = decode_entries(0, &m)?;
+        if s.len() != size - 1 {
+            return Err(RiverError::Protocol { node: 0, reason: "wrong number of splitters".into() });
+        }
+        (a, s)
+    };
+    let t_ready = since_start();
+
+    // Read and distribute.
+    let read_pool = MemPool::sector_aligned(IO_BUFFERS, plan.io_buffer_bytes, 4096)
+        .map_err(|e| RiverError::io("allocating read buffers", e))?;
+    let mut source = DiskSource::open(
+        &job.input,
+        slice.start * RECORD_SIZE as u64..slice.end * RECORD_SIZE as u64,
+        RECORD_SIZE,
+        read_pool,
+        Some(bell.clone()),
+    )?;
+    let mut input_checksum = Checksum::default();
+    let mut records_read = 0u64;
+    {
+        let mut part = PartitionSink::new(KeyRange { splitters, next_index: slice.start }, river.sinks(), RECORD_SIZE);
+        let mut last_progress = Instant::now();
+        loop {
+            bell.clear();
+            match source.try_next()? {
+                Poll::Ready(buf) => {
+                    if job.verify {
+                        input_checksum += Checksum::of_records(buf.as_slice());
+                    }
+                    records_read += (buf.len() / RECORD_SIZE) as u64;
+                    part.sink_buffer(buf)?;
+                    river.progress()?;
+                    if last_progress.elapsed() > Duration::from_millis(50) {
+                        progress(Phase::Read, records_read);
+                        last_progress = Instant::now();
+                    }
+                    if job.read_delay_ms > 0 {
+                        std::thread::sleep(Duration::from_millis(job.read_delay_ms));
+                    }
+                }
+                Poll::Pending => {
+                    if river.progress()? == 0 {
+                        river.wait(Some(Duration::from_millis(100)))?;
+                    }
+                }
+                Poll::Dry => break,
+            }
+        }
+        part.close()?;
+    }
+    progress(Phase::Read, records_read);
+    river.close_local()?;
+    river.run_dry()?;
+    let t_dry = since_start();
+    let store = river.take_store().expect("the store is taken once");
+    let my_records = store.records();
+    let runs = store.runs().len();
+    let spill_s = store.spill_time().as_secs_f64();
+
+    // Where our partition goes: after every lower node's.
+    for j in (0..size).filter(|&j| j != rank) {
+        river.send_control(j, TAG_COUNT, &my_records.to_le_bytes())?;
+    }
+    let mut counts = vec![0u64; size];
+    counts[rank] = my_records;
+    for (j, count) in counts.iter_mut().enumerate().filter(|&(j, _)| j != rank) {
+        let (_, m) = river.recv_control(Some(j), TAG_COUNT, STEP_TIMEOUT)?;
+        *count = u64::from_le_bytes(
+            m.as_slice().try_into().map_err(|_| RiverError::Protocol { node: j, reason: "malformed count".into() })?,
+        );
+    }
+    if counts.iter().sum::<u64>() != total {
+        return Err(RiverError::Protocol {
+            node: rank,
+            reason: format!("partitions hold {} records, the input {total}", counts.iter().sum::<u64>()),
+        });
+    }
+    let (file, offset) = if job.partitioned {
+        let path = job.partial_partition_file(rank);
+        let f = File::create(&path).map_err(|e| RiverError::io(format!("creating {}", path.display()), e))?;
+        (f, 0)
+    } else {
+        let path = job.partial_output();
+        let f = OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(|e| RiverError::io(format!("opening {}", path.display()), e))?;
+        (f, counts[..rank].iter().sum::<u64>() * RECORD_SIZE as u64)
+    };
+    let file = Arc::new(file);
+
+    // Sort, writing behind.
+    let mut out = OutputWriter {
+        disk: DiskSink::new(file.clone(), offset, write_pool.clone(), RECORD_SIZE),
+        current: None,
+        validator: job.verify.then(Validator::default),
+        records: 0,
+        progress,
+        last_progress: Instant::now(),
+    };
+    store.write_sorted(&mut out, plan.merge_read_bytes)?;
+    out.hand_over()?;
+    let t_sorted = since_start();
+    out.close()?;
+    let summary = out.validator.take().map(Validator::finish);
+    drop(out);
+    if job.fsync {
+        file.sync_all().map_err(|e| RiverError::io("syncing the output", e))?;
+    }
+    let t_written = since_start();
+    let summary = match summary {
+        Some(Ok(s)) => Some(hex(&s.to_bytes())),
+        Some(Err(_)) if my_records == 0 => None,
+        Some(Err(e)) => return Err(RiverError::Verification(e.to_string())),
+        None => None,
+    };
+    let counters = river.counters();
+    let report = NodeReport {
+        rank,
+        host: hostname(),
+        startup_s: t_ready,
+        read_distribute_s: t_dry - t_ready,
+        sort_s: t_sorted - t_dry,
+        write_s: t_written - t_sorted,
+        done_s: t_written,
+        records_read,
+        records: my_records,
+        runs,
+        spill_s,
+        records_sent: counters.records_sent,
+        credit_waits: counters.credit_waits,
+        sleeps: counters.sleeps,
+        naps: counters.naps,
+        input_checksum: job.verify.then(|| format!("{:x}", input_checksum.value())),
+        summary,
+    };
+
+    // Commit.
+    if rank != 0 {
+        let json = serde_json::to_vec(&report).expect("a report serializes");
+        river.send_control(0, TAG_DONE, &json)?;
+        river.recv_control(Some(0), TAG_COMMIT, STEP_TIMEOUT)?;
+        river.finish();
+        if job.partitioned {
+            rename(&job.partial_partition_file(rank), &job.partition_file(rank))?;
+        }
+        return Ok(None);
+    }
+    let mut reports = vec![report];
+    for j in 1..size {
+        let (_, m) = river.recv_control(Some(j), TAG_DONE, STEP_TIMEOUT)?;
+        let r: NodeReport = serde_json::from_slice(&m)
+            .map_err(|e| RiverError::Protocol { node: j, reason: format!("malformed report: {e}") })?;
+        reports.push(r);
+    }
+    river.finish();
+    let verified = if job.verify { verify(&reports, total)? } else { false };
+    if job.partitioned {
+        if job.verify {
+            let mut sums = Vec::with_capacity(size * SUMMARY_SIZE);
+            for r in &reports {
+                if let Some(s) = r.summary.as_deref().and_then(unhex) {
+                    sums.extend_from_slice(&s);
+                }
+            }
+            std::fs::write(job.summary_file(), sums).map_err(|e| RiverError::io("writing the summaries", e))?;
+        }
+        rename(&job.partial_partition_file(0), &job.partition_file(0))?;
+    } else {
+        rename(&job.partial_output(), &job.output)?;
+    }
+    for j in 1..size {
+        river.send_control(j, TAG_COMMIT, b"")?;
+    }
+    let critical = reports.iter().max_by(|a, b| a.done_s.total_cmp(&b.done_s)).expect("at least one node").clone();
+    let mean = total as f64 / size as f64;
+    let output = if job.partitioned {
+        (0..size).map(|r| job.partition_file(r).display().to_string()).collect()
+    } else {
+        vec![job.output.display().to_string()]
+    };
+    Ok(Some(SortReport {
+        records: total,
+        bytes: total * RECORD_SIZE as u64,
+        nodes: size,
+        total_s: since_start(),
+        startup_s: critical.startup_s,
+        read_distribute_s: critical.read_distribute_s,
+        sort_s: critical.sort_s,
+        write_s: critical.write_s,
+        format: if ascii { "ascii" } else { "binary" }.into(),
+        mode: if reports.iter().any(|r| r.runs > 0) { "external" } else { "memory" }.into(),
+        imbalance: reports.iter().map(|r| r.records).max().unwrap_or(0) as f64 / mean,
+        verified,
+        output,
+        per_node: reports,
+    }))
+}
+
+fn rename(from: &Path, to: &Path) -> Result<(), RiverError> {
+    std::fs::rename(from, to).map_err(|e| RiverError::io(format!("renaming {} to {}", from.display(), to.display()), e))
+}
+
+/// Checks the partitions' summaries in order: sorted within and across partitions, every
+/// record there, and the checksum of the output equal to that of the input.
+fn verify(reports: &[NodeReport], total: u64) -> Result<bool, RiverError> {
+    let fail = RiverError::Verification;
+    let mut summaries = Vec::new();
+    let mut input = Checksum::default();
+    for r in reports {
+        let cks = r.input_checksum.as_deref().and_then(|s| u128::from_str_radix(s, 16).ok());
+        input += Checksum(cks.ok_or_else(|| fail(format!("node {} sent no input checksum", r.rank)))?);
+        if let Some(s) = &r.summary {
+            let bytes = unhex(s)
+                .filter(|b| b.len() == SUMMARY_SIZE)
+                .ok_or_else(|| fail(format!("node {}: bad summary", r.rank)))?;
+            summaries.push(Summary::from_bytes(&bytes.try_into().expect("checked length")));
+        }
+    }
+    let all = ulnet_sortbench::combine(&summaries).ok_or_else(|| fail("no records".into()))?;
+    if all.records != u128::from(total) {
+        return Err(fail(format!("{} records written, {total} read", all.records)));
+    }
+    if let Some(i) = all.first_unordered() {
+        return Err(fail(format!("record {i} is out of order")));
+    }
+    if all.checksum != input {
+        return Err(fail(format!("output checksum {} differs from input checksum {input}", all.checksum)));
+    }
+    Ok(true)
+}

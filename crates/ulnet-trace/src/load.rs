@@ -1,0 +1,176 @@
+//! Reading trace files into one time-ordered list of messages on a common clock.
+
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use ulnet_core::trace::{decode_file, DecodeError, Direction, MessageKind};
+
+/// Why trace files could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// A file could not be read.
+    #[error("{0}: {1}")]
+    Io(PathBuf, #[source] std::io::Error),
+    /// A file is not an intact trace file (the error names the byte offset).
+    #[error("{0}: {1}")]
+    Decode(PathBuf, #[source] DecodeError),
+    /// No file was given.
+    #[error("no trace files given")]
+    Empty,
+}
+
+/// What one file contributed.
+#[derive(Clone, Debug, Serialize)]
+pub struct FileSummary {
+    /// Its path.
+    pub path: String,
+    /// The node that wrote it.
+    pub node: u32,
+    /// That node's process id.
+    pub pid: u32,
+    /// Records in it.
+    pub records: usize,
+    /// Records its writer dropped because a ring was full.
+    pub dropped: u64,
+}
+
+/// One traced message, as one side saw it, with times in nanoseconds since the start of
+/// the trace (the earliest record of all files).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Message {
+    /// When it was sent (send records) or received (receive records).
+    pub t_ns: u64,
+    /// Sending node.
+    pub src: u32,
+    /// Receiving node.
+    pub dst: u32,
+    /// Channel at the recording side.
+    pub channel: u32,
+    /// What it was.
+    pub kind: MessageKind,
+    /// Which side recorded it.
+    pub direction: Direction,
+    /// Buffers in its gather list (0: not known).
+    pub buffers: u8,
+    /// Bytes.
+    pub size: u64,
+    /// Bytes of each of the first four buffers.
+    pub buffer_len: [u32; 4],
+    /// Pairs responses with requests (0: none).
+    pub request_id: u64,
+    /// Stage times (nanoseconds since the trace start; `None`: not measured).
+    pub enqueued: Option<u64>,
+    /// When the transport took it.
+    pub sent: Option<u64>,
+    /// When the receiver found it.
+    pub received: Option<u64>,
+    /// When its handler started.
+    pub handler_start: Option<u64>,
+    /// When its handler ended.
+    pub handler_end: Option<u64>,
+    /// Index of the file it came from.
+    pub file: usize,
+}
+
+/// Messages of one or more trace files on one time line.
+#[derive(Clone, Debug)]
+pub struct Trace {
+    /// The files, in the order given.
+    pub files: Vec<FileSummary>,
+    /// Every record, by time.
+    pub messages: Vec<Message>,
+    /// All files share one clock (one host, one boot): instants compare across files.
+    /// Otherwise files are aligned by their wall-clock references, which is only as good
+    /// as the hosts' clock synchronisation.
+    pub same_clock: bool,
+}
+
+impl Trace {
+    /// Nanoseconds from the first record to the last.
+    pub fn duration_ns(&self) -> u64 {
+        match (self.messages.first(), self.messages.last()) {
+            (Some(a), Some(b)) => b.t_ns - a.t_ns,
+            _ => 0,
+        }
+    }
+
+    /// Records dropped by all writers.
+    pub fn dropped(&self) -> u64 {
+        self.files.iter().map(|f| f.dropped).sum()
+    }
+
+    /// Nodes whose files are loaded.
+    pub fn traced_nodes(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.files.iter().map(|f| f.node).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+}
+
+/// Loads trace files (strictly: any damage is an error naming the file and offset).
+pub fn load(paths: &[impl AsRef<Path>]) -> Result<Trace, LoadError> {
+    if paths.is_empty() {
+        return Err(LoadError::Empty);
+    }
+    let mut decoded = Vec::with_capacity(paths.len());
+    for p in paths {
+        let p = p.as_ref();
+        let bytes = std::fs::read(p).map_err(|e| LoadError::Io(p.to_path_buf(), e))?;
+        let file = decode_file(&bytes).map_err(|e| LoadError::Decode(p.to_path_buf(), e))?;
+        decoded.push((p.to_path_buf(), file));
+    }
+    let same_clock =
+        decoded.windows(2).all(|w| w[0].1.header.boot_id == w[1].1.header.boot_id) && decoded[0].1.header.boot_id != 0;
+    let mut files = Vec::new();
+    let mut messages = Vec::new();
+    for (index, (path, file)) in decoded.iter().enumerate() {
+        let clock = file.clock();
+        // Common time line: CLOCK_MONOTONIC when shared, else wall-clock time.
+        let offset: i128 =
+            if same_clock { 0 } else { i128::from(file.header.ref_real_ns) - i128::from(file.header.ref_mono_ns) };
+        let at = |ticks: u64| -> Option<u64> {
+            (ticks != 0).then(|| (i128::from(clock.mono_ns(ticks)) + offset).max(1) as u64)
+        };
+        for r in &file.records {
+            messages.push(Message {
+                t_ns: at(r.ticks).unwrap_or(1),
+                src: r.src_node,
+                dst: r.dst_node,
+                channel: r.channel,
+                kind: r.message_kind(),
+                direction: r.direction(),
+                buffers: r.buffers,
+                size: r.size,
+                buffer_len: r.buffer_len,
+                request_id: r.request_id,
+                enqueued: at(r.enqueued),
+                sent: at(r.sent),
+                received: at(r.received),
+                handler_start: at(r.handler_start),
+                handler_end: at(r.handler_end),
+                file: index,
+            });
+        }
+        files.push(FileSummary {
+            path: path.display().to_string(),
+            node: file.header.node_id,
+            pid: file.header.pid,
+            records: file.records.len(),
+            dropped: file.dropped(),
+        });
+    }
+    messages.sort_by_key(|m| m.t_ns);
+    let origin = messages.first().map_or(0, |m| m.t_ns);
+    let shift = |t: &mut Option<u64>| {
+        if let Some(v) = t {
+            *v = v.saturating_sub(origin);
+        }
+    };
+    for m in &mut messages {
+        m.t_ns -= origin;
+        for t in [&mut m.enqueued, &mut m.sent, &mut m.received, &mut m.handler_start, &mut m.handler_end] {
+            shift(t);
+        }
+    }
+    Ok(Trace { files, messages, same_clock })
+}

@@ -1,0 +1,328 @@
+//! `ulnet bench put-lat | get-lat | cas-lat | faa-lat | put-bw | get-bw`: one-sided
+//! operations between two processes, measured as `ucx_perftest` measures them.
+//!
+//! Both processes are RMA nodes with the engine run by their own thread of control
+//! ([`Progress::Manual`], as `ucx_perftest` drives UCX: one thread per process). The server
+//! exports a segment; the client imports it (mapped over `shm`, through the engine over a
+//! channel otherwise, or with `--no-map`).
+//!
+//! - `put-lat`, `faa-lat`, `cas-lat`: ping-pong. The client also exports a segment, tells
+//!   the server where (through a mailbox word in the server's segment), and each side
+//!   writes / adds to / swaps the other's word and waits to see its own word change;
+//!   one-way latency = round trip / 2 (UCX `put_lat`, `add_lat`).
+//! - `get-lat`: one blocking get at a time; the figure is the time of one whole get, not
+//!   halved, as `ucx_perftest -t ucp_get` reports it.
+//! - `put-bw`, `get-bw`: operations of `--size` bytes posted back to back (as many in flight
+//!   as the node allows), then a flush; MB/s.
+
+use super::{print_report, BenchArgs, Params, Report, Test, TransportArg, CONNECT_TIMEOUT};
+use super::{ticks, CycleClock};
+use anyhow::{bail, Context, Result};
+use std::io::BufRead;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use ulnet_core::rma::{
+    Access, ExportedSegment, ImportMode, NodeId, NotifyMode, PeerId, RemoteSegment, Rights, Rma, RmaConfig, RmaOutcome,
+};
+
+/// The words both sides use, after the data area: the client's address and "done".
+const MAILBOX_LEN: usize = 4096;
+/// Where the ping-pong word sits: the last aligned word of the first `size` bytes.
+/// RMA over UDP needs an acceptor for the UDP listener in the engine (not built yet).
+pub(super) const UDP_NOT_YET: &str = "RMA benchmarks over udp are not supported yet (shm and tcp are)";
+
+fn word_off(size: usize) -> usize {
+    size.max(8) / 8 * 8 - 8
+}
+
+fn segment_len(size: usize) -> usize {
+    size.max(64).next_multiple_of(4096) + MAILBOX_LEN
+}
+
+fn mailbox(size: usize) -> usize {
+    segment_len(size) - MAILBOX_LEN
+}
+
+/// Offset of the "done" word in the mailbox.
+const DONE: usize = 2048;
+
+fn is_ping_pong(t: Test) -> bool {
+    matches!(t, Test::PutLat | Test::FaaLat | Test::CasLat)
+}
+
+fn node(manual: bool, id: u32) -> Result<Rma> {
+    let config = if manual { RmaConfig::manual(NodeId(id)) } else { RmaConfig::new(NodeId(id)) };
+    Ok(Rma::new(config)?)
+}
+
+fn listen(rma: &mut Rma, transport: TransportArg, addr: &str) -> Result<String> {
+    Ok(match transport {
+        TransportArg::Shm => {
+            rma.listen_shm(addr)?;
+            addr.to_string()
+        }
+        TransportArg::Tcp => rma.listen_tcp(addr)?.to_string(),
+        TransportArg::Udp => unreachable!("{}", UDP_NOT_YET),
+    })
+}
+
+fn connect(rma: &mut Rma, transport: TransportArg, addr: &str, no_map: bool) -> Result<(PeerId, ImportMode)> {
+    Ok(match transport {
+        TransportArg::Shm => (rma.connect_shm(addr), if no_map { ImportMode::Channel } else { ImportMode::Map }),
+        TransportArg::Tcp => (rma.connect_tcp(addr, CONNECT_TIMEOUT)?, ImportMode::Channel),
+        TransportArg::Udp => unreachable!("{}", UDP_NOT_YET),
+    })
+}
+
+/// Runs an RMA test: the server side with `--server`, else the client (spawning its own
+/// server unless `--connect` names one).
+pub(super) fn run(args: &BenchArgs, p: &Params) -> Result<i32> {
+    if p.transport == TransportArg::Udp {
+        bail!("{}", UDP_NOT_YET);
+    }
+    if is_ping_pong(p.test) && p.size < 8 {
+        bail!("{} needs --size of at least 8 bytes (a whole word)", p.test.name());
+    }
+    if args.server {
+        let addr = args.listen.clone().context("--server needs --listen")?;
+        serve(args, p, &addr)?;
+        return Ok(0);
+    }
+    let mut child: Option<Child> = None;
+    let server = match &args.connect {
+        Some(a) => a.clone(),
+        None => {
+            let listen = match p.transport {
+                TransportArg::Shm => format!("bench-rma-{}-{}", std::process::id(), p.test.name()),
+                TransportArg::Tcp => "127.0.0.1:0".to_string(),
+                TransportArg::Udp => unreachable!("{}", UDP_NOT_YET),
+            };
+            let (c, bound) = spawn_server(args, &listen, p)?;
+            child = Some(c);
+            bound
+        }
+    };
+    let report = client(args, p, &server)?;
+    if let Some(mut c) = child {
+        let status = c.wait()?;
+        if !status.success() {
+            bail!("benchmark server exited with {status}");
+        }
+    }
+    print_report(&report, args.json)?;
+    Ok(0)
+}
+
+fn spawn_server(args: &BenchArgs, listen: &str, p: &Params) -> Result<(Child, String)> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["bench", p.test.name(), "--server", "--listen", listen, "--transport", p.transport.name()])
+        .args(["--size", &p.size.to_string(), "--iters", &p.iters.to_string(), "--warmup", &p.warmup.to_string()])
+        .args(args.no_map.then_some("--no-map"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting the peer process")?;
+    let out = child.stdout.take().context("peer stdout")?;
+    let mut line = String::new();
+    std::io::BufReader::new(out).read_line(&mut line)?;
+    let bound = line.trim().strip_prefix("listening ").context("the peer process did not start listening")?.to_string();
+    Ok((child, bound))
+}
+
+/// Waits (running the engine) until the owner's word at `off` satisfies `ready`.
+fn wait_word(
+    rma: &mut Rma,
+    seg: &ExportedSegment,
+    off: usize,
+    ready: impl Fn(u64) -> bool,
+    deadline: Instant,
+) -> Result<u64> {
+    let mut spins = 0u32;
+    loop {
+        let v = seg.load_u64(off);
+        if ready(v) {
+            return Ok(v);
+        }
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(64) {
+            rma.poll(64, |_| {});
+            if Instant::now() > deadline {
+                bail!("timed out waiting for the peer");
+            }
+        }
+        std::hint::spin_loop();
+    }
+}
+
+/// The passive side: exports the segment and serves; in ping-pong tests, answers.
+fn serve(args: &BenchArgs, p: &Params, addr: &str) -> Result<()> {
+    let mut rma = node(true, 1)?;
+    let bound = listen(&mut rma, p.transport, addr)?;
+    let seg = rma.export("bench", segment_len(p.size), Access::everyone(Rights::ALL), NotifyMode::Never)?;
+    println!("listening {bound}");
+    std::io::Write::flush(&mut std::io::stdout())?;
+    let far = Instant::now() + Duration::from_secs(600);
+    let mb = mailbox(p.size);
+    if is_ping_pong(p.test) {
+        let len = wait_word(&mut rma, &seg, mb, |v| v != 0, far)? as usize;
+        let mut name = vec![0u8; len.min(1024)];
+        seg.read(mb + 8, &mut name);
+        let client_addr = String::from_utf8(name).context("client address")?;
+        let (peer, mode) = connect(&mut rma, p.transport, &client_addr, args.no_map)?;
+        let theirs = rma.import_with(peer, "bench", mode)?;
+        let w = word_off(p.size) as u64;
+        let mut data = vec![0x5au8; p.size];
+        for i in 1..=p.warmup + p.iters {
+            wait_word(&mut rma, &seg, w as usize, |v| v >= i, far)?;
+            ping(&mut rma, p, &theirs, w, i, &mut data)?;
+        }
+        rma.flush_blocking(CONNECT_TIMEOUT)?;
+    }
+    wait_word(&mut rma, &seg, mb + DONE, |v| v != 0, far)?;
+    Ok(())
+}
+
+/// One move of a ping-pong: make the peer's word `i` (a put sends `data` with `i` in it).
+fn ping(rma: &mut Rma, p: &Params, theirs: &RemoteSegment, w: u64, i: u64, data: &mut [u8]) -> Result<()> {
+    loop {
+        let outcome = match p.test {
+            Test::PutLat => {
+                data[w as usize..w as usize + 8].copy_from_slice(&i.to_ne_bytes());
+                rma.put(theirs, 0, data, i)?
+            }
+            Test::FaaLat => match rma.fetch_and_add(theirs, w, 1, i)? {
+                RmaOutcome::NoResource => RmaOutcome::NoResource,
+                _ => RmaOutcome::Done(()),
+            },
+            Test::CasLat => match rma.compare_and_swap(theirs, w, i - 1, i, i)? {
+                RmaOutcome::NoResource => RmaOutcome::NoResource,
+                _ => RmaOutcome::Done(()),
+            },
+            _ => unreachable!("ping-pong tests only"),
+        };
+        if outcome != RmaOutcome::NoResource {
+            return Ok(());
+        }
+        rma.poll(64, |_| {});
+    }
+}
+
+fn client(args: &BenchArgs, p: &Params, server: &str) -> Result<Report> {
+    let mut rma = node(true, 2)?;
+    let (peer, mode) = connect(&mut rma, p.transport, server, args.no_map)?;
+    let theirs = rma.import_with(peer, "bench", mode)?;
+    let mb = mailbox(p.size) as u64;
+    let report = if is_ping_pong(p.test) {
+        let own_addr = match p.transport {
+            TransportArg::Shm => format!("{server}-client"),
+            TransportArg::Tcp => args.listen.clone().unwrap_or_else(|| "127.0.0.1:0".to_string()),
+            TransportArg::Udp => unreachable!("{}", UDP_NOT_YET),
+        };
+        let own_bound = listen(&mut rma, p.transport, &own_addr)?;
+        let mine = rma.export("bench", segment_len(p.size), Access::everyone(Rights::ALL), NotifyMode::Never)?;
+        rma.put_blocking(&theirs, mb + 8, own_bound.as_bytes(), CONNECT_TIMEOUT)?;
+        rma.put_blocking(&theirs, mb, &(own_bound.len() as u64).to_ne_bytes(), CONNECT_TIMEOUT)?;
+        ping_pong(&mut rma, p, &theirs, &mine)?
+    } else if p.test == Test::GetLat {
+        get_latency(&mut rma, p, &theirs)?
+    } else {
+        stream(&mut rma, p, &theirs)?
+    };
+    rma.put_blocking(&theirs, mb + DONE as u64, &1u64.to_ne_bytes(), CONNECT_TIMEOUT)?;
+    Ok(report)
+}
+
+fn ping_pong(rma: &mut Rma, p: &Params, theirs: &RemoteSegment, mine: &ExportedSegment) -> Result<Report> {
+    let clock = CycleClock::calibrate(Duration::from_millis(50));
+    let w = word_off(p.size);
+    let mut data = vec![0xa5u8; p.size];
+    let far = Instant::now() + Duration::from_secs(600);
+    let mut samples = Vec::with_capacity(p.iters as usize);
+    for i in 1..=p.warmup + p.iters {
+        let t0 = ticks();
+        ping(rma, p, theirs, w as u64, i, &mut data)?;
+        wait_word(rma, mine, w, |v| v >= i, far)?;
+        if i > p.warmup {
+            samples.push(clock.ns(ticks() - t0));
+        }
+    }
+    rma.flush_blocking(CONNECT_TIMEOUT)?;
+    rma.poll(usize::MAX, |_| {});
+    Ok(latency_report(p, samples, true))
+}
+
+fn get_latency(rma: &mut Rma, p: &Params, theirs: &RemoteSegment) -> Result<Report> {
+    let clock = CycleClock::calibrate(Duration::from_millis(50));
+    let mut buf = vec![0u8; p.size];
+    let mut samples = Vec::with_capacity(p.iters as usize);
+    for i in 0..p.warmup + p.iters {
+        let t0 = ticks();
+        loop {
+            match rma.get(theirs, 0, &mut buf, i)? {
+                RmaOutcome::Done(()) => break,
+                RmaOutcome::InProgress(_) => {
+                    let mut done = false;
+                    while !done {
+                        rma.poll(1, |c| {
+                            done = true;
+                            if let Ok(ulnet_core::rma::Completed::Get(d)) = c.result {
+                                buf.copy_from_slice(d);
+                            }
+                        });
+                    }
+                    break;
+                }
+                RmaOutcome::NoResource => {
+                    rma.poll(64, |_| {});
+                }
+            }
+        }
+        if i >= p.warmup {
+            samples.push(clock.ns(ticks() - t0));
+        }
+    }
+    Ok(latency_report(p, samples, false))
+}
+
+/// Puts or gets of `size` bytes back to back, as many in flight as the node allows.
+fn stream(rma: &mut Rma, p: &Params, theirs: &RemoteSegment) -> Result<Report> {
+    let data = vec![0x3cu8; p.size];
+    let mut buf = vec![0u8; p.size];
+    let mut run = |count: u64| -> Result<()> {
+        let mut posted = 0;
+        while posted < count {
+            let outcome = match p.test {
+                Test::PutBw => rma.put(theirs, 0, &data, posted)?,
+                _ => rma.get(theirs, 0, &mut buf, posted)?,
+            };
+            match outcome {
+                RmaOutcome::NoResource => {
+                    rma.poll(256, |_| {});
+                }
+                _ => posted += 1,
+            }
+            if posted % 64 == 0 {
+                rma.poll(256, |_| {});
+            }
+        }
+        rma.flush_blocking(Duration::from_secs(600))?;
+        rma.poll(usize::MAX, |_| {});
+        Ok(())
+    };
+    run(p.warmup)?;
+    let t0 = Instant::now();
+    run(p.iters)?;
+    let secs = t0.elapsed().as_secs_f64();
+    let rate = p.iters as f64 / secs;
+    Ok(Report { msgs_per_s: Some(rate), mb_per_s: Some(rate * p.size as f64 / 1e6), ..Report::of(p) })
+}
+
+/// Percentiles of per-iteration times; halved for round trips (one-way latency).
+fn latency_report(p: &Params, mut ns: Vec<u64>, round_trips: bool) -> Report {
+    ns.sort_unstable();
+    let div = if round_trips { 2000.0 } else { 1000.0 };
+    let n = ns.len().max(1);
+    let at = |q: f64| ns.get(((n as f64 * q) as usize).min(n - 1)).copied().unwrap_or(0) as f64 / div;
+    let avg = ns.iter().map(|&x| x as f64).sum::<f64>() / n as f64 / div;
+    Report { p50_us: Some(at(0.5)), p99_us: Some(at(0.99)), avg_us: Some(avg), ..Report::of(p) }
+}

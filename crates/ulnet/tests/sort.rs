@@ -1,0 +1,418 @@
+//! `ulnet sort` end to end: real node processes over real channels, outputs checked with
+//! valsort's rules (order, count, checksum equal to the input's).
+//!
+//! The 10^6-record matrix (uniform and skewed, binary and ASCII, 1, 2 and 4 nodes, in
+//! memory and external) runs here; the 10^7-record matrix is `bench/sort-matrix.sh`.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+use ulnet_sortbench::{write_records, Checksum, RecordFormat, Summary, Validator};
+
+const ULNET: &str = env!("CARGO_BIN_EXE_ulnet");
+
+fn ulnet(args: &[&str]) -> Output {
+    Command::new(ULNET).args(args).stdin(Stdio::null()).output().expect("run ulnet")
+}
+
+/// Writes `n` gensort records and returns their checksum.
+fn gensort(path: &Path, n: u64, format: RecordFormat) -> Checksum {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let sum = write_records(&mut f, 0, n, format, true).unwrap().unwrap();
+    std::io::Write::flush(&mut f).unwrap();
+    sum
+}
+
+fn summary_of(path: &Path) -> Summary {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).unwrap();
+    let mut v = Validator::default();
+    let mut buf = vec![0u8; 1 << 22];
+    loop {
+        let n = f.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        v.push(&buf[..n]);
+    }
+    v.finish().unwrap()
+}
+
+fn json_of(out: &Output) -> serde_json::Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON on stdout: {stdout}\nstderr: {}", String::from_utf8_lossy(&out.stderr)));
+    serde_json::from_str(line).unwrap()
+}
+
+/// Sorts `input` with `args`, then checks the output: sorted, every record, checksum
+/// equal to the input's; returns the JSON report.
+fn sort_and_check(input: &Path, output: &Path, sum: Checksum, records: u64, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["sort", "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap(), "--json"];
+    all.extend_from_slice(args);
+    let out = ulnet(&all);
+    assert!(out.status.success(), "ulnet {all:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    let report = json_of(&out);
+    let s = summary_of(output);
+    assert!(s.is_sorted(), "{args:?}: first unordered record {:?}", s.first_unordered());
+    assert_eq!(s.records, u128::from(records), "{args:?}: record count");
+    assert_eq!(s.checksum, sum, "{args:?}: output checksum differs from the input's");
+    assert_eq!(report["records"], records);
+    for field in ["total_s", "startup_s", "read_distribute_s", "sort_s", "write_s"] {
+        assert!(report[field].as_f64().unwrap() >= 0.0, "{field} in {report}");
+    }
+    report
+}
+
+fn matrix(format: RecordFormat) {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.dat");
+    let output = dir.path().join("out.dat");
+    let n = 1_000_000;
+    let sum = gensort(&input, n, format);
+    for nodes in ["1", "2", "4"] {
+        let r = sort_and_check(&input, &output, sum, n, &["--nodes", nodes]);
+        assert_eq!(r["mode"], "memory");
+        assert_eq!(r["format"], if format.ascii { "ascii" } else { "binary" });
+        assert!(r["imbalance"].as_f64().unwrap() < 1.15, "partitions unbalanced: {r}");
+        // 24 MiB per node is well below a node's share: runs are spilled and merged.
+        let r = sort_and_check(&input, &output, sum, n, &["--nodes", nodes, "--memory", "24MiB", "--verify"]);
+        assert_eq!(r["mode"], "external", "{r}");
+        assert_eq!(r["verified"], true);
+        assert!(r["imbalance"].as_f64().unwrap() < 1.15, "partitions unbalanced: {r}");
+    }
+}
+
+#[test]
+fn sorts_uniform_binary_records() {
+    matrix(RecordFormat::BINARY);
+}
+
+#[test]
+fn sorts_skewed_binary_records() {
+    matrix(RecordFormat { ascii: false, skewed: true });
+}
+
+#[test]
+fn sorts_uniform_ascii_records() {
+    matrix(RecordFormat::ASCII);
+}
+
+#[test]
+fn sorts_skewed_ascii_records() {
+    matrix(RecordFormat { ascii: true, skewed: true });
+}
+
+#[test]
+fn ascii_flag_rejects_binary_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.dat");
+    gensort(&input, 1000, RecordFormat::BINARY);
+    let out = ulnet(&["sort", "--input", input.to_str().unwrap(), "--output", "/nonexistent/x", "-a", "--nodes", "2"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("not gensort -a"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn partitioned_output_validates_with_valsort_summaries() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.dat");
+    let prefix = dir.path().join("part");
+    let sum = gensort(&input, 100_000, RecordFormat { ascii: false, skewed: true });
+    let p = prefix.to_str().unwrap();
+    let out = ulnet(&[
+        "sort",
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        p,
+        "--nodes",
+        "3",
+        "--partitioned",
+        "--verify",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let mut total = Checksum::default();
+    for r in 0..3 {
+        total += summary_of(&PathBuf::from(format!("{p}.{r:05}"))).checksum;
+    }
+    assert_eq!(total, sum);
+    let v = ulnet(&["valsort", "-s", &format!("{p}.sum")]);
+    let text = String::from_utf8_lossy(&v.stderr);
+    assert!(v.status.success() && text.contains("SUCCESS"), "{text}");
+    assert!(text.contains(&format!("Checksum: {sum}")), "{text}");
+}
+
+#[test]
+fn valsort_rejects_one_swapped_pair_naming_its_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.dat");
+    let output = dir.path().join("out.dat");
+    let sum = gensort(&input, 10_000, RecordFormat::BINARY);
+    sort_and_check(&input, &output, sum, 10_000, &["--nodes", "2"]);
+    let mut bytes = std::fs::read(&output).unwrap();
+    let (a, b) = (4321 * 100, 4322 * 100);
+    let first = bytes[a..a + 100].to_vec();
+    bytes.copy_within(b..b + 100, a);
+    bytes[b..b + 100].copy_from_slice(&first);
+    std::fs::write(&output, &bytes).unwrap();
+    let v = ulnet(&["valsort", output.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&v.stderr);
+    assert_eq!(v.status.code(), Some(1), "{text}");
+    assert!(text.contains("First unordered record is record 4322"), "{text}");
+    assert!(text.contains("ERROR - there are 1 unordered records"), "{text}");
+    assert!(text.contains(&format!("Checksum: {sum}")), "a swap keeps the checksum: {text}");
+}
+
+#[test]
+fn a_node_killed_mid_sort_fails_the_sort_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.dat");
+    let output = dir.path().join("out.dat");
+    gensort(&input, 1_000_000, RecordFormat::BINARY);
+    // Each node reads 6 or 7 buffers with a pause of 150 ms after each: about a second
+    // of reading and distributing, in which node 2 is killed.
+    let mut child = Command::new(ULNET)
+        .args(["sort", "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()])
+        .args(["--nodes", "4", "--print-pids", "--debug-read-delay-ms", "150"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut victim = None;
+    let mut text = String::new();
+    while victim.is_none() {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        if let Some(pid) = line.trim().strip_prefix("ulnet sort: node 2 pid ") {
+            victim = Some(pid.parse::<i32>().unwrap());
+        }
+        text += &line;
+    }
+    let victim = victim.unwrap_or_else(|| panic!("no pid of node 2 in: {text}"));
+    std::thread::sleep(Duration::from_millis(400));
+    let started = Instant::now();
+    assert_eq!(unsafe_free_kill(victim), 0, "kill node 2");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    text += &rest;
+    assert!(!status.success(), "the sort must fail: {text}");
+    assert!(started.elapsed() < Duration::from_secs(20), "the failure must be noticed promptly");
+    let last = text.lines().last().unwrap_or("");
+    assert!(last.contains("node 2") && last.contains("killed by signal 9"), "last line names the node: {text}");
+    assert!(last.contains("node 2 failed"), "and what a surviving node saw: {text}");
+    assert_eq!(text.lines().filter(|l| l.starts_with("ulnet: error")).count(), 1, "one error line: {text}");
+    assert!(!output.exists(), "no output file after a failed sort");
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(leftovers, vec![std::ffi::OsString::from("in.dat")], "no partial files left");
+}
+
+/// Sends SIGKILL with the `kill` command (no unsafe code in tests).
+fn unsafe_free_kill(pid: i32) -> i32 {
+    Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap().code().unwrap_or(-1)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Starts `size` processes of `ulnet sort` with per-rank environments, as srun or mpirun
+/// would, and checks the output node 0 reports.
+fn launched_by_environment(launcher: &str, size: usize, env_of: impl Fn(usize) -> Vec<(String, String)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.dat");
+    let output = dir.path().join("out.dat");
+    let sum = gensort(&input, 200_000, RecordFormat::ASCII);
+    let port = free_port().to_string();
+    let children: Vec<_> = (0..size)
+        .map(|rank| {
+            Command::new(ULNET)
+                .args(["sort", "--launcher", launcher, "--port", &port, "--json", "--verify"])
+                .args(["--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()])
+                .envs(env_of(rank))
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    for (rank, o) in outs.iter().enumerate() {
+        assert!(o.status.success(), "rank {rank}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    let report = json_of(&outs[0]);
+    assert_eq!(report["nodes"], size);
+    assert_eq!(report["verified"], true);
+    assert!(outs[1..].iter().all(|o| o.stdout.is_empty()), "only node 0 reports");
+    let s = summary_of(&output);
+    assert!(s.is_sorted());
+    assert_eq!(s.checksum, sum);
+}
+
+fn env(pairs: &[(&str, String)]) -> Vec<(String, String)> {
+    pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+}
+
+#[test]
+fn slurm_environment_one_host_over_shared_memory() {
+    let job = format!("t{}", std::process::id());
+    launched_by_environment("slurm", 3, |rank| {
+        env(&[
+            ("SLURM_PROCID", rank.to_string()),
+            ("SLURM_NTASKS", "3".into()),
+            ("SLURM_STEP_NODELIST", "localhost".into()),
+            ("SLURM_NNODES", "1".into()),
+            ("SLURM_JOB_ID", job.clone()),
+            ("SLURM_STEP_ID", "0".into()),
+        ])
+    });
+}
+
+#[test]
+fn slurm_environment_many_hosts_over_tcp() {
+    launched_by_environment("slurm", 2, |rank| {
+        env(&[
+            ("SLURM_PROCID", rank.to_string()),
+            ("SLURM_NTASKS", "2".into()),
+            ("SLURM_STEP_NODELIST", "127.0.0.1,127.0.0.2".into()),
+            ("SLURM_NNODES", "2".into()),
+            ("SLURM_JOB_ID", "4711".into()),
+            ("SLURMD_NODENAME", format!("127.0.0.{}", rank + 1)),
+        ])
+    });
+}
+
+#[test]
+fn mpirun_environment_is_read() {
+    let job = format!("{}", std::process::id());
+    launched_by_environment("mpirun", 2, |rank| {
+        env(&[
+            ("OMPI_COMM_WORLD_RANK", rank.to_string()),
+            ("OMPI_COMM_WORLD_SIZE", "2".into()),
+            ("OMPI_COMM_WORLD_LOCAL_SIZE", "2".into()),
+            ("OMPI_MCA_ess_base_jobid", job.clone()),
+        ])
+    });
+}
+
+#[test]
+fn real_mpirun_launch() {
+    let Ok(probe) = Command::new("mpirun").arg("--version").output() else {
+        eprintln!("skipped: mpirun is not installed (scripts/test-deps installs openmpi-bin)");
+        return;
+    };
+    assert!(probe.status.success());
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.dat");
+    let output = dir.path().join("out.dat");
+    let sum = gensort(&input, 200_000, RecordFormat::BINARY);
+    let port = free_port().to_string();
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "3", ULNET, "sort", "--launcher", "mpirun"])
+        .args(["--port", &port, "--json", "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(json_of(&out)["nodes"], 3);
+    let s = summary_of(&output);
+    assert!(s.is_sorted());
+    assert_eq!(s.checksum, sum);
+}
+
+#[test]
+fn ssh_launcher_starts_one_node_per_host() {
+    let dir = tempfile::tempdir().unwrap();
+    // A stand-in for ssh that runs the remote command here: `fake-ssh -o BatchMode=yes HOST CMD`.
+    let fake = dir.path().join("fake-ssh");
+    std::fs::write(&fake, "#!/bin/sh\necho \"$3\" >> \"$(dirname \"$0\")/hosts.log\"\nexec sh -c \"$4\"\n").unwrap();
+    Command::new("chmod").args(["+x", fake.to_str().unwrap()]).status().unwrap();
+    let input = dir.path().join("in.dat");
+    let output = dir.path().join("out.dat");
+    let sum = gensort(&input, 100_000, RecordFormat::BINARY);
+    let port = free_port().to_string();
+    let r = sort_and_check(
+        &input,
+        &output,
+        sum,
+        100_000,
+        &[
+            "--launcher",
+            "ssh",
+            "--hosts",
+            "127.0.0.1,127.0.0.2,127.0.0.3",
+            "--ssh-command",
+            fake.to_str().unwrap(),
+            "--port",
+            &port,
+        ],
+    );
+    assert_eq!(r["nodes"], 3);
+    let hosts = std::fs::read_to_string(dir.path().join("hosts.log")).unwrap();
+    let mut hosts: Vec<&str> = hosts.lines().collect();
+    hosts.sort();
+    assert_eq!(hosts, ["127.0.0.1", "127.0.0.2", "127.0.0.3"]);
+}
+
+#[test]
+fn launcher_refuses_bad_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.dat");
+    std::fs::write(&input, [0u8; 150]).unwrap();
+    let out = ulnet(&["sort", "--input", input.to_str().unwrap(), "--output", "x", "--nodes", "2"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a whole number of 100-byte records"), "{err}");
+    assert_eq!(err.lines().count(), 1, "one-line error: {err}");
+    let out = ulnet(&["sort", "--launcher", "slurm", "--input", input.to_str().unwrap(), "--output", "x"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("start it with srun or mpirun"));
+}
+
+#[test]
+fn nodes_stop_and_clean_up_when_the_launcher_dies() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.dat");
+    let output = dir.path().join("out.dat");
+    gensort(&input, 300_000, RecordFormat::BINARY);
+    let mut launcher = Command::new(ULNET)
+        .args(["sort", "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()])
+        .args(["--nodes", "3", "--print-pids", "--debug-read-delay-ms", "300"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(launcher.stderr.take().unwrap());
+    let mut pids = Vec::new();
+    while pids.len() < 3 {
+        let mut line = String::new();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "launcher ended early");
+        if let Some((_, pid)) = line.trim().split_once(" pid ") {
+            pids.push(pid.to_string());
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let alive = |pid: &str| Command::new("kill").args(["-0", pid]).stderr(Stdio::null()).status().unwrap().success();
+    while pids.iter().any(|p| alive(p)) {
+        assert!(Instant::now() < deadline, "nodes still running after their launcher died");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(leftovers, vec![std::ffi::OsString::from("in.dat")], "no partial files left");
+}

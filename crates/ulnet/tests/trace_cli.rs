@@ -1,0 +1,88 @@
+//! `ulnet trace` from the command line: a traced benchmark analysed, damaged files refused
+//! with the offset, and the JSON fields of the contract.
+
+use std::path::Path;
+use std::process::Command;
+
+const DEJAVU: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+
+fn ulnet(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ulnet")).args(args).output().expect("run ulnet")
+}
+
+fn json(out: &std::process::Output) -> serde_json::Value {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("exactly one JSON object on stdout")
+}
+
+#[test]
+fn traced_benchmark_is_analysed_and_damage_is_reported_with_its_offset() {
+    let dir = std::env::temp_dir().join(format!("ulnet-trace-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("rpc.ultrace");
+    let f = file.to_str().unwrap();
+    let out = ulnet(&["bench", "rpc-lat", "--iters", "2000", "--warmup", "100", "--json", "--trace", f]);
+    let bench = json(&out);
+    assert_eq!(bench["test"], "rpc-lat");
+    let peer = format!("{f}.peer");
+    let html = dir.join("report.html");
+    let plots = dir.join("plots");
+    let fonts = std::env::var_os("ULNET_FONT").is_some() || Path::new(DEJAVU).exists();
+    let (h, p) = (html.to_str().unwrap(), plots.to_str().unwrap());
+    let out = if fonts {
+        ulnet(&["trace", "analyze", f, &peer, "--json", "--html", h, "--plots", p])
+    } else {
+        eprintln!("skipping figures and HTML: no font at {DEJAVU} (scripts/test-deps installs it)");
+        ulnet(&["trace", "analyze", f, &peer, "--json"])
+    };
+    let a = json(&out);
+    // 2,100 calls and their responses, each counted once.
+    assert_eq!(a["messages"], 4200);
+    assert_eq!(a["latency"]["pairs"], 2100);
+    assert_eq!(a["matrix"].as_array().unwrap().len(), 2);
+    if fonts {
+        let page = std::fs::read_to_string(&html).unwrap();
+        assert!(page.contains("<svg") && !page.contains("src=\"http"), "self-contained HTML with inline SVG");
+        assert!(plots.join("matrix-messages.svg").exists() && plots.join("sizes-all.png").exists());
+    }
+
+    let bytes = std::fs::read(&file).unwrap();
+    let cut = dir.join("cut.ultrace");
+    std::fs::write(&cut, &bytes[..bytes.len() - 50]).unwrap();
+    let out = ulnet(&["trace", "analyze", cut.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "one-line error: {err}");
+    assert!(err.contains("truncated at byte offset"), "{err}");
+    let mut bad = bytes.clone();
+    bad[100] ^= 0x10;
+    std::fs::write(&cut, &bad).unwrap();
+    let err = String::from_utf8_lossy(&ulnet(&["trace", "analyze", cut.to_str().unwrap()]).stderr).to_string();
+    assert!(err.contains("corrupt at byte offset 72: block checksum mismatch"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+fn write_sample(path: &Path, values: impl Iterator<Item = f64>) {
+    let text: String = values.map(|v| format!("{v}\n")).collect();
+    std::fs::write(path, text).unwrap();
+}
+
+#[test]
+fn tail_json_has_the_contract_fields() {
+    let dir = std::env::temp_dir().join(format!("ulnet-tail-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("pareto.txt");
+    // A deterministic Pareto(1.5) sample by inverse transform of an even grid.
+    let n = 20_000;
+    write_sample(&file, (0..n).map(|i| (1.0 - (i as f64 + 0.5) / n as f64).powf(-1.0 / 1.5)));
+    let r = json(&ulnet(&["trace", "tail", file.to_str().unwrap(), "--json"]));
+    for field in ["n", "mean", "hill_alpha", "ccdf_slope_alpha", "poisson_like"] {
+        assert!(r.get(field).is_some(), "missing {field}: {r}");
+    }
+    assert_eq!(r["n"], n);
+    assert!((r["hill_alpha"].as_f64().unwrap() - 1.5).abs() < 0.1, "{r}");
+    assert_eq!(r["heavy_tailed"], true);
+    let out = ulnet(&["trace", "tail", file.to_str().unwrap(), "--column", "nope"]);
+    assert!(!out.status.success());
+    std::fs::remove_dir_all(&dir).unwrap();
+}
