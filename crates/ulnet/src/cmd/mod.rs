@@ -6,6 +6,7 @@ pub mod clock;
 pub mod dc;
 pub mod demo;
 pub mod demo_cluster;
+pub mod demo_registry;
 pub mod demo_rma;
 pub mod demo_trace;
 pub mod node;
