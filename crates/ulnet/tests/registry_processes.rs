@@ -171,8 +171,30 @@ fn updates_reach_every_node_survive_kills_of_a_node_and_the_locker_and_restarts_
     let mut c = Cluster::start(N, 0, "kill");
     c.settle(N, Duration::from_secs(20));
     let mut expected: Vec<(String, String)> = Vec::new();
-    c.set(1, "k0", "v0", Duration::from_secs(5));
+    // The contract's command lines: set on one node, get on every other.
+    let secret = c.dir.join("secret");
+    let cli = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ulnet"))
+            .args(args)
+            .arg("--secret-file")
+            .arg(&secret)
+            .env("ULNET_LOG", "error")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "ulnet {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    cli(&["registry", "set", "k0", "v0", "--connect", &c.addrs[1].to_string()]);
     expected.push(("k0".into(), "v0".into()));
+    for i in (0..N).filter(|&i| i != 1) {
+        assert_eq!(cli(&["registry", "get", "k0", "--connect", &c.addrs[i].to_string()]), "v0\n");
+        let json = cli(&["registry", "get", "k0", "--connect", &c.addrs[i].to_string(), "--json"]);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(
+            (v["key"].as_str(), v["value"].as_str(), v["found"].as_bool()),
+            (Some("k0"), Some("v0"), Some(true))
+        );
+    }
     for i in 0..N {
         c.expect_values(i, &expected, Duration::from_secs(5));
     }
