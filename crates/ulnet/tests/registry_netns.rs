@@ -94,6 +94,10 @@ impl Cluster {
     }
 }
 
+fn us_since(t0: Instant) -> u64 {
+    t0.elapsed().as_micros() as u64
+}
+
 /// One client's loop: alternately sets (unique values) and gets of random keys until
 /// `stop`, recording every operation with times in microseconds since `t0`.
 fn client(addr: String, id: usize, t0: Instant, stop: Arc<AtomicBool>) -> Vec<Operation> {
@@ -195,8 +199,10 @@ fn registry_histories_under_partitions_and_kills_are_linearizable() {
     for j in (0..NODES).filter(|&j| j != locker) {
         c.lab.partition(c.lab.host(locker), c.lab.host(j)).unwrap();
     }
+    let isolated_at = us_since(t0);
     pause(2000);
     c.lab.heal().unwrap();
+    let isolation = (isolated_at, us_since(t0));
     eprintln!("nemesis: healed; killing r{} (SIGKILL)", (locker + 2) % NODES);
     pause(700);
     let victim = (locker + 2) % NODES;
@@ -214,8 +220,10 @@ fn registry_histories_under_partitions_and_kills_are_linearizable() {
             c.lab.partition(c.lab.host(a), c.lab.host(b)).unwrap();
         }
     }
+    let split_at = us_since(t0);
     pause(2000);
     c.lab.heal().unwrap();
+    let split = (split_at, us_since(t0));
     eprintln!("nemesis: healed");
     pause(1500);
     stop.store(true, Ordering::Relaxed);
@@ -235,6 +243,15 @@ fn registry_histories_under_partitions_and_kills_are_linearizable() {
     );
     assert!(acked_sets >= 20 && gets >= 20, "too little happened for the check to mean anything");
     assert!(late_gets > 0, "no read succeeded after the last heal");
+    // Updates went on during the faults (on the side with a quorum).
+    for (what, (from, to)) in [("the locker's isolation", isolation), ("the 2|3 split", split)] {
+        let during = history
+            .iter()
+            .filter(|o| matches!(o.action, Action::Set(_)) && o.call >= from && o.ret.is_some_and(|r| r <= to))
+            .count();
+        eprintln!("{during} sets acknowledged during {what}");
+        assert!(during > 0, "no update was acknowledged during {what}");
+    }
     let started = Instant::now();
     check(&history, CHECK_STEPS).unwrap_or_else(|e| panic!("not linearizable: {e:?}"));
     eprintln!("linearizable per key ({KEYS} keys), checked in {:?}", started.elapsed());
