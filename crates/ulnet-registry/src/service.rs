@@ -191,7 +191,10 @@ impl RegistryService {
                         ctx.reply(token, Ok(client::encode_get_answer(&answer)));
                     }
                 }
-                RegistryEvent::Changed { .. } | RegistryEvent::Reset { .. } => {}
+                RegistryEvent::Reset { seq } => {
+                    tracing::info!(seq, "registry: state transferred from a peer (snapshot at position {seq})");
+                }
+                RegistryEvent::Changed { .. } => {}
             }
         }
         if let Some(why) = failure {

@@ -33,20 +33,28 @@ struct Cluster {
     addrs: Vec<SocketAddr>,
     procs: Vec<Option<Child>>,
     starts: Vec<u32>,
+    /// More arguments for every `ulnet node`.
+    extra: Vec<String>,
 }
 
 impl Cluster {
     fn start(n: usize, salt: u16, tag: &str) -> Cluster {
+        let mut c = Cluster::new(n, salt, tag, &[]);
+        for i in 0..n {
+            c.spawn(i);
+        }
+        c
+    }
+
+    /// Room for `n` nodes, none started.
+    fn new(n: usize, salt: u16, tag: &str, extra: &[&str]) -> Cluster {
         let dir = std::env::temp_dir().join(format!("ulnet-registry-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("secret"), SECRET).unwrap();
         let addrs = free_addrs(n, salt);
-        let mut c = Cluster { dir, addrs, procs: (0..n).map(|_| None).collect(), starts: vec![0; n] };
-        for i in 0..n {
-            c.spawn(i);
-        }
-        c
+        let extra = extra.iter().map(|a| a.to_string()).collect();
+        Cluster { dir, addrs, procs: (0..n).map(|_| None).collect(), starts: vec![0; n], extra }
     }
 
     fn data_dir(&self, i: usize) -> PathBuf {
@@ -63,6 +71,7 @@ impl Cluster {
         c.args(["node", "--name", &format!("n{i}"), "--listen", &self.addrs[i].to_string()]);
         c.args(["--secret-file", self.dir.join("secret").to_str().unwrap()]);
         c.args(["--data-dir", self.data_dir(i).to_str().unwrap()]);
+        c.args(&self.extra);
         // First start: join through the nodes started before; a restart: through any other.
         let seeds: Vec<String> = (0..self.addrs.len())
             .filter(|&j| j != i && (j < i || self.starts[i] > 1))
@@ -72,8 +81,15 @@ impl Cluster {
             c.args(["--seeds", &seeds.join(",")]);
         }
         let log = std::fs::File::create(self.log_path(i)).unwrap();
-        self.procs[i] =
-            Some(c.env("ULNET_LOG", "warn").stdin(Stdio::null()).stdout(Stdio::null()).stderr(log).spawn().unwrap());
+        self.procs[i] = Some(
+            c.env("ULNET_LOG", "info")
+                .env("NO_COLOR", "1")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        );
     }
 
     /// SIGKILL.
@@ -305,4 +321,26 @@ fn a_torn_or_bit_flipped_log_tail_is_refused_at_start_and_recovered_from_the_pee
     for i in 0..N {
         c.expect_values(i, &expected, Duration::from_secs(5));
     }
+}
+
+#[test]
+fn a_node_joining_after_the_log_was_truncated_gets_the_state_by_transfer() {
+    // Snapshots every 20 positions: after 60 updates the first positions are gone from
+    // every log, so a fresh node can only be brought up to date with a snapshot.
+    let mut c = Cluster::new(4, 80, "transfer", &["--registry-snapshot-every", "20"]);
+    for i in 0..3 {
+        c.spawn(i);
+    }
+    c.settle(3, Duration::from_secs(20));
+    let mut expected: Vec<(String, String)> = Vec::new();
+    for k in 0..60 {
+        c.set(k % 3, &format!("k{k}"), &format!("value-{k}"), Duration::from_secs(5));
+        expected.push((format!("k{k}"), format!("value-{k}")));
+    }
+    c.spawn(3);
+    let s = c.settle(4, Duration::from_secs(30));
+    assert!(s.iter().all(|s| s.keys == expected.len() as u64), "{s:#?}");
+    c.expect_values(3, &expected, Duration::from_secs(5));
+    let log = std::fs::read_to_string(c.log_path(3)).unwrap();
+    assert!(log.contains("state transferred from a peer"), "the joiner got no snapshot: {log}");
 }
