@@ -368,6 +368,9 @@ const CONNECT_BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// How long one connection attempt (connect and handshake) may take, on the connector
 /// thread: a partitioned member costs that thread this long, never the control thread.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the control thread accepts new channels (each look is a system call; a peer
+/// that connects waits at most this long for its handshake).
+const ACCEPT_EVERY: Duration = Duration::from_millis(10);
 /// Longest sleep of the control thread (the membership thread wakes it for its news).
 const CONTROL_SLEEP_MAX: Duration = Duration::from_millis(200);
 
@@ -476,8 +479,13 @@ fn control_loop(
             ServiceContext { me: &me, view: None, quorum, service: s.id(), outbox: &mut outbox, replies: &mut replies };
         s.on_start(waker.clone(), &mut ctx);
     }
+    let mut accept_at = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
-        while let Ok(Some(_)) = rpc.endpoint().try_accept() {}
+        if Instant::now() >= accept_at {
+            // New channels are rare: look for them now and then, not on every turn.
+            while let Ok(Some(_)) = rpc.endpoint().try_accept() {}
+            accept_at = Instant::now() + ACCEPT_EVERY;
+        }
         let mut down: Vec<ChannelId> = Vec::new();
         rpc.poll(1024, |e| {
             if let ulnet_msg::rpc::RpcEvent::ChannelDown { channel, .. } = e {
@@ -582,57 +590,21 @@ fn control_loop(
             };
             s.on_tick(now, &mut ctx);
         }
-        for (token, result) in replies.drain(..) {
-            if let Some((_, deferred)) = pending.remove(&token.0) {
-                match &result {
-                    Ok(body) => rpc.reply_later(deferred, Ok(&[body])),
-                    Err(status) => rpc.reply_later(deferred, Err(*status)),
-                }
-            }
+        send_out(&mut rpc, &me, view.as_ref(), &mut peers, &connect_tx, &mut outbox, &mut replies, &mut pending);
+        let now = Instant::now();
+        for s in &mut services {
+            let mut ctx = ServiceContext {
+                me: &me,
+                view: view.as_ref(),
+                quorum,
+                service: s.id(),
+                outbox: &mut outbox,
+                replies: &mut replies,
+            };
+            s.on_sent(now, &mut ctx);
         }
-        for (to, service, data) in outbox.drain(..) {
-            let Some(member) = view.as_ref().and_then(|v| v.member(to)).cloned() else { continue };
-            let peer = peers.entry(to).or_insert_with(|| Peer {
-                channel: None,
-                connecting: false,
-                retry_at: now,
-                backoff: CONNECT_BACKOFF_MIN,
-                waiting: std::collections::VecDeque::new(),
-            });
-            if peer.channel.is_none() {
-                if !peer.connecting && peer.retry_at <= now {
-                    peer.connecting = true;
-                    let _ = connect_tx.send((to, member.addr));
-                }
-                if peer.connecting {
-                    if peer.waiting.len() >= PEER_QUEUE_MAX {
-                        peer.waiting.pop_front();
-                    }
-                    peer.waiting.push_back((service, data));
-                }
-                continue;
-            }
-            peer.waiting.push_back((service, data));
-        }
-        for peer in peers.values_mut() {
-            let Some(channel) = peer.channel else { continue };
-            while let Some((service, data)) = peer.waiting.front() {
-                let mut header = [0u8; 10];
-                header[..2].copy_from_slice(&service.to_le_bytes());
-                header[2..].copy_from_slice(&me.id.0.to_le_bytes());
-                match rpc.one_way(channel, METHOD_SERVICE_MESSAGE, &[&header, data]) {
-                    Ok(ulnet_core::SendOutcome::NoResource) => break,
-                    Ok(_) => {
-                        peer.waiting.pop_front();
-                    }
-                    Err(e) => {
-                        tracing::debug!("service message not sent: {e}");
-                        peer.channel = None;
-                        peer.waiting.clear();
-                        break;
-                    }
-                }
-            }
+        if !outbox.is_empty() || !replies.is_empty() {
+            send_out(&mut rpc, &me, view.as_ref(), &mut peers, &connect_tx, &mut outbox, &mut replies, &mut pending);
         }
         // Pending replies of requests whose answer will never come (a service dropped the
         // token) would grow forever: the caller's deadline ends them; forget the oldest.
@@ -640,7 +612,6 @@ fn control_loop(
             let oldest = *pending.keys().min().expect("not empty");
             pending.remove(&oldest);
         }
-        rpc.endpoint().flush_sends();
         let backlog = peers.values().any(|p| p.channel.is_some() && !p.waiting.is_empty());
         let wake_at = services.iter().filter_map(|s| s.poll_timeout()).min();
         let now = Instant::now();
@@ -654,6 +625,76 @@ fn control_loop(
             let _ = rpc.endpoint().wait(Some(sleep.max(Duration::from_millis(1))));
         }
     }
+}
+
+/// Answers the requests the hooks replied to and writes the messages they sent: to members
+/// with a channel at once (as far as the channel takes them), the others queued while a
+/// channel is opened in the background.
+#[allow(clippy::too_many_arguments)]
+fn send_out(
+    rpc: &mut Rpc,
+    me: &Member,
+    view: Option<&View>,
+    peers: &mut HashMap<MemberId, Peer>,
+    connect_tx: &mpsc::Sender<(MemberId, SocketAddr)>,
+    outbox: &mut Vec<(MemberId, u16, Vec<u8>)>,
+    replies: &mut Vec<(crate::service::ReplyToken, Result<Vec<u8>, ulnet_msg::wire::Status>)>,
+    pending: &mut HashMap<u64, (u16, ulnet_msg::rpc::DeferredReply)>,
+) {
+    let now = Instant::now();
+    for (token, result) in replies.drain(..) {
+        if let Some((_, deferred)) = pending.remove(&token.0) {
+            match &result {
+                Ok(body) => rpc.reply_later(deferred, Ok(&[body])),
+                Err(status) => rpc.reply_later(deferred, Err(*status)),
+            }
+        }
+    }
+    for (to, service, data) in outbox.drain(..) {
+        let Some(member) = view.as_ref().and_then(|v| v.member(to)).cloned() else { continue };
+        let peer = peers.entry(to).or_insert_with(|| Peer {
+            channel: None,
+            connecting: false,
+            retry_at: now,
+            backoff: CONNECT_BACKOFF_MIN,
+            waiting: std::collections::VecDeque::new(),
+        });
+        if peer.channel.is_none() {
+            if !peer.connecting && peer.retry_at <= now {
+                peer.connecting = true;
+                let _ = connect_tx.send((to, member.addr));
+            }
+            if peer.connecting {
+                if peer.waiting.len() >= PEER_QUEUE_MAX {
+                    peer.waiting.pop_front();
+                }
+                peer.waiting.push_back((service, data));
+            }
+            continue;
+        }
+        peer.waiting.push_back((service, data));
+    }
+    for peer in peers.values_mut() {
+        let Some(channel) = peer.channel else { continue };
+        while let Some((service, data)) = peer.waiting.front() {
+            let mut header = [0u8; 10];
+            header[..2].copy_from_slice(&service.to_le_bytes());
+            header[2..].copy_from_slice(&me.id.0.to_le_bytes());
+            match rpc.one_way(channel, METHOD_SERVICE_MESSAGE, &[&header, data]) {
+                Ok(ulnet_core::SendOutcome::NoResource) => break,
+                Ok(_) => {
+                    peer.waiting.pop_front();
+                }
+                Err(e) => {
+                    tracing::debug!("service message not sent: {e}");
+                    peer.channel = None;
+                    peer.waiting.clear();
+                    break;
+                }
+            }
+        }
+    }
+    rpc.endpoint().flush_sends();
 }
 
 /// The counters in Prometheus text exposition format.

@@ -68,6 +68,10 @@ pub trait Service: Send {
     /// Called after every batch of input, at [`Service::poll_timeout`], and at least every
     /// 20 ms.
     fn on_tick(&mut self, _now: Instant, _ctx: &mut ServiceContext<'_>) {}
+    /// Called after what the hooks of this turn sent has gone out on the channels: the place
+    /// for slow work whose results can wait a moment (an fsync), so that it does not delay
+    /// the messages (what it sends goes out at once).
+    fn on_sent(&mut self, _now: Instant, _ctx: &mut ServiceContext<'_>) {}
 }
 
 /// A request waiting for its answer ([`Service::on_request`], [`ServiceContext::reply`]).

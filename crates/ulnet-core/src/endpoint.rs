@@ -734,11 +734,11 @@ impl Endpoint {
         if let Some(l) = &self.tcp_listener {
             extra.push(l.as_fd());
         }
-        if let Some(l) = &self.udp_listener {
-            extra.push(l.as_fd());
-        }
         if let Some(w) = &self.waker {
             extra.push(w.as_fd());
+        }
+        if let Some(l) = &self.udp_listener {
+            extra.push(l.as_fd());
         }
         if crate::wait::sleep_on(&probes, &extra, timeout)? {
             self.counters.sleeps += 1;

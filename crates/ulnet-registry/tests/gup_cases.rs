@@ -2,6 +2,7 @@
 //! voters, slot 0 the locker (the lowest identity), slot 3 the sender of one update, and
 //! the failures placed right after the lock grant. The membership oracle installs the views
 //! that follow. In every case the survivors agree; in case 5 the update leaves no trace.
+//! Each case runs under `CASE_SEEDS` seeds (different message timings).
 //! Then a joining node: state transfer, then a vote.
 
 mod util;
@@ -11,6 +12,20 @@ use ulnet_sim::{Faults, NodeId as SlotId, WorldChange};
 use util::Cluster;
 
 const SENDER: u32 = 3;
+
+/// Seeds per staged case (more with `ULNET_SIM_SEEDS`): the same staging under different
+/// message timings.
+const CASE_SEEDS: u64 = 1000;
+
+/// Runs `case` for `CASE_SEEDS` seeds from `first`; a failure names its seed.
+fn each_seed(first: u64, case: impl Fn(u64)) {
+    let n = std::env::var("ULNET_SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(CASE_SEEDS);
+    for seed in first * 1000..first * 1000 + n {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case(seed))).is_err() {
+            panic!("failed with seed {seed}");
+        }
+    }
+}
 
 fn slots(v: &[u32]) -> Vec<SlotId> {
     v.iter().map(|&i| SlotId(i)).collect()
@@ -53,96 +68,106 @@ fn applied_everywhere(c: &Cluster, value: &str) -> bool {
 
 #[test]
 fn case1_sender_fails_locker_finishes_the_transmission() {
-    // The sender's deliveries to the receivers are lost, then it crashes. The membership
-    // takes longer to notice than the locker (as with real failure detectors: hundreds of
-    // milliseconds against `takeover_after`), so the locker finishes in its own epoch.
-    let mut c = staged(11, "case1", &[1, 2, 4]);
-    c.detect = Duration::from_millis(100);
-    c.apply(&WorldChange::Crash(SlotId(SENDER)));
-    c.apply(&WorldChange::Heal);
-    c.run_for(Duration::from_millis(200)).unwrap();
-    assert!(applied_everywhere(&c, "case1"));
-    assert_eq!(holders(&c, "case1"), vec![0, 1, 2, 4]);
-    // The locker transmitted it: on its own (a takeover), or answering the repairs of the
-    // receivers that learned from its heartbeat that a position is missing.
-    let takeovers = c.node(0).unwrap().gup.counters().takeovers;
-    let repairs: u64 = [1, 2, 4].iter().map(|&i| c.node(i).unwrap().gup.counters().repairs).sum();
-    assert!(takeovers + repairs > 0, "the locker transmitted for the sender");
-    c.apply(&WorldChange::Restart(SlotId(SENDER)));
-    c.run_for(Duration::from_millis(200)).unwrap();
-    c.check_settled().unwrap();
+    each_seed(11, |seed| {
+        // The sender's deliveries to the receivers are lost, then it crashes. The membership
+        // takes longer to notice than the locker (as with real failure detectors: hundreds of
+        // milliseconds against `takeover_after`), so the locker finishes in its own epoch.
+        let mut c = staged(seed, "case1", &[1, 2, 4]);
+        c.detect = Duration::from_millis(100);
+        c.apply(&WorldChange::Crash(SlotId(SENDER)));
+        c.apply(&WorldChange::Heal);
+        c.run_for(Duration::from_millis(200)).unwrap();
+        assert!(applied_everywhere(&c, "case1"));
+        assert_eq!(holders(&c, "case1"), vec![0, 1, 2, 4]);
+        // The locker transmitted it: on its own (a takeover), or answering the repairs of the
+        // receivers that learned from its heartbeat that a position is missing.
+        let takeovers = c.node(0).unwrap().gup.counters().takeovers;
+        let repairs: u64 = [1, 2, 4].iter().map(|&i| c.node(i).unwrap().gup.counters().repairs).sum();
+        assert!(takeovers + repairs > 0, "the locker transmitted for the sender");
+        c.apply(&WorldChange::Restart(SlotId(SENDER)));
+        c.run_for(Duration::from_millis(200)).unwrap();
+        c.check_settled().unwrap();
+    });
 }
 
 #[test]
 fn case2_receiver_fails_nobody_waits_and_it_catches_up() {
-    let mut c = staged(12, "case2", &[]);
-    c.apply(&WorldChange::Crash(SlotId(4)));
-    c.run_for(Duration::from_millis(50)).unwrap();
-    assert!(applied_everywhere(&c, "case2"));
-    assert_eq!(c.node(SENDER).unwrap().committed, 1, "the client was answered without slot 4");
-    c.apply(&WorldChange::Restart(SlotId(4)));
-    c.run_for(Duration::from_millis(200)).unwrap();
-    c.check_settled().unwrap();
-    assert_eq!(holders(&c, "case2").len(), 5);
+    each_seed(12, |seed| {
+        let mut c = staged(seed, "case2", &[]);
+        c.apply(&WorldChange::Crash(SlotId(4)));
+        c.run_for(Duration::from_millis(50)).unwrap();
+        assert!(applied_everywhere(&c, "case2"));
+        assert_eq!(c.node(SENDER).unwrap().committed, 1, "the client was answered without slot 4");
+        c.apply(&WorldChange::Restart(SlotId(4)));
+        c.run_for(Duration::from_millis(200)).unwrap();
+        c.check_settled().unwrap();
+        assert_eq!(holders(&c, "case2").len(), 5);
+    });
 }
 
 #[test]
 fn case3_locker_fails_the_next_node_locks_and_replays() {
-    let mut c = staged(13, "case3", &[]);
-    c.apply(&WorldChange::Crash(SlotId(0)));
-    c.run_for(Duration::from_millis(200)).unwrap();
-    assert!(c.node(1).unwrap().gup.is_locker(), "slot 1, next in circular order, locks");
-    assert!(applied_everywhere(&c, "case3"));
-    assert_eq!(c.node(SENDER).unwrap().committed, 1, "the sender's client is answered");
-    let config = c.node(1).unwrap().gup.applied_config().unwrap().clone();
-    assert!(!config.contains(c.identities[0]), "the failed locker no longer votes: {config}");
-    c.apply(&WorldChange::Restart(SlotId(0)));
-    c.run_for(Duration::from_millis(300)).unwrap();
-    c.check_settled().unwrap();
+    each_seed(13, |seed| {
+        let mut c = staged(seed, "case3", &[]);
+        c.apply(&WorldChange::Crash(SlotId(0)));
+        c.run_for(Duration::from_millis(200)).unwrap();
+        assert!(c.node(1).unwrap().gup.is_locker(), "slot 1, next in circular order, locks");
+        assert!(applied_everywhere(&c, "case3"));
+        assert_eq!(c.node(SENDER).unwrap().committed, 1, "the sender's client is answered");
+        let config = c.node(1).unwrap().gup.applied_config().unwrap().clone();
+        assert!(!config.contains(c.identities[0]), "the failed locker no longer votes: {config}");
+        c.apply(&WorldChange::Restart(SlotId(0)));
+        c.run_for(Duration::from_millis(300)).unwrap();
+        c.check_settled().unwrap();
+    });
 }
 
 #[test]
 fn case4_sender_and_locker_fail_the_next_node_finishes() {
-    // Only slot 1 (after the locker in circular order) receives the update before the
-    // sender and the locker crash.
-    let mut c = staged(14, "case4", &[2, 4]);
-    c.sim.run_for(Duration::from_millis(2), |_| Ok(())).unwrap();
-    assert!(holders(&c, "case4").contains(&1));
-    c.apply(&WorldChange::Crash(SlotId(SENDER)));
-    c.apply(&WorldChange::Crash(SlotId(0)));
-    c.apply(&WorldChange::Heal);
-    c.run_for(Duration::from_millis(200)).unwrap();
-    assert!(applied_everywhere(&c, "case4"));
-    assert_eq!(holders(&c, "case4"), vec![1, 2, 4]);
+    each_seed(14, |seed| {
+        // Only slot 1 (after the locker in circular order) receives the update before the
+        // sender and the locker crash.
+        let mut c = staged(seed, "case4", &[2, 4]);
+        c.sim.run_for(Duration::from_millis(2), |_| Ok(())).unwrap();
+        assert!(holders(&c, "case4").contains(&1));
+        c.apply(&WorldChange::Crash(SlotId(SENDER)));
+        c.apply(&WorldChange::Crash(SlotId(0)));
+        c.apply(&WorldChange::Heal);
+        c.run_for(Duration::from_millis(200)).unwrap();
+        assert!(applied_everywhere(&c, "case4"));
+        assert_eq!(holders(&c, "case4"), vec![1, 2, 4]);
+    });
 }
 
 #[test]
 fn case5_sender_and_every_receiver_fail_the_update_leaves_no_trace() {
-    // Nobody but the locker gets the update; sender and locker crash before the locker
-    // takes over. Their disks keep the update — until they come back.
-    let mut c = staged(15, "case5", &[1, 2, 4]);
-    assert_eq!(holders(&c, "case5"), vec![0, SENDER]);
-    c.apply(&WorldChange::Crash(SlotId(SENDER)));
-    c.apply(&WorldChange::Crash(SlotId(0)));
-    c.apply(&WorldChange::Heal);
-    c.run_for(Duration::from_millis(100)).unwrap();
-    assert!(c.node(1).unwrap().gup.is_locker());
-    assert!(!applied_everywhere(&c, "case5"));
-    // Later updates go on.
-    let now = c.sim.now();
-    c.node_mut(2).unwrap().submit_value(now, b"after".to_vec()).unwrap();
-    c.flush(2);
-    c.run_for(Duration::from_millis(50)).unwrap();
-    assert!(applied_everywhere(&c, "after"));
-    // The failed nodes restart with the update on their disks; the new epoch's log wins.
-    c.apply(&WorldChange::Restart(SlotId(SENDER)));
-    c.apply(&WorldChange::Restart(SlotId(0)));
-    c.run_for(Duration::from_millis(300)).unwrap();
-    c.check_settled().unwrap();
-    assert!(!applied_everywhere(&c, "case5"), "never applied anywhere");
-    assert_eq!(holders(&c, "case5"), Vec::<u32>::new(), "no log holds it any more");
-    assert!(!c.world.borrow().acked.contains(b"case5".as_slice()), "its client was never told it happened");
-    assert_eq!(holders(&c, "after").len(), 5);
+    each_seed(15, |seed| {
+        // Nobody but the locker gets the update; sender and locker crash before the locker
+        // takes over. Their disks keep the update — until they come back.
+        let mut c = staged(seed, "case5", &[1, 2, 4]);
+        assert_eq!(holders(&c, "case5"), vec![0, SENDER]);
+        c.apply(&WorldChange::Crash(SlotId(SENDER)));
+        c.apply(&WorldChange::Crash(SlotId(0)));
+        c.apply(&WorldChange::Heal);
+        c.run_for(Duration::from_millis(100)).unwrap();
+        assert!(c.node(1).unwrap().gup.is_locker());
+        assert!(!applied_everywhere(&c, "case5"));
+        // Later updates go on.
+        let now = c.sim.now();
+        c.node_mut(2).unwrap().submit_value(now, b"after".to_vec()).unwrap();
+        c.flush(2);
+        c.run_for(Duration::from_millis(50)).unwrap();
+        assert!(applied_everywhere(&c, "after"));
+        // The failed nodes restart with the update on their disks; the new epoch's log wins.
+        c.apply(&WorldChange::Restart(SlotId(SENDER)));
+        c.apply(&WorldChange::Restart(SlotId(0)));
+        c.run_for(Duration::from_millis(300)).unwrap();
+        c.check_settled().unwrap();
+        assert!(!applied_everywhere(&c, "case5"), "never applied anywhere");
+        assert_eq!(holders(&c, "case5"), Vec::<u32>::new(), "no log holds it any more");
+        assert!(!c.world.borrow().acked.contains(b"case5".as_slice()), "its client was never told it happened");
+        assert_eq!(holders(&c, "after").len(), 5);
+    });
 }
 
 #[test]

@@ -28,6 +28,9 @@ enum Command {
     /// Ask a node about the cluster.
     #[command(subcommand)]
     Cluster(cmd::node::ClusterCommand),
+    /// The replicated registry of a running cluster.
+    #[command(subcommand)]
+    Registry(cmd::registry::RegistryCommand),
     /// Communication tracing: study trace files, test samples for heavy tails.
     Trace(cmd::trace::TraceArgs),
     /// Sort Sort Benchmark records across nodes (River, Millennium Sort).
@@ -35,9 +38,6 @@ enum Command {
     /// One node of `ulnet sort` (started by it).
     #[command(hide = true)]
     SortNode(cmd::sort::SortNodeArgs),
-    /// The replicated registry of a running cluster.
-    #[command(subcommand)]
-    Registry(cmd::registry::RegistryCommand),
     /// One process of `ulnet demo` (started by it).
     #[command(hide = true)]
     DemoNode(cmd::demo::DemoNodeArgs),
@@ -57,8 +57,8 @@ fn main() {
         Command::DemoNode(a) => cmd::demo::run_node(a),
         Command::Node(a) => cmd::node::run_node(a),
         Command::Cluster(c) => cmd::node::run_cluster(c),
-        Command::DemoRmaNode(a) => cmd::demo_rma::run_node(a),
         Command::Registry(c) => cmd::registry::run(c),
+        Command::DemoRmaNode(a) => cmd::demo_rma::run_node(a),
         Command::Gensort(a) => ulnet_sortbench::cli::run_gensort(&a),
         Command::Valsort(a) => ulnet_sortbench::cli::run_valsort(&a),
         Command::Trace(a) => cmd::trace::run(a),

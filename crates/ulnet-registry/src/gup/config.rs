@@ -51,10 +51,15 @@ pub struct GupConfig {
     pub queue_max: usize,
     /// Most log entries sent in one catch-up message (bigger gaps take several).
     pub catchup_entries_max: usize,
-    /// Most positions the locker lets be granted and not yet committed. Beyond it lock
-    /// requests wait: when a quorum is missing the log stays bounded (and with it every
-    /// sync state and snapshot record). Far above what `window` × senders keep in flight.
-    pub uncommitted_max: u64,
+    /// Positions the locker lets be granted and not yet committed before it holds new lock
+    /// requests back until a commit: the requests that arrive meanwhile are then granted
+    /// together, as one combined entry. This is what batches when many senders each have
+    /// one update at a time (16 clients spread over 32 nodes): each position costs every
+    /// member a message, a log write and an acknowledgement, whatever it carries. Fewer
+    /// means bigger batches and less work per update, more means more pipelining. It also
+    /// bounds the uncommitted tail of the log when a quorum is missing (and with it every
+    /// sync state and snapshot record).
+    pub grants_in_flight_max: u64,
     /// How long the locker holds the first queued lock request for others to join it under
     /// one grant. Zero: requests are granted when the host next polls, after the burst of
     /// input it processed — which already gathers concurrent requests without adding
@@ -85,7 +90,7 @@ impl GupConfig {
             batch_bytes_max: 1 << 20,
             queue_max: 1 << 16,
             catchup_entries_max: 4096,
-            uncommitted_max: 4096,
+            grants_in_flight_max: 2,
             grant_delay: Duration::ZERO,
             snapshot_valid: |_| true,
         }
@@ -113,7 +118,7 @@ impl GupConfig {
             heartbeat_interval: Duration::from_millis(10),
             batch_updates_max: 8,
             catchup_entries_max: 16,
-            uncommitted_max: 256,
+            grants_in_flight_max: 4,
             window: 4,
             grant_delay: Duration::from_micros(300),
             ..Self::local()

@@ -325,8 +325,8 @@ impl Gup {
     /// Grants every queued request: one alone gets its own position, delivered by its
     /// sender as in MSCS; several share one position (one entry, one fsync per member, one
     /// acknowledgement each), which the locker delivers itself. Holds them while
-    /// `uncommitted_max` positions are uncommitted (back-pressure: the log stays bounded
-    /// when a quorum is missing).
+    /// `grants_in_flight_max` positions are uncommitted (they batch meanwhile; and the log
+    /// stays bounded when a quorum is missing).
     pub(super) fn flush_grants(&mut self) {
         if !self.is_locker() {
             return;
@@ -334,11 +334,11 @@ impl Gup {
         let now = self.last_now;
         let delay = self.config.grant_delay;
         let commit = self.commit;
-        let uncommitted_max = self.config.uncommitted_max;
+        let in_flight_max = self.config.grants_in_flight_max.max(1);
         let locker = self.locker.as_mut().expect("locker");
         if locker.queued.is_empty()
             || locker.queued_since.is_some_and(|t| now < t + delay)
-            || locker.granted >= commit + uncommitted_max
+            || locker.granted >= commit + in_flight_max
         {
             return;
         }

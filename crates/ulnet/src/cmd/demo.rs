@@ -108,9 +108,10 @@ pub fn run(args: DemoArgs) -> Result<i32> {
     super::demo_trace::report(args.trace.as_deref(), reports.len())?;
     let rma_ok = super::demo_rma::run(args.nodes)?;
     let membership_ok = super::demo_cluster::run()?;
+    let registry_ok = super::demo_registry::run()?;
     super::sort_demo::run(args.nodes)?;
     super::dc::demo()?;
-    Ok(if bad == 0 && sent == received && rma_ok && membership_ok { 0 } else { 1 })
+    Ok(if bad == 0 && sent == received && rma_ok && membership_ok && registry_ok { 0 } else { 1 })
 }
 
 pub fn run_node(a: DemoNodeArgs) -> Result<i32> {

@@ -40,6 +40,10 @@ pub struct NodeArgs {
     /// Shared directory of the two-node quorum witness (lock files).
     #[arg(long)]
     witness_dir: Option<PathBuf>,
+    /// Log positions between the registry's snapshots (each truncates the log; a node that
+    /// joins or lags behind the truncation gets the snapshot by state transfer).
+    #[arg(long, default_value_t = ulnet_registry::service::SNAPSHOT_EVERY)]
+    registry_snapshot_every: u64,
 }
 
 /// `ulnet cluster` subcommands.
@@ -94,7 +98,13 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
         } else {
             ulnet_registry::gup::GupConfig::lan()
         };
-        services.push(Box::new(ulnet_registry::service::RegistryService::new(dir, prepared, gup)));
+        if a.registry_snapshot_every == 0 {
+            bail!("--registry-snapshot-every must be at least 1");
+        }
+        services.push(Box::new(
+            ulnet_registry::service::RegistryService::new(dir, prepared, gup)
+                .with_snapshot_every(a.registry_snapshot_every),
+        ));
     }
     let config = NodeConfig {
         name: a.name,
