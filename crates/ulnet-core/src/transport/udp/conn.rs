@@ -42,6 +42,11 @@ use std::time::{Duration, Instant};
 /// the timeout (TCP's duplicate-ack threshold).
 const REORDER_THRESHOLD: u64 = 3;
 
+/// Bytes copied into a send slot before the checksum catches up with them: half of a
+/// typical 48 KiB first-level data cache, so the checksum reads what the copy wrote
+/// from there.
+const COPY_CHUNK: usize = 24 << 10;
+
 /// Where [`Connection::poll_transmit_in_place`] put the next datagram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Datagram {
@@ -178,9 +183,12 @@ impl Rtt {
 }
 
 struct TxSlot {
+    /// The packet; empty (its buffer back in the pool) once acknowledged.
     buf: Vec<u8>,
     /// Stream bytes the packet counts against the peer's credit.
     body: u32,
+    /// [`wire::records_checksum`] of the records written so far.
+    records_crc: u32,
     last_sent: Option<Instant>,
     sends: u32,
     sacked: bool,
@@ -190,6 +198,12 @@ struct TxSlot {
 /// The sending half: slots of packets being filled, waiting for credit, or in flight.
 struct Tx {
     slots: Vec<TxSlot>,
+    /// Buffers of acknowledged packets, reused last-in first-out: the next packet is
+    /// written into the buffer that left the cache least long ago, so the memory a stream
+    /// touches is what is in flight, not the whole ring of slots.
+    pool: Vec<Vec<u8>>,
+    /// The session's checksum salt (records are checksummed as they are written).
+    salt: u32,
     /// Oldest packet not yet acknowledged.
     una: u64,
     /// Next packet to transmit for the first time.
@@ -245,16 +259,20 @@ impl Tx {
         debug_assert!(!self.open && self.free_slots() > 0, "open_packet needs a free slot");
         let seq = self.next_seq;
         let cap = self.datagram_max;
-        let slot = self.slot(seq);
-        if slot.buf.capacity() < cap {
-            slot.buf.reserve_exact(cap - slot.buf.len());
+        let mut buf = self.pool.pop().unwrap_or_default();
+        if buf.capacity() < cap {
+            buf.reserve_exact(cap - buf.len());
         }
-        slot.buf.clear();
-        slot.buf.resize(wire::DATA_PREFIX_LEN, 0);
-        wire::write_data_prefix(&mut slot.buf, seq, flags);
+        buf.clear();
+        buf.resize(wire::DATA_PREFIX_LEN, 0);
+        wire::write_data_prefix(&mut buf, seq, flags);
+        let salt = self.salt;
+        let slot = self.slot(seq);
+        debug_assert!(slot.buf.is_empty(), "a slot is reused only after its packet was acknowledged");
         *slot = TxSlot {
-            buf: std::mem::take(&mut slot.buf),
+            buf,
             body: 0,
+            records_crc: wire::records_checksum(&[], salt),
             last_sent: None,
             sends: 0,
             sacked: false,
@@ -263,14 +281,25 @@ impl Tx {
         self.open = true;
     }
 
+    /// Gives the buffer of acknowledged packet `seq` back to the pool.
+    fn release(&mut self, seq: u64) {
+        let buf = std::mem::take(&mut self.slot(seq).buf);
+        if buf.capacity() > 0 {
+            self.pool.push(buf);
+        }
+    }
+
     /// Appends one record (header and data gathered from `gather` starting at byte `skip`)
     /// to the open packet.
     fn append_record(&mut self, gather: &[&[u8]], skip: usize, data_len: usize, message_len: u64, offset: u64) {
         let seq = self.next_seq;
-        let buf = &mut self.slot(seq).buf;
+        let datagram_max = self.datagram_max;
+        let slot = self.slot(seq);
+        let buf = &mut slot.buf;
         let at = buf.len();
         buf.resize(at + wire::RECORD_HEADER_LEN, 0);
         wire::write_record_header(buf, at, data_len as u32, message_len as u32, offset as u32);
+        let mut crc = wire::crc32c_append(slot.records_crc, &buf[at..]);
         let mut skip = skip;
         let mut left = data_len;
         for piece in gather {
@@ -282,12 +311,19 @@ impl Tx {
                 continue;
             }
             let take = (piece.len() - skip).min(left);
-            buf.extend_from_slice(&piece[skip..skip + take]);
+            // Copy and checksum a cache-sized chunk at a time: the checksum reads what the
+            // copy just wrote while it is still in the first-level cache.
+            for chunk in piece[skip..skip + take].chunks(COPY_CHUNK) {
+                let from = buf.len();
+                buf.extend_from_slice(chunk);
+                crc = wire::crc32c_append(crc, &buf[from..]);
+            }
             left -= take;
             skip = 0;
         }
+        slot.records_crc = crc;
         debug_assert_eq!(left, 0, "gather holds the record");
-        debug_assert!(buf.len() <= self.datagram_max, "a packet fits its datagram");
+        debug_assert!(slot.buf.len() <= datagram_max, "a packet fits its datagram");
     }
 
     fn open_room(&mut self) -> usize {
@@ -541,12 +577,15 @@ impl Connection {
                 .map(|_| TxSlot {
                     buf: Vec::new(),
                     body: 0,
+                    records_crc: 0,
                     last_sent: None,
                     sends: 0,
                     sacked: false,
                     retx_queued: false,
                 })
                 .collect(),
+            pool: Vec::with_capacity(w),
+            salt: 0,
             una: 1,
             next_tx: 1,
             next_seq: 1,
@@ -647,6 +686,7 @@ impl Connection {
             handshake::mac(&c.config.secret, &role_server, &hello.nonce, &nonce, handshake::Ids::tags_only(ids));
         c.proof = handshake::mac(&c.config.secret, &role_client, &hello.nonce, &nonce, handshake::Ids::tags_only(ids));
         c.salt = session_salt(&c.config.secret, &hello.nonce, &nonce, ids);
+        c.tx.salt = c.salt;
         c.handshake_out = Some(Kind::Challenge);
         Ok(c)
     }
@@ -890,6 +930,7 @@ impl Connection {
             handshake::Ids::tags_only(ids),
         );
         self.salt = session_salt(&self.config.secret, &self.local_nonce, &server.nonce, ids);
+        self.tx.salt = self.salt;
         self.state = State::ProofSent;
         self.handshake_out = Some(Kind::Proof);
         self.last_heard = now;
@@ -942,6 +983,7 @@ impl Connection {
                 }
                 slot.sends = 0;
                 slot.last_sent = None;
+                tx.release(seq);
             }
             tx.una = ack.cum_ack + 1;
             // New data acknowledged: the path works, so the backed-off timeout goes back to
@@ -1352,7 +1394,8 @@ impl Connection {
         slot.sends += 1;
         slot.last_sent = Some(now);
         ack.write(&mut slot.buf, wire::DATA_ACK_OFFSET);
-        wire::finish(&mut slot.buf, Kind::Data, peer_id, salt);
+        debug_assert_eq!(slot.records_crc, wire::records_checksum(&slot.buf[wire::DATA_PREFIX_LEN..], salt));
+        wire::finish_with_records_checksum(&mut slot.buf, Kind::Data, peer_id, slot.records_crc);
         if self.rto_at.is_none() {
             self.rto_at = Some(now + self.rtt.current(&self.config));
         }
