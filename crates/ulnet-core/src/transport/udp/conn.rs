@@ -32,6 +32,7 @@
 use super::config::UdpConfig;
 use super::wire::{self, AckBlock, Hello, Kind, WireError};
 use crate::error::{ChannelError, SendError};
+use crate::node::NodeId;
 use crate::transport::tcp::handshake;
 use crate::transport::{Responder, SendOutcome};
 use crate::{Delivery, GATHER_MAX};
@@ -540,18 +541,24 @@ pub struct Connection {
     counters: UdpCounters,
 }
 
-fn session_salt(secret: &[u8], client_nonce: &[u8; 16], server_nonce: &[u8; 16], ids: (u32, u32)) -> u32 {
-    let m = handshake::mac(secret, b"udp1-salt", client_nonce, server_nonce, handshake::Ids::tags_only(ids));
+fn session_salt(secret: &[u8], client_nonce: &[u8; 16], server_nonce: &[u8; 16], ids: handshake::Ids) -> u32 {
+    let m = handshake::mac(secret, b"udp1-salt", client_nonce, server_nonce, ids);
     u32::from_le_bytes(m[..4].try_into().expect("4 bytes"))
 }
 
+/// What the MACs and the salt cover besides the nonces: (client, server) connection ids
+/// and node ids.
+fn ids(client: &Hello, server: &Hello) -> handshake::Ids {
+    handshake::Ids { tags: (client.conn_id, server.conn_id), nodes: (client.node, server.node) }
+}
+
 /// The role string of a proof: binds the MAC to the role, the version and both sides'
-/// parameters, so none can be changed on the way.
+/// parameters, so none can be changed on the way (the node ids are bound by [`ids`]).
 fn role(name: &[u8], client: &Hello, server: &Hello) -> Vec<u8> {
-    let mut r = Vec::with_capacity(name.len() + 1 + 2 * wire::HELLO_BODY_LEN);
+    let mut r = Vec::with_capacity(name.len() + 1 + 2 * wire::HELLO_FIELDS_LEN);
     r.extend_from_slice(name);
     r.push(wire::VERSION);
-    let mut b = [0u8; wire::HELLO_BODY_LEN];
+    let mut b = [0u8; wire::HELLO_FIELDS_LEN];
     client.write(&mut b, 0);
     r.extend_from_slice(&b);
     server.write(&mut b, 0);
@@ -560,7 +567,7 @@ fn role(name: &[u8], client: &Hello, server: &Hello) -> Vec<u8> {
 }
 
 impl Connection {
-    fn new(config: UdpConfig, now: Instant, local_id: u32, nonce: [u8; 16], is_client: bool) -> Self {
+    fn new(config: UdpConfig, now: Instant, local_id: u32, nonce: [u8; 16], node: NodeId, is_client: bool) -> Self {
         config.validate().expect("UdpConfig::validate before making connections");
         assert_ne!(local_id, 0, "connection id 0 means 'none' on the wire");
         let w = config.window_packets as usize;
@@ -571,6 +578,7 @@ impl Connection {
             datagram_max: config.datagram_max as u32,
             flags: if config.flow_control { wire::HELLO_FLOW_CONTROL } else { 0 },
             credit: config.credit_bytes,
+            node: node.0,
         };
         let tx = Tx {
             slots: (0..w)
@@ -652,9 +660,10 @@ impl Connection {
 
     /// A client connection: its HELLO is the first thing [`Connection::poll_transmit`]
     /// returns. `local_id` (non-zero) is the id the peer puts in our packets; `nonce` must
-    /// be fresh (the driver draws it from the OS, the simulator from its seed).
-    pub fn client(config: UdpConfig, now: Instant, local_id: u32, nonce: [u8; 16]) -> Self {
-        let mut c = Self::new(config, now, local_id, nonce, true);
+    /// be fresh (the driver draws it from the OS, the simulator from its seed); `node` is
+    /// told to the peer (`NodeId::UNKNOWN` when there is none).
+    pub fn client(config: UdpConfig, now: Instant, local_id: u32, nonce: [u8; 16], node: NodeId) -> Self {
+        let mut c = Self::new(config, now, local_id, nonce, node, true);
         c.handshake_out = Some(Kind::Hello);
         c
     }
@@ -667,6 +676,7 @@ impl Connection {
         now: Instant,
         local_id: u32,
         nonce: [u8; 16],
+        node: NodeId,
         datagram: &[u8],
     ) -> Result<Self, WireError> {
         let h = wire::parse_header(datagram)?;
@@ -676,15 +686,14 @@ impl Connection {
         if !wire::verify_checksum(datagram, 0) {
             return Err(WireError::Checksum);
         }
-        let hello = Hello::read(datagram, wire::HEADER_LEN)?;
-        let mut c = Self::new(config, now, local_id, nonce, false);
+        let hello = Hello::read_body(Kind::Hello, datagram, wire::HEADER_LEN)?;
+        let mut c = Self::new(config, now, local_id, nonce, node, false);
         c.accept_peer_hello(hello);
         let role_server = role(b"udp-server", &hello, &c.local_hello);
         let role_client = role(b"udp-client", &hello, &c.local_hello);
-        let ids = (hello.conn_id, local_id);
-        c.challenge_mac =
-            handshake::mac(&c.config.secret, &role_server, &hello.nonce, &nonce, handshake::Ids::tags_only(ids));
-        c.proof = handshake::mac(&c.config.secret, &role_client, &hello.nonce, &nonce, handshake::Ids::tags_only(ids));
+        let ids = ids(&hello, &c.local_hello);
+        c.challenge_mac = handshake::mac(&c.config.secret, &role_server, &hello.nonce, &nonce, ids);
+        c.proof = handshake::mac(&c.config.secret, &role_client, &hello.nonce, &nonce, ids);
         c.salt = session_salt(&c.config.secret, &hello.nonce, &nonce, ids);
         c.tx.salt = c.salt;
         c.handshake_out = Some(Kind::Challenge);
@@ -725,6 +734,12 @@ impl Connection {
     /// Our connection id (the one in packets we receive).
     pub fn local_id(&self) -> u32 {
         self.local_id
+    }
+
+    /// The node the peer told in the handshake (`NodeId::UNKNOWN` before, or when it has
+    /// none).
+    pub fn peer_node(&self) -> NodeId {
+        self.peer_hello.map_or(NodeId::UNKNOWN, |h| NodeId(h.node))
     }
 
     /// The client's HELLO nonce (server side: to recognise a repeated HELLO).
@@ -871,7 +886,7 @@ impl Connection {
 
     fn on_hello(&mut self, b: &[u8]) {
         // A repeated HELLO (our CHALLENGE was lost): send the CHALLENGE again.
-        match Hello::read(b, wire::HEADER_LEN) {
+        match Hello::read_body(Kind::Hello, b, wire::HEADER_LEN) {
             Ok(h) if !self.is_client && self.peer_hello.is_some_and(|p| p.nonce == h.nonce) => {
                 if self.state == State::ChallengeSent {
                     self.handshake_out = Some(Kind::Challenge);
@@ -887,7 +902,7 @@ impl Connection {
             self.counters.malformed += 1;
             return;
         }
-        let server = match Hello::read(b, wire::HEADER_LEN) {
+        let server = match Hello::read_body(Kind::Challenge, b, wire::HEADER_LEN) {
             Ok(h) => h,
             Err(e) => return count_wire_error(&mut self.counters, e),
         };
@@ -902,19 +917,11 @@ impl Connection {
                 return;
             }
         }
-        let mac = &b[wire::HEADER_LEN + wire::HELLO_BODY_LEN..wire::HEADER_LEN + wire::CHALLENGE_BODY_LEN];
-        let ids = (self.local_id, server.conn_id);
+        let mac_at = wire::HEADER_LEN + wire::CHALLENGE_MAC_AT;
+        let mac = &b[mac_at..mac_at + 32];
+        let ids = ids(&self.local_hello, &server);
         let role_server = role(b"udp-server", &self.local_hello, &server);
-        if handshake::verify(
-            &self.config.secret,
-            &role_server,
-            &self.local_nonce,
-            &server.nonce,
-            handshake::Ids::tags_only(ids),
-            mac,
-        )
-        .is_err()
-        {
+        if handshake::verify(&self.config.secret, &role_server, &self.local_nonce, &server.nonce, ids, mac).is_err() {
             self.counters.wrong_secret += 1;
             tracing::warn!("udp: server failed to prove the cluster secret");
             self.fail(ChannelError::Protocol("peer failed to prove the cluster secret".into()));
@@ -922,13 +929,7 @@ impl Connection {
         }
         self.accept_peer_hello(server);
         let role_client = role(b"udp-client", &self.local_hello, &server);
-        self.proof = handshake::mac(
-            &self.config.secret,
-            &role_client,
-            &self.local_nonce,
-            &server.nonce,
-            handshake::Ids::tags_only(ids),
-        );
+        self.proof = handshake::mac(&self.config.secret, &role_client, &self.local_nonce, &server.nonce, ids);
         self.salt = session_salt(&self.config.secret, &self.local_nonce, &server.nonce, ids);
         self.tx.salt = self.salt;
         self.state = State::ProofSent;
@@ -1404,12 +1405,12 @@ impl Connection {
     fn write_handshake(&mut self, now: Instant, kind: Kind, out: &mut [u8]) -> usize {
         let (len, conn_id, salt) = match kind {
             Kind::Hello => {
-                self.local_hello.write(out, wire::HEADER_LEN);
+                self.local_hello.write_body(Kind::Hello, out, wire::HEADER_LEN);
                 (wire::HEADER_LEN + wire::HELLO_BODY_LEN, 0, 0)
             }
             Kind::Challenge => {
-                self.local_hello.write(out, wire::HEADER_LEN);
-                let at = wire::HEADER_LEN + wire::HELLO_BODY_LEN;
+                self.local_hello.write_body(Kind::Challenge, out, wire::HEADER_LEN);
+                let at = wire::HEADER_LEN + wire::CHALLENGE_MAC_AT;
                 out[at..at + 32].copy_from_slice(&self.challenge_mac);
                 (wire::HEADER_LEN + wire::CHALLENGE_BODY_LEN, self.peer_id, 0)
             }

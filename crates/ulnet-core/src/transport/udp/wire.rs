@@ -16,8 +16,9 @@
 //!  fails it. conn_id is the *receiver's* id.
 //!
 //!  HELLO      client_nonce[16] client_id u32 window u32 datagram_max u32 flags u32 credit u32
+//!             client_node u32
 //!  CHALLENGE  server_nonce[16] server_id u32 window u32 datagram_max u32 flags u32 credit u32
-//!             mac[32]
+//!             mac[32] server_node u32
 //!  PROOF      mac[32]
 //!  READY      (empty)
 //!  DATA       seq u64 | flags u32 | 0 u32 | ack block | records...
@@ -32,9 +33,11 @@
 //! - 1 — first version.
 //! - 2 — the checksum takes a packet's bytes from `DATA_PREFIX_LEN` on first (see above;
 //!   v1 took them in wire order), so that records are checksummed once as they are copied.
+//! - 3 — node ids appended to HELLO and CHALLENGE and covered by the handshake MACs and the
+//!   session salt (as in the TCP and shared-memory v2 handshakes).
 
 /// Protocol version spoken; the handshake refuses any other.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// First two bytes of every packet.
 pub const MAGIC: [u8; 2] = *b"uU";
 /// Bytes of the common header.
@@ -54,10 +57,15 @@ pub const DATA_ACK_OFFSET: usize = HEADER_LEN + 16;
 pub const RECORD_HEADER_LEN: usize = 12;
 /// Bytes of an ACK packet.
 pub const ACK_PACKET_LEN: usize = HEADER_LEN + ACK_BLOCK_LEN + 8;
-/// Bytes of a HELLO body.
-pub const HELLO_BODY_LEN: usize = 36;
-/// Bytes of a CHALLENGE body.
-pub const CHALLENGE_BODY_LEN: usize = HELLO_BODY_LEN + 32;
+/// Bytes of the connection parameters ([`Hello`] without its node id) that open HELLO
+/// and CHALLENGE bodies.
+pub const HELLO_FIELDS_LEN: usize = 36;
+/// Bytes of a HELLO body: the parameters, then the node id.
+pub const HELLO_BODY_LEN: usize = HELLO_FIELDS_LEN + 4;
+/// Where the server's MAC starts in a CHALLENGE body.
+pub const CHALLENGE_MAC_AT: usize = HELLO_FIELDS_LEN;
+/// Bytes of a CHALLENGE body: the parameters, the MAC, then the node id.
+pub const CHALLENGE_BODY_LEN: usize = HELLO_FIELDS_LEN + 32 + 4;
 /// Bytes of a PROOF body.
 pub const PROOF_BODY_LEN: usize = 32;
 /// Largest message the UDP transport carries (64 MiB).
@@ -409,10 +417,35 @@ pub struct Hello {
     pub flags: u32,
     /// Stream bytes the sender buffers for its peer (its initial credit).
     pub credit: u32,
+    /// The sender's node id (`NodeId::UNKNOWN` when it has none).
+    pub node: u32,
 }
 
 impl Hello {
-    /// Writes the 36 bytes at `at`.
+    /// Writes the body of a HELLO (`kind` Hello) or CHALLENGE (`kind` Challenge, whose
+    /// MAC the caller writes at [`CHALLENGE_MAC_AT`]) starting at `at`.
+    pub fn write_body(&self, kind: Kind, b: &mut [u8], at: usize) {
+        self.write(b, at);
+        let node_at = at + Self::node_offset(kind);
+        b[node_at..node_at + 4].copy_from_slice(&self.node.to_le_bytes());
+    }
+
+    /// Reads and range-checks the body of a HELLO or CHALLENGE starting at `at`.
+    pub fn read_body(kind: Kind, b: &[u8], at: usize) -> Result<Self, WireError> {
+        let mut h = Self::read(b, at)?;
+        h.node = u32_at(b, at + Self::node_offset(kind));
+        Ok(h)
+    }
+
+    /// Where the node id sits in a body of `kind`: appended after the fields of version 1.
+    fn node_offset(kind: Kind) -> usize {
+        match kind {
+            Kind::Challenge => CHALLENGE_MAC_AT + 32,
+            _ => HELLO_FIELDS_LEN,
+        }
+    }
+
+    /// Writes the [`HELLO_FIELDS_LEN`] bytes of parameters (all but the node id) at `at`.
     pub fn write(&self, b: &mut [u8], at: usize) {
         b[at..at + 16].copy_from_slice(&self.nonce);
         b[at + 16..at + 20].copy_from_slice(&self.conn_id.to_le_bytes());
@@ -422,8 +455,9 @@ impl Hello {
         b[at + 32..at + 36].copy_from_slice(&self.credit.to_le_bytes());
     }
 
-    /// Reads and range-checks the 36 bytes at `at`.
-    pub fn read(b: &[u8], at: usize) -> Result<Self, WireError> {
+    /// Reads and range-checks the [`HELLO_FIELDS_LEN`] bytes of parameters at `at` (the
+    /// node id reads as 0; see [`Hello::read_body`]).
+    fn read(b: &[u8], at: usize) -> Result<Self, WireError> {
         let h = Self {
             nonce: b[at..at + 16].try_into().expect("16 bytes"),
             conn_id: u32_at(b, at + 16),
@@ -431,6 +465,7 @@ impl Hello {
             datagram_max: u32_at(b, at + 24),
             flags: u32_at(b, at + 28),
             credit: u32_at(b, at + 32),
+            node: 0,
         };
         if h.conn_id == 0 || h.window == 0 || h.window > 1 << 16 {
             return Err(WireError::Malformed("connection id or window out of range"));
@@ -534,7 +569,7 @@ mod tests {
                 match h.kind {
                     Kind::Data => { let _ = read_data_prefix(&b); let _ = validate_records(&b); }
                     Kind::Ack => { let _ = read_ack(&b); }
-                    Kind::Hello | Kind::Challenge => { let _ = Hello::read(&b, HEADER_LEN); }
+                    Kind::Hello | Kind::Challenge => { let _ = Hello::read_body(h.kind, &b, HEADER_LEN); }
                     _ => {}
                 }
             }
