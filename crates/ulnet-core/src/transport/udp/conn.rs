@@ -979,7 +979,11 @@ impl Connection {
         if ack.cum_ack >= tx.una {
             for seq in tx.una..=ack.cum_ack {
                 let slot = tx.slot(seq);
-                if slot.sends == 1 {
+                // Sampled only at its first acknowledgement: a packet selectively acked
+                // earlier and covered by the cumulative ack only now (once a hole before it
+                // filled, perhaps after a timeout) would count the whole stall as its RTT
+                // and inflate the timeout, up to `rto_max`, for every later loss.
+                if slot.sends == 1 && !slot.sacked {
                     newest_clean_sample = slot.last_sent;
                 }
                 slot.sends = 0;
