@@ -158,6 +158,56 @@ fn node_ids_are_bound_by_the_handshake_macs() {
     assert_eq!(client.counters().wrong_secret, 1);
 }
 
+/// A packet selectively acked early and covered by the cumulative ack only after a long
+/// stall (its predecessor lost and resent on a timeout) must not count the stall as its
+/// round trip: the timeout would grow to `rto_max` for every later loss.
+#[test]
+fn a_stall_before_a_hole_fills_does_not_inflate_the_retransmission_timeout() {
+    let (mut client, server) = handshake_in_memory(|_| {});
+    let mut server = server.expect("the server answers");
+    let t0 = Instant::now();
+    let mut buf = vec![0u8; wire::DATAGRAM_LIMIT];
+    let mut packets = Vec::new();
+    for i in 0..5u8 {
+        assert_eq!(client.send(&[&[i; 100]]).unwrap(), SendOutcome::Done);
+        client.flush();
+        while let Some(n) = client.poll_transmit(t0, &mut buf) {
+            packets.push(buf[..n].to_vec());
+        }
+    }
+    assert_eq!(packets.len(), 5);
+    // The first is lost; the others arrive and are selectively acked 200 µs later.
+    let t1 = t0 + Duration::from_micros(100);
+    for p in &packets[1..] {
+        server.handle_datagram(t1, p);
+    }
+    let deliver_acks = |server: &mut Connection, client: &mut Connection, at: Instant, buf: &mut Vec<u8>| {
+        while let Some(n) = server.poll_transmit(at, buf) {
+            let d = buf[..n].to_vec();
+            client.handle_datagram(at + Duration::from_micros(100), &d);
+        }
+    };
+    deliver_acks(&mut server, &mut client, t1, &mut buf);
+    // A long stall (the sender descheduled, say), then the timeout resends the first.
+    let t2 = t0 + Duration::from_secs(1);
+    client.handle_timeout(t2);
+    let mut resent = 0;
+    while let Some(n) = client.poll_transmit(t2, &mut buf) {
+        server.handle_datagram(t2 + Duration::from_micros(100), &buf[..n].to_vec());
+        resent += 1;
+    }
+    assert!(resent >= 1, "the timeout resends the lost packet");
+    deliver_acks(&mut server, &mut client, t2 + Duration::from_micros(100), &mut buf);
+    assert_eq!(client.send_backlog(), (0, 0), "everything acknowledged");
+    // The next packet's timeout reflects the 200 µs round trips, not the 1 s stall.
+    let t3 = t2 + Duration::from_millis(1);
+    assert_eq!(client.send(&[b"next"]).unwrap(), SendOutcome::Done);
+    client.flush();
+    assert!(client.poll_transmit(t3, &mut buf).is_some());
+    let timeout = client.poll_timeout().expect("a timer runs").saturating_duration_since(t3);
+    assert!(timeout < Duration::from_millis(50), "retransmission timeout {timeout:?}");
+}
+
 #[test]
 fn a_forged_proof_is_counted_as_wrong_secret() {
     let mut server = Endpoint::new(config(b"right"));
