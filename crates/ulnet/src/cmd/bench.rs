@@ -598,7 +598,9 @@ fn serve_rpc(ep: Endpoint, p: &Params) {
     rpc.register_inline(RPC_ECHO, move |req, replier| replier.reply(&[&echo[..req.payload.len().min(echo.len())]]));
     let mut down = false;
     while !down {
-        rpc.poll(256, |e| down |= matches!(e, RpcEvent::ChannelDown { .. }));
+        if rpc.poll(256, |e| down |= matches!(e, RpcEvent::ChannelDown { .. })) == 0 && idle(rpc.endpoint()).is_err() {
+            return;
+        }
     }
 }
 
@@ -662,7 +664,9 @@ fn rpc_client(rpc: &mut Rpc, ch: ChannelId, p: &Params) -> Result<Report> {
             }
         }
         let before = tally.done;
-        rpc.poll(256, |e| tally.count(e));
+        if rpc.poll(256, |e| tally.count(e)) == 0 {
+            idle(rpc.endpoint())?;
+        }
         tally.check()?;
         if before < p.warmup && tally.done >= p.warmup {
             t0 = Instant::now();
