@@ -193,7 +193,7 @@ fn a_stall_before_a_hole_fills_does_not_inflate_the_retransmission_timeout() {
     client.handle_timeout(t2);
     let mut resent = 0;
     while let Some(n) = client.poll_transmit(t2, &mut buf) {
-        server.handle_datagram(t2 + Duration::from_micros(100), &buf[..n].to_vec());
+        server.handle_datagram(t2 + Duration::from_micros(100), &buf[..n]);
         resent += 1;
     }
     assert!(resent >= 1, "the timeout resends the lost packet");
