@@ -306,7 +306,7 @@ impl Endpoint {
     /// Opens a UDP channel to the endpoint listening at `addr`, repeating the handshake
     /// until `timeout`.
     pub fn connect_udp(&mut self, addr: &str, timeout: Duration) -> Result<ChannelId, ConnectError> {
-        let channel = udp::connect(addr, &self.config.udp, timeout, self.udp_stats.clone())?;
+        let channel = udp::connect(addr, &self.config.udp, self.config.node_id, timeout, self.udp_stats.clone())?;
         Ok(self.add_channel(Box::new(channel)))
     }
 
@@ -358,7 +358,7 @@ impl Endpoint {
             }
         }
         let udp = match &mut self.udp_listener {
-            Some(l) => l.try_accept(&self.config.udp)?,
+            Some(l) => l.try_accept(&self.config.udp, self.config.node_id)?,
             None => None,
         };
         if let Some(c) = udp {

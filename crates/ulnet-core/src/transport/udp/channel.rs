@@ -418,6 +418,10 @@ impl Transport for UdpChannel {
         Ok(self.conn.send_backlog().0 == 0 && self.tx_start == self.tx_end)
     }
 
+    fn peer_node(&self) -> Option<crate::node::NodeId> {
+        Some(self.conn.peer_node())
+    }
+
     fn probe(&self) -> Arc<dyn ReadyProbe> {
         self.probe.clone()
     }
