@@ -118,8 +118,6 @@ pub struct RiverCounters {
     pub channel_full: u64,
     /// Times the node slept waiting.
     pub sleeps: u64,
-    /// Naps taken because waiting returned at once with nothing to do.
-    pub naps: u64,
 }
 
 /// Receive state of one peer: its messages, arriving in fragments, reassembled into whole
@@ -169,15 +167,7 @@ struct Inner<S> {
     failure: Option<RiverError>,
     /// Credits and ends of stream (the sans-IO part).
     flow: FlowControl,
-    /// Wake-ups in a row that found nothing to do (see `nap_if_futile`).
-    futile_wakeups: u32,
 }
-
-/// A wait that returns sooner than this found nothing to sleep for.
-const FUTILE_WAKEUP: Duration = Duration::from_micros(20);
-/// How long the river naps after futile wake-ups: short enough that a message arriving
-/// meanwhile waits little, long enough that napping costs no measurable CPU.
-const NAP: Duration = Duration::from_micros(200);
 
 /// One node's part of the distributed queue. Cloning shares it (sinks hold clones); it
 /// belongs to one thread.
@@ -239,7 +229,6 @@ impl<S: Sink> River<S> {
                 counters: RiverCounters::default(),
                 failure: None,
                 flow,
-                futile_wakeups: 0,
             })),
         }
     }
@@ -478,7 +467,6 @@ impl<S: Sink> Inner<S> {
     }
 
     fn wait_with_doorbell(&mut self, timeout: Option<Duration>) -> Result<(), RiverError> {
-        let started = Instant::now();
         let result = match &self.doorbell {
             Some(d) => {
                 let fd = d.as_fd();
@@ -487,32 +475,12 @@ impl<S: Sink> Inner<S> {
             None => self.ep.wait(timeout),
         };
         result.map_err(|e| RiverError::io("waiting for the network", e))?;
-        self.nap_if_futile(started, timeout);
         Ok(())
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> Result<(), RiverError> {
-        let started = Instant::now();
         self.ep.wait(timeout).map_err(|e| RiverError::io("waiting for the network", e))?;
-        self.nap_if_futile(started, timeout);
         Ok(())
-    }
-
-    /// A shared-memory channel reports itself readable while consumed records it has not
-    /// yet released (less than 4 KiB of them, after traffic stops) sit at its published
-    /// head, so `Endpoint::wait` can return at once with nothing to receive, again and
-    /// again. After two such futile wake-ups in a row the river naps briefly instead of
-    /// spinning: a few hundred wake-ups a second at most, not a core.
-    fn nap_if_futile(&mut self, started: Instant, timeout: Option<Duration>) {
-        if started.elapsed() >= FUTILE_WAKEUP {
-            self.futile_wakeups = 0;
-            return;
-        }
-        self.futile_wakeups += 1;
-        if self.futile_wakeups >= 2 {
-            self.counters.naps += 1;
-            std::thread::sleep(timeout.map_or(NAP, |t| t.min(NAP)));
-        }
     }
 
     /// Receives and delivers what has arrived, returns owed credits, sends what credit
@@ -523,9 +491,6 @@ impl<S: Sink> Inner<S> {
         work += self.send_owed_credits(false)?;
         for j in 0..self.peers.len() {
             work += self.flush_ready(j)?;
-        }
-        if work > 0 {
-            self.futile_wakeups = 0;
         }
         Ok(work)
     }

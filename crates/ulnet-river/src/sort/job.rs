@@ -109,9 +109,6 @@ pub struct NodeReport {
     /// Times the node slept in the kernel waiting for its channels or its disk reader.
     #[serde(default)]
     pub sleeps: u64,
-    /// Short naps taken when waiting returned at once with nothing to do.
-    #[serde(default)]
-    pub naps: u64,
     /// Checksum of its input slice (hex), with verify.
     pub input_checksum: Option<String>,
     /// valsort summary of its partition (hex of the 280-byte record), with verify.

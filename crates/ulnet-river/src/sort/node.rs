@@ -491,7 +491,6 @@ fn node_body(
         records_sent: counters.records_sent,
         credit_waits: counters.credit_waits,
         sleeps: counters.sleeps,
-        naps: counters.naps,
         input_checksum: job.verify.then(|| format!("{:x}", input_checksum.value())),
         summary,
     };
