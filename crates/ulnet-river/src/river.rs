@@ -52,7 +52,7 @@
 use crate::credit::{FlowControl, FlowError};
 use crate::doorbell::Doorbell;
 use crate::error::RiverError;
-use crate::flow::Sink;
+use crate::flow::{copy_gathered, Sink};
 use crate::pool::{Buffer, MemPool};
 use crate::wire::{Header, Kind, ABORT_REASON_MAX, HEADER_LEN};
 use std::cell::RefCell;
@@ -629,36 +629,66 @@ impl<S: Sink> Inner<S> {
         }
     }
 
+    /// Room, in records, of peer `j`'s staging chunk (taking a fresh one when needed;
+    /// that may wait for credit while receiving).
+    fn staging_room(&mut self, j: usize) -> Result<usize, RiverError> {
+        if self.peers[j].staging.is_none() {
+            let mut b = self.pool.try_get();
+            if b.is_none() {
+                self.drain_to(j, self.config.staged_chunks.saturating_sub(1))?;
+                b = Some(self.pool.get());
+            }
+            let mut b = b.expect("got a buffer");
+            b.set_len(HEADER_LEN);
+            self.peers[j].staging = Some(b);
+        }
+        Ok(self.config.chunk_records - self.peers[j].staged_records as usize)
+    }
+
+    /// Counts `records` more staged for peer `j`; a full chunk is sealed and sent as
+    /// credit allows.
+    fn staged(&mut self, j: usize, records: usize) -> Result<(), RiverError> {
+        self.peers[j].staged_records += records as u64;
+        if self.peers[j].staged_records == self.config.chunk_records as u64 {
+            self.seal(j);
+            self.flush_ready(j)?;
+            if self.peers[j].ready.len() > self.config.staged_chunks {
+                self.drain_to(j, self.config.staged_chunks)?;
+            }
+        }
+        Ok(())
+    }
+
     fn put(&mut self, j: usize, mut records: &[u8]) -> Result<(), RiverError> {
         let rs = self.config.record_size;
         if records.len() % rs != 0 {
             return Err(RiverError::PartialRecord { len: records.len(), record_size: rs });
         }
-        let chunk_records = self.config.chunk_records as u64;
         while !records.is_empty() {
-            if self.peers[j].staging.is_none() {
-                let mut b = self.pool.try_get();
-                if b.is_none() {
-                    self.drain_to(j, self.config.staged_chunks.saturating_sub(1))?;
-                    b = Some(self.pool.get());
-                }
-                let mut b = b.expect("got a buffer");
-                b.set_len(HEADER_LEN);
-                self.peers[j].staging = Some(b);
-            }
-            let room = (chunk_records - self.peers[j].staged_records) as usize * rs;
-            let take = room.min(records.len());
-            let staging = self.peers[j].staging.as_mut().expect("made above");
-            staging.extend_from_slice(&records[..take]);
-            self.peers[j].staged_records += (take / rs) as u64;
+            let take = self.staging_room(j)?.min(records.len() / rs) * rs;
+            self.peers[j].staging.as_mut().expect("made above").extend_from_slice(&records[..take]);
             records = &records[take..];
-            if self.peers[j].staged_records == chunk_records {
-                self.seal(j);
-                self.flush_ready(j)?;
-                if self.peers[j].ready.len() > self.config.staged_chunks {
-                    self.drain_to(j, self.config.staged_chunks)?;
-                }
-            }
+            self.staged(j, take / rs)?;
+        }
+        Ok(())
+    }
+
+    fn put_gathered(&mut self, j: usize, records: &[u8], record_size: usize, which: &[u32]) -> Result<(), RiverError> {
+        let rs = self.config.record_size;
+        if record_size != rs {
+            return Err(RiverError::Config(format!(
+                "records of {record_size} bytes put on a river of {rs}-byte records"
+            )));
+        }
+        let mut which = which;
+        while !which.is_empty() {
+            let take = self.staging_room(j)?.min(which.len());
+            let staging = self.peers[j].staging.as_mut().expect("made above");
+            let len = staging.len();
+            copy_gathered(&mut staging.spare_mut()[..take * rs], records, rs, &which[..take]);
+            staging.set_len(len + take * rs);
+            which = &which[take..];
+            self.staged(j, take)?;
         }
         Ok(())
     }
@@ -817,6 +847,18 @@ impl<S: Sink> Sink for RiverSink<S> {
         }
     }
 
+    fn sink_gathered(&mut self, records: &[u8], record_size: usize, which: &[u32]) -> Result<(), RiverError> {
+        if self.closed {
+            return Err(RiverError::Closed);
+        }
+        let mut inner = self.river.inner.borrow_mut();
+        inner.counters.records_local += which.len() as u64;
+        match inner.store.as_mut() {
+            Some(s) => s.sink_gathered(records, record_size, which),
+            None => Err(RiverError::Closed),
+        }
+    }
+
     fn close(&mut self) -> Result<(), RiverError> {
         if !self.closed {
             self.closed = true;
@@ -840,6 +882,13 @@ impl<S: Sink> Sink for NetSink<S> {
             return Err(RiverError::Closed);
         }
         self.river.inner.borrow_mut().put(self.peer, records)
+    }
+
+    fn sink_gathered(&mut self, records: &[u8], record_size: usize, which: &[u32]) -> Result<(), RiverError> {
+        if self.closed {
+            return Err(RiverError::Closed);
+        }
+        self.river.inner.borrow_mut().put_gathered(self.peer, records, record_size, which)
     }
 
     fn close(&mut self) -> Result<(), RiverError> {
