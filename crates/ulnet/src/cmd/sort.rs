@@ -587,6 +587,22 @@ fn print_report(r: &SortReport, json: bool) -> Result<()> {
             n.rank, n.host, n.records, n.startup_s, n.read_distribute_s, n.sort_s, n.write_s, n.runs, n.records_sent
         );
     }
+    println!("node  launched_s  connected_s  read_own_s  cpu_user_s  cpu_sys_s  minor_faults  switches(vol/invol)");
+    for n in &r.per_node {
+        let u = &n.usage;
+        println!(
+            "{:>4}  {:>10.3}  {:>11.3}  {:>10.3}  {:>10.3}  {:>9.3}  {:>12}  {}/{}",
+            n.rank,
+            n.launched_s,
+            n.connected_s,
+            n.read_own_s,
+            u.user_s,
+            u.sys_s,
+            u.minor_faults,
+            u.voluntary_switches,
+            u.involuntary_switches
+        );
+    }
     println!(
         "slowest node: startup {:.3} s, read+distribute {:.3} s, sort {:.3} s, write {:.3} s; largest partition {:.3} x mean",
         r.startup_s, r.read_distribute_s, r.sort_s, r.write_s, r.imbalance
