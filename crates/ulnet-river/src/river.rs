@@ -67,12 +67,13 @@ use ulnet_core::{ChannelError, ChannelId, Endpoint, Event, SendOutcome};
 pub struct RiverConfig {
     /// Bytes per record. 100: the Sort Benchmark's records.
     pub record_size: usize,
-    /// Records per data message. 2,621: with the 16-byte header, exactly four 64 KiB
-    /// buffers of a shared-memory channel, large enough that per-message costs vanish.
+    /// Records per data message. 655: with the 16-byte header, one 64 KiB buffer of a
+    /// shared-memory channel (65,516 bytes), large enough that per-message costs vanish.
     pub chunk_records: usize,
-    /// Chunks a sender may have outstanding to one receiver. 12: 48 of the 64 receive
-    /// buffers of a default shared-memory channel, leaving room for control messages, and
-    /// about 3 MB in flight per pair, enough to cover a receiver's scheduling delay.
+    /// Chunks a sender may have outstanding to one receiver. 8: about 512 KB in flight per
+    /// pair, enough to cover a receiver's scheduling delay; more only spreads the traffic
+    /// over more memory (each shared-memory buffer costs a page fault and zeroing the
+    /// first time it is used) and out of the caches.
     pub credits: u32,
     /// Sealed chunks a [`NetSink`] keeps waiting for credit before putting blocks. 2:
     /// enough to keep reading while credits travel; each costs one chunk of memory per peer.
@@ -86,8 +87,8 @@ impl Default for RiverConfig {
     fn default() -> Self {
         RiverConfig {
             record_size: 100,
-            chunk_records: 2621,
-            credits: 12,
+            chunk_records: 655,
+            credits: 8,
             staged_chunks: 2,
             idle_timeout: Duration::from_secs(120),
         }

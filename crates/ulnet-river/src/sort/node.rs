@@ -50,6 +50,9 @@ const SAMPLE_PLACES: u64 = 1024;
 const SLICE_RECORDS_PER_SAMPLE: u64 = 256;
 /// Most records read at one place: 16 (1,600 bytes, one read).
 const MAX_SAMPLES_PER_PLACE: u64 = 16;
+/// Most samples node 0 sends a node for its buckets: 16,384 (256 KiB, a quarter of a
+/// shared-memory channel's buffers), enough for 4,096 buckets.
+const MAX_SAMPLES_SENT: usize = 16_384;
 /// Samples per bucket: 4, so that bucket sizes vary little around their mean.
 const SAMPLES_PER_BUCKET: usize = 4;
 /// Read-ahead and write-behind buffers per node: 4 each keeps the disk streaming while
@@ -192,6 +195,12 @@ fn in_range<'a>(sorted: &'a [u128], splitters: &[u128], rank: usize) -> &'a [u12
     let from = sorted.partition_point(|s| *s < low);
     let to = sorted.partition_point(|s| *s <= high);
     &sorted[from..to.max(from)]
+}
+
+/// At most `most` of `samples`, evenly spaced (all of them when there are fewer).
+fn thinned(samples: &[u128], most: usize) -> impl Iterator<Item = u128> + '_ {
+    let step = samples.len().div_ceil(most.max(1)).max(1);
+    samples.iter().step_by(step).copied()
 }
 
 fn encode_entries(flag: bool, entries: &[u128]) -> Vec<u8> {
@@ -339,13 +348,21 @@ pub fn run_node(
     let first = total * rank as u64 / size as u64;
     let last = total * (rank as u64 + 1) / size as u64;
     let expected = (total / size as u64) as usize * RECORD_SIZE;
-    // Sample before connecting: the other nodes may still be starting. (A failure is
+    // Sample while connecting: the other nodes may still be starting. (A failure is
     // reported once connected, so that the others hear of it.)
+    // Connect meanwhile, on a thread.
+    let mesh_config = place.mesh.clone();
+    let connecting = std::thread::Builder::new()
+        .name("river-mesh".into())
+        .spawn(move || mesh::connect(&mesh_config))
+        .map_err(|e| RiverError::io("starting the mesh thread", e))?;
     let sampled = sample_slice(&job.input, first..last);
-    let (ep, peers) = mesh::connect(&place.mesh)?;
+    let (ep, peers) =
+        connecting.join().map_err(|_| RiverError::io("connecting the mesh", std::io::Error::other("panicked")))??;
     let connected = since_start();
     let bell = Doorbell::new().map_err(|e| RiverError::io("making a doorbell", e))?;
     let river_config = RiverConfig::default();
+
     let plan = MemoryPlan::new(job.memory, size, &river_config)?;
     // Nodes sharing this host's cores with no core to spare do their disk I/O in their own
     // thread: a reader or writer thread would only take turns with it on the same cores.
@@ -449,10 +466,10 @@ fn node_body(
         }
         for j in 1..size {
             let mut entries = splitters.clone();
-            entries.extend_from_slice(in_range(&all, &splitters, j));
+            entries.extend(thinned(in_range(&all, &splitters, j), MAX_SAMPLES_SENT));
             river.send_control(j, TAG_SPLITTERS, &encode_entries(ascii_all, &entries))?;
         }
-        let mine = in_range(&all, &splitters, 0).to_vec();
+        let mine = thinned(in_range(&all, &splitters, 0), MAX_SAMPLES_SENT).collect();
         (ascii_all, splitters, mine)
     } else {
         river.send_control(0, TAG_SAMPLES, &encode_entries(ascii, &samples))?;

@@ -201,6 +201,10 @@ pub fn run(a: SortArgs) -> Result<i32> {
 
 /// `ulnet sort-node`: one node started by `ulnet sort`; reports as JSON lines on stdout.
 pub fn run_node_command(n: SortNodeArgs) -> Result<i32> {
+    if !n.tcp {
+        // While this process has one thread (see `Endpoint::prepare_shm`).
+        ulnet_core::Endpoint::prepare_shm();
+    }
     let transport = if n.tcp {
         MeshTransport::Tcp {
             coordinator: n.sort.coordinator.clone().context("--tcp needs --coordinator")?,
@@ -261,6 +265,10 @@ fn run_from_environment(a: SortArgs, t0: u128) -> Result<i32> {
     let Some(p) = placement else {
         bail!("--launcher {:?} but no Slurm or MPI rank variables are set: start it with srun or mpirun", a.launcher)
     };
+    if p.single_host {
+        // While this process has one thread (see `Endpoint::prepare_shm`).
+        ulnet_core::Endpoint::prepare_shm();
+    }
     let mut mesh = MeshConfig::shm(&p.job, p.rank, p.size);
     if !p.single_host {
         mesh.transport = MeshTransport::Tcp {
