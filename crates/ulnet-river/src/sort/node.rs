@@ -348,9 +348,8 @@ pub fn run_node(
     let first = total * rank as u64 / size as u64;
     let last = total * (rank as u64 + 1) / size as u64;
     let expected = (total / size as u64) as usize * RECORD_SIZE;
-    // Sample while connecting: the other nodes may still be starting. (A failure is
-    // reported once connected, so that the others hear of it.)
-    // Connect meanwhile, on a thread.
+    // Sample while a thread connects the mesh (the other nodes may still be starting).
+    // A sampling failure is reported once connected, so that the others hear of it.
     let mesh_config = place.mesh.clone();
     let connecting = std::thread::Builder::new()
         .name("river-mesh".into())
