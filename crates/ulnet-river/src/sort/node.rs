@@ -58,6 +58,10 @@ const SAMPLES_PER_BUCKET: usize = 4;
 /// Read-ahead and write-behind buffers per node: 4 each keeps the disk streaming while
 /// the node partitions (reading) or sorts (writing).
 const IO_BUFFERS: usize = 4;
+/// Read and write buffers of a node that does its disk I/O in its own thread: 2, one being
+/// filled and one staged (nothing reads ahead or writes behind; every buffer more is a
+/// megabyte more to fault in and zero).
+const INLINE_IO_BUFFERS: usize = 2;
 /// Size of each without a memory bound: 1 MB, large enough that per-call costs vanish,
 /// small enough that the pools cost little to fault in.
 const IO_BUFFER_BYTES: usize = 10_000 * RECORD_SIZE;
@@ -368,7 +372,8 @@ pub fn run_node(
     let nodes_here = if place.mesh.transport == MeshTransport::Shm { size } else { 1 };
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let inline_io = plan.arena_bytes.is_none() && nodes_here >= cores;
-    let write_pool = MemPool::sector_aligned(IO_BUFFERS, plan.io_buffer_bytes, 4096)
+    let io_buffers = if inline_io { INLINE_IO_BUFFERS } else { IO_BUFFERS };
+    let write_pool = MemPool::sector_aligned(io_buffers, plan.io_buffer_bytes, 4096)
         .map_err(|e| RiverError::io("allocating write buffers", e))?;
 
     let store = match plan.arena_bytes {
@@ -486,7 +491,7 @@ fn node_body(
     let t_ready = since_start();
 
     // Read and distribute.
-    let read_pool = MemPool::sector_aligned(IO_BUFFERS, plan.io_buffer_bytes, 4096)
+    let read_pool = MemPool::sector_aligned(write_pool.count(), plan.io_buffer_bytes, 4096)
         .map_err(|e| RiverError::io("allocating read buffers", e))?;
     let bytes = slice.start * RECORD_SIZE as u64..slice.end * RECORD_SIZE as u64;
     let mut source = if inline_io {
