@@ -67,7 +67,7 @@ const INLINE_IO_BUFFERS: usize = 2;
 const IO_BUFFER_BYTES: usize = 10_000 * RECORD_SIZE;
 /// Bytes the sort needs per arena byte: the record plus two 16-byte entries per 100 bytes.
 const SORT_OVERHEAD: f64 = 1.32;
-/// Memory kept aside for everything not counted (stacks, channel rings, the heap).
+/// Memory kept aside for everything not counted (stacks, control messages, the heap).
 const SLACK_BYTES: u64 = 2 << 20;
 
 /// How a node divides its memory.
@@ -88,8 +88,9 @@ pub struct MemoryPlan {
 impl MemoryPlan {
     /// The plan for a bound of `memory` bytes per node (`None`: unbounded) among `nodes`.
     /// With a bound, the terms are: 8 I/O buffers of `memory / 64` (at most 4 MB), the
-    /// river's network buffers, slack, and the arena with its sort overhead in the rest;
-    /// the merge reads runs with everything but the write buffers.
+    /// river's network buffers (send staging and channel receive buffers), slack, and the
+    /// arena with its sort overhead in the rest; the merge reads runs with everything but
+    /// the write buffers.
     pub fn new(memory: Option<u64>, nodes: usize, river: &RiverConfig) -> Result<Self, RiverError> {
         let Some(m) = memory else {
             return Ok(MemoryPlan {
@@ -100,7 +101,10 @@ impl MemoryPlan {
             });
         };
         let io = ((m / 64) as usize).clamp(1000 * RECORD_SIZE, IO_BUFFER_BYTES) / RECORD_SIZE * RECORD_SIZE;
-        let network = ((nodes - 1) * (river.staged_chunks + 2) * river.chunk_bytes()) as u64;
+        // Per peer: the chunks staged and being filled for it, and the receive buffers of
+        // its channel (a credit window's worth).
+        let per_peer = river.staged_chunks + 2 + river.credits as usize;
+        let network = ((nodes - 1) * per_peer * river.chunk_bytes()) as u64;
         let fixed = (2 * IO_BUFFERS * io) as u64 + network + SLACK_BYTES;
         if m < fixed + (1 << 20) {
             return Err(RiverError::Config(format!(
