@@ -274,6 +274,15 @@ impl Endpoint {
         self.slot(channel).map(|s| s.peer_node).filter(|n| *n != NodeId::UNKNOWN)
     }
 
+    /// Does this process's one-time set-up of shared-memory channels now: registering for
+    /// `membarrier`. In a process of one thread that costs nothing; once the process has
+    /// more, the kernel waits for an RCU grace period (about 15 ms here), which otherwise
+    /// falls on the first channel made and on every peer waiting to connect to it. Call it
+    /// first thing, before starting threads; later calls return at once.
+    pub fn prepare_shm() {
+        crate::sys::barrier::membarrier_registered();
+    }
+
     /// Lets shared-memory peers on this host connect under `name`.
     pub fn listen_shm(&mut self, name: &str) -> Result<(), ConnectError> {
         self.listener = Some(ShmListener::bind(name)?);
