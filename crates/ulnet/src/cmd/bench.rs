@@ -168,6 +168,10 @@ pub struct BenchArgs {
     /// shared-memory channel instead of mapping the segment.
     #[arg(long)]
     no_map: bool,
+    /// `faa-lat`, `cas-lat`: time one whole fetching atomic at a time (request and reply,
+    /// not halved), as `ucx_perftest -t ucp_fadd` does, instead of a halved ping-pong.
+    #[arg(long)]
+    whole_op: bool,
     /// file-service: how long both servers keep polling after their last request before
     /// they sleep in the kernel (0: sleep at once, as an interrupt-driven server would).
     #[arg(long, default_value_t = 0)]
