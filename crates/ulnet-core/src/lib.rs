@@ -44,7 +44,7 @@ pub use cq::{Completion, CompletionKind, CompletionQueue};
 pub use endpoint::{ChannelId, Endpoint, EndpointConfig, EndpointCounters, EndpointId, Event, ReplyTo, Upcall};
 pub use error::{ChannelError, ConnectError, SendError};
 pub use node::NodeId;
-pub use transport::{Capabilities, Responder, SendOutcome, Transport, TransportKind};
+pub use transport::{Capabilities, Responder, RmaCapabilities, SendOutcome, Transport, TransportKind};
 
 /// Most buffers in one gather list.
 pub const GATHER_MAX: usize = 4;

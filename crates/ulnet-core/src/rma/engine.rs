@@ -131,8 +131,7 @@ impl Engine {
     }
 
     fn add_channel(&mut self, transport: Box<dyn Transport>) {
-        let caps = transport.caps();
-        let data_max = caps.fragment_max.min(caps.send_max).saturating_sub(HEADER_LEN);
+        let data_max = transport.caps().rma.request_max.saturating_sub(HEADER_LEN);
         let probe = transport.probe();
         bump(&self.cells.channels_accepted, 1);
         self.channels.push(EngineChannel {

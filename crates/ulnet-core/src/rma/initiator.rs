@@ -583,14 +583,13 @@ impl Rma {
             }
         }
         let node = answer.expect("loop ends with an answer")?;
-        let caps = transport.caps();
-        let message_max = caps.fragment_max.min(caps.send_max);
+        let request_max = transport.caps().rma.request_max;
         let probe = transport.probe();
         let channel = PeerChannel {
             transport,
             probe,
-            put_chunk: message_max.saturating_sub(HEADER_LEN).max(8),
-            get_chunk: message_max.saturating_sub(HEADER_LEN).max(8),
+            put_chunk: request_max.saturating_sub(HEADER_LEN).max(8),
+            get_chunk: request_max.saturating_sub(HEADER_LEN).max(8),
             queued: 0,
             answered: 0,
             backlog: VecDeque::new(),
