@@ -13,6 +13,8 @@
 //! - `get-lat`: one blocking get at a time; the figure is the time of one whole get, not
 //!   halved, as `ucx_perftest -t ucp_get` reports it. `faa-lat`/`cas-lat --whole-op`: the
 //!   same for one fetching atomic at a time (`ucx_perftest -t ucp_fadd`).
+//! - `faa-lat --overhead`: the time to post each fetch-and-add of a back-to-back stream
+//!   (`ucx_perftest -t ucp_add`, whose latency column is this "overhead").
 //! - `put-bw`, `get-bw`: operations of `--size` bytes posted back to back (as many in flight
 //!   as the node allows), then a flush; MB/s.
 
@@ -47,7 +49,8 @@ const DONE: usize = 2048;
 fn is_ping_pong(args: &BenchArgs, t: Test) -> bool {
     match t {
         Test::PutLat => true,
-        Test::FaaLat | Test::CasLat => !args.whole_op,
+        Test::FaaLat => !args.whole_op && !args.overhead,
+        Test::CasLat => !args.whole_op,
         _ => false,
     }
 }
@@ -122,6 +125,7 @@ fn spawn_server(args: &BenchArgs, listen: &str, p: &Params) -> Result<(Child, St
         .args(["--size", &p.size.to_string(), "--iters", &p.iters.to_string(), "--warmup", &p.warmup.to_string()])
         .args(args.no_map.then_some("--no-map"))
         .args(args.whole_op.then_some("--whole-op"))
+        .args(args.overhead.then_some("--overhead"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -256,6 +260,8 @@ fn client(args: &BenchArgs, p: &Params, server: &str) -> Result<Report> {
         ping_pong(&mut rma, p, &theirs, &mine)?
     } else if is_whole_op(args, p.test) {
         op_latency(&mut rma, p, &theirs)?
+    } else if args.overhead && p.test == Test::FaaLat {
+        post_overhead(&mut rma, p, &theirs)?
     } else {
         stream(&mut rma, p, &theirs)?
     };
@@ -332,6 +338,28 @@ fn op_latency(rma: &mut Rma, p: &Params, theirs: &RemoteSegment) -> Result<Repor
             samples.push(clock.ns(ticks() - t0));
         }
     }
+    Ok(latency_report(p, samples, false))
+}
+
+/// Fetch-and-adds posted back to back, each iteration timed whole: the post (with its
+/// retries after `NoResource`) and one poll that sends it and reaps what completed, as
+/// `ucx_perftest` times each iteration of its stream with its progress call. The final
+/// flush is outside the timing.
+fn post_overhead(rma: &mut Rma, p: &Params, theirs: &RemoteSegment) -> Result<Report> {
+    let clock = CycleClock::calibrate(Duration::from_millis(50));
+    let mut samples = Vec::with_capacity(p.iters as usize);
+    for i in 0..p.warmup + p.iters {
+        let t0 = ticks();
+        while rma.fetch_and_add(theirs, 0, 1, i)? == RmaOutcome::NoResource {
+            rma.poll(256, |_| {});
+        }
+        rma.poll(256, |_| {});
+        if i >= p.warmup {
+            samples.push(clock.ns(ticks() - t0));
+        }
+    }
+    rma.flush_blocking(Duration::from_secs(600))?;
+    rma.poll(usize::MAX, |_| {});
     Ok(latency_report(p, samples, false))
 }
 
