@@ -124,7 +124,7 @@ pub(crate) fn state_notify_mode(state: u64) -> u8 {
 
 /// The state word: live generation and notify mode, or 0 once revoked (the importer
 /// reads it through [`ImporterWords`]).
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 pub(crate) fn state<M: RingMem>(mem: &M) -> u64 {
     mem.load_u64(OFF_STATE, Ordering::Acquire)
 }
