@@ -6,7 +6,8 @@ mod completion;
 #[cfg(test)]
 mod tests;
 
-use super::engine::{Acceptor, Engine, Inbox, InboxItem, ShmAcceptor, TcpAcceptor};
+use super::accept::{Acceptor, ShmAcceptor, TcpAcceptor, UdpAcceptor};
+use super::engine::{Engine, Inbox, InboxItem};
 use super::error::{AccessError, ExportError, ImportError, RmaError};
 use super::mapped::MappedImport;
 use super::notify::Notifications;
@@ -18,6 +19,7 @@ use super::wire::{self, LookupAnswer, Op, Place, Request, Response, HEADER_LEN, 
 use crate::error::{ChannelError, ConnectError, SendError};
 use crate::transport::shm::ShmConfig;
 use crate::transport::tcp::TcpConfig;
+use crate::transport::udp::{UdpConfig, UdpCounters, UdpStats};
 use crate::transport::{ReadyProbe, SendOutcome, Transport};
 use completion::{fail_peer, finish, Kind, Owned, Sink, Slot, Value};
 use std::collections::VecDeque;
@@ -65,6 +67,8 @@ pub struct RmaConfig {
     pub shm: ShmConfig,
     /// Settings of TCP channels (the cluster secret).
     pub tcp: TcpConfig,
+    /// Settings of UDP channels (the cluster secret, windows, timers).
+    pub udp: UdpConfig,
 }
 
 impl RmaConfig {
@@ -81,6 +85,7 @@ impl RmaConfig {
             control_timeout: Duration::from_secs(10),
             shm: ShmConfig::default(),
             tcp: TcpConfig::default(),
+            udp: UdpConfig::default(),
         }
     }
 
@@ -255,9 +260,9 @@ enum EngineRunner {
 /// A node's remote memory: the segments it exports (served by its engine) and the
 /// one-sided operations it performs on segments of other nodes.
 ///
-/// Target side: [`Rma::export`] a segment, [`Rma::listen_shm`] / [`Rma::listen_tcp`] for
-/// importers, read [`Rma::notifications`]. Initiator side: [`Rma::connect_shm`] /
-/// [`Rma::connect_tcp`] a peer, [`Rma::import`] a segment by name, then
+/// Target side: [`Rma::export`] a segment, [`Rma::listen_shm`] / [`Rma::listen_tcp`] /
+/// [`Rma::listen_udp`] for importers, read [`Rma::notifications`]. Initiator side:
+/// [`Rma::connect_shm`] / [`Rma::connect_tcp`] / [`Rma::connect_udp`] a peer, [`Rma::import`] a segment by name, then
 /// [`Rma::get`], [`Rma::put`], [`Rma::compare_and_swap`], [`Rma::fetch_and_add`] (each
 /// non-blocking: `Done`, `InProgress(token)` or `NoResource`), [`Rma::poll`] for
 /// completions, [`Rma::flush`] and [`Rma::fence`] for completion and ordering. Blocking
@@ -330,6 +335,8 @@ pub struct Rma {
     counters: InitiatorCounters,
     polls: u32,
     internal_tokens: u64,
+    /// What this node's UDP listener and channels (both sides) dropped and did.
+    udp_stats: Arc<UdpStats>,
 }
 
 fn next_rma_id() -> u32 {
@@ -381,6 +388,7 @@ impl Rma {
             counters: InitiatorCounters::default(),
             polls: 0,
             internal_tokens: 0,
+            udp_stats: Arc::default(),
         })
     }
 
@@ -440,6 +448,23 @@ impl Rma {
         Ok(bound)
     }
 
+    /// Lets importers reach this node over UDP at `addr` (port 0 picks one); returns the
+    /// bound address. The engine runs the UDP protocol of every channel (acks,
+    /// retransmissions, keep-alives) and of the handshakes, waking for their timers.
+    pub fn listen_udp(&mut self, addr: &str) -> Result<std::net::SocketAddr, ConnectError> {
+        let acceptor = UdpAcceptor::bind(addr, self.config.udp.clone(), self.udp_stats.clone())?;
+        let bound = acceptor.local_addr();
+        self.hand_to_engine(InboxItem::Acceptor(Box::new(acceptor)));
+        Ok(bound)
+    }
+
+    /// What this node's UDP listener and channels dropped (malformed, stranger,
+    /// wrong-secret, replayed datagrams) and did (packets, retransmissions), as initiator
+    /// and as target.
+    pub fn udp_counters(&self) -> UdpCounters {
+        self.udp_stats.snapshot()
+    }
+
     /// Lets importers reach this node through any transport's listener.
     pub fn listen_with(&mut self, acceptor: Box<dyn Acceptor>) {
         self.hand_to_engine(InboxItem::Acceptor(acceptor));
@@ -497,6 +522,18 @@ impl Rma {
         self.connect_with(Box::new(transport), timeout)
     }
 
+    /// A peer reached over UDP at `addr`: connects (repeating the handshake until
+    /// `timeout`) and introduces this node.
+    ///
+    /// The UDP protocol of the initiator's side of the channel runs inside this node's
+    /// calls ([`Rma::poll`], [`Rma::wait`], posts, the blocking helpers), as UDP channels
+    /// do everywhere: an importer that makes none of them for longer than the target's
+    /// `UdpConfig::peer_timeout` (20 s) is declared failed by the target.
+    pub fn connect_udp(&mut self, addr: &str, timeout: Duration) -> Result<PeerId, ConnectError> {
+        let transport = crate::transport::udp::connect(addr, &self.config.udp, timeout, self.udp_stats.clone())?;
+        self.connect_with(Box::new(transport), timeout)
+    }
+
     /// A peer reached over a channel of any transport: introduces this node on it.
     pub fn connect_with(&mut self, transport: Box<dyn Transport>, timeout: Duration) -> Result<PeerId, ConnectError> {
         let (channel, node) = self.introduce(transport, timeout)?;
@@ -546,14 +583,13 @@ impl Rma {
             }
         }
         let node = answer.expect("loop ends with an answer")?;
-        let caps = transport.caps();
-        let message_max = caps.fragment_max.min(caps.send_max);
+        let request_max = transport.caps().rma.request_max;
         let probe = transport.probe();
         let channel = PeerChannel {
             transport,
             probe,
-            put_chunk: message_max.saturating_sub(HEADER_LEN).max(8),
-            get_chunk: message_max.saturating_sub(HEADER_LEN).max(8),
+            put_chunk: request_max.saturating_sub(HEADER_LEN).max(8),
+            get_chunk: request_max.saturating_sub(HEADER_LEN).max(8),
             queued: 0,
             answered: 0,
             backlog: VecDeque::new(),

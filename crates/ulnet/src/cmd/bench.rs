@@ -168,6 +168,15 @@ pub struct BenchArgs {
     /// shared-memory channel instead of mapping the segment.
     #[arg(long)]
     no_map: bool,
+    /// `faa-lat`, `cas-lat`: time one whole fetching atomic at a time (request and reply,
+    /// not halved), as `ucx_perftest -t ucp_fadd` does, instead of a halved ping-pong.
+    #[arg(long)]
+    whole_op: bool,
+    /// `faa-lat`: time the posting of each fetch-and-add, back to back, not its round trip
+    /// (completions are reaped as they come and flushed at the end), as
+    /// `ucx_perftest -t ucp_add` reports its "overhead".
+    #[arg(long, conflicts_with = "whole_op")]
+    overhead: bool,
     /// file-service: how long both servers keep polling after their last request before
     /// they sleep in the kernel (0: sleep at once, as an interrupt-driven server would).
     #[arg(long, default_value_t = 0)]

@@ -50,7 +50,7 @@ impl MappedMem {
     }
 
     #[inline(always)]
-    fn word(&self, off: usize) -> &std::sync::atomic::AtomicU64 {
+    pub(crate) fn word(&self, off: usize) -> &std::sync::atomic::AtomicU64 {
         assert!(off.is_multiple_of(8) && off + 8 <= self.map.len(), "word offset {off} out of bounds");
         // SAFETY: the offset is aligned and inside the mapping (asserted above in debug, and
         // guaranteed by the ring's layout computation); AtomicU64 has the layout of u64.

@@ -9,7 +9,7 @@
 //! buffer are delivered whole and in place; larger ones as fragments in order.
 
 use crate::error::{ChannelError, SendError};
-use crate::transport::{Capabilities, ReadyProbe, Responder, SendOutcome, Transport, TransportKind};
+use crate::transport::{Capabilities, ReadyProbe, Responder, RmaCapabilities, SendOutcome, Transport, TransportKind};
 use crate::{Delivery, GATHER_MAX};
 use std::io::{self, IoSlice, Read};
 use std::net::TcpStream;
@@ -359,6 +359,7 @@ impl Transport for TcpChannel {
             gather_max: GATHER_MAX,
             reliable_ordered: true,
             zero_copy_receive: true,
+            rma: RmaCapabilities::over_messages(false, RX_BUFFER - FRAME_HEADER_LEN, TX_BACKLOG_MAX),
         }
     }
 

@@ -15,7 +15,7 @@
 use super::conn::{Connection, Datagram, UdpCounters};
 use crate::error::{ChannelError, SendError};
 use crate::sys::udp::{recv_batch, send_batch, BATCH_MAX};
-use crate::transport::{Capabilities, ReadyProbe, Responder, SendOutcome, Transport, TransportKind};
+use crate::transport::{Capabilities, ReadyProbe, Responder, RmaCapabilities, SendOutcome, Transport, TransportKind};
 use crate::{Delivery, GATHER_MAX};
 use std::net::UdpSocket;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -365,6 +365,7 @@ impl Transport for UdpChannel {
             gather_max: GATHER_MAX,
             reliable_ordered: true,
             zero_copy_receive: true,
+            rma: RmaCapabilities::over_messages(false, self.conn.fragment_max(), self.conn.send_max()),
         }
     }
 
