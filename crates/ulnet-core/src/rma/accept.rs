@@ -219,7 +219,7 @@ impl UdpAcceptor {
 
 impl Acceptor for UdpAcceptor {
     fn try_accept(&mut self) -> Result<Option<Box<dyn Transport>>, ConnectError> {
-        Ok(self.listener.try_accept(&self.config)?.map(|c| Box::new(c) as Box<dyn Transport>))
+        Ok(self.listener.try_accept(&self.config, NodeId::UNKNOWN)?.map(|c| Box::new(c) as Box<dyn Transport>))
     }
     fn wait_fds(&self) -> Vec<BorrowedFd<'_>> {
         vec![self.listener.as_fd()]

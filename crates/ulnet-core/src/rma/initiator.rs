@@ -530,7 +530,13 @@ impl Rma {
     /// do everywhere: an importer that makes none of them for longer than the target's
     /// `UdpConfig::peer_timeout` (20 s) is declared failed by the target.
     pub fn connect_udp(&mut self, addr: &str, timeout: Duration) -> Result<PeerId, ConnectError> {
-        let transport = crate::transport::udp::connect(addr, &self.config.udp, timeout, self.udp_stats.clone())?;
+        let transport = crate::transport::udp::connect(
+            addr,
+            &self.config.udp,
+            crate::node::NodeId::UNKNOWN,
+            timeout,
+            self.udp_stats.clone(),
+        )?;
         self.connect_with(Box::new(transport), timeout)
     }
 
