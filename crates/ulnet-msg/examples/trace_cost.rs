@@ -101,24 +101,33 @@ fn writer_cpu_ns() -> u64 {
     0
 }
 
-struct Traced {
-    on: bool,
+/// The tracing session of the whole run; rounds switch it with pause and resume, as a
+/// user switches tracing at run time (so no round pays for opening a file or a ring).
+struct Session {
     path: std::path::PathBuf,
 }
 
-impl Traced {
-    fn start(on: bool) -> Self {
+impl Session {
+    fn start() -> Self {
         let path = std::env::temp_dir().join(format!("trace-cost-{}.ultrace", std::process::id()));
-        if on {
-            trace::start(TraceConfig::new(&path, NodeId(0)).with_env()).unwrap();
-        }
-        Traced { on, path }
+        trace::start(TraceConfig::new(&path, NodeId(0)).with_env()).unwrap();
+        trace::pause();
+        Session { path }
     }
+
+    /// Runs `f` with tracing on (unless TRACE_COST_AA is set: then the "on" rounds run
+    /// untraced too, which shows the harness's own bias) or off.
+    fn round<T>(&self, on: bool, f: impl FnOnce() -> T) -> T {
+        if on && std::env::var_os("TRACE_COST_AA").is_none() {
+            trace::resume();
+        }
+        let r = f();
+        trace::pause();
+        r
+    }
+
     /// Stops; returns (records, writer CPU ns per record).
     fn finish(self) -> (u64, f64) {
-        if !self.on {
-            return (0, 0.0);
-        }
         let writer = writer_cpu_ns();
         let s = trace::stop().unwrap();
         let _ = std::fs::remove_file(&self.path);
@@ -128,28 +137,44 @@ impl Traced {
 
 struct Row {
     name: &'static str,
-    unit: &'static str,
     off: Vec<f64>,
     on: Vec<f64>,
-    records: Vec<f64>,
-    writer: Vec<f64>,
+    /// Records per unit and writer CPU ns per record, over the whole run.
+    records: f64,
+    writer: f64,
 }
 
 impl Row {
-    fn new(name: &'static str, unit: &'static str) -> Self {
-        Row { name, unit, off: vec![], on: vec![], records: vec![], writer: vec![] }
+    fn new(name: &'static str) -> Self {
+        Row { name, off: vec![], on: vec![], records: 0.0, writer: 0.0 }
     }
+
+    /// `rounds` pairs of an untraced and a traced round of `units` units each.
+    fn measure(name: &'static str, rounds: usize, units: u64, mut run: impl FnMut() -> f64) -> Row {
+        let mut row = Row::new(name);
+        run();
+        let session = Session::start();
+        for _ in 0..rounds {
+            row.off.push(session.round(false, &mut run));
+            row.on.push(session.round(true, &mut run));
+        }
+        let (records, writer) = session.finish();
+        row.records = records as f64 / (units * rounds as u64) as f64;
+        row.writer = writer;
+        row
+    }
+    /// Prints the medians, and the median of the differences of the rounds of each pair
+    /// (an off round and the on round right after it), which cancels slow drifts of load.
     fn print(self) {
-        let (off, on) = (median(self.off), median(self.on));
+        let paired: Vec<f64> = self.on.iter().zip(&self.off).map(|(a, b)| a - b).collect();
+        let (off, on, added) = (median(self.off), median(self.on), median(paired));
         println!(
-            "| {} | {off:.1} | {on:.1} | {:+.1} ({:+.1}%) | {:.2} | {:.1} |",
+            "| {} | {off:.1} | {on:.1} | {added:+.1} ({:+.1}%) | {:.3} | {:.1} |",
             self.name,
-            on - off,
-            100.0 * (on - off) / off,
-            median(self.records),
-            median(self.writer),
+            100.0 * added / off,
+            self.records,
+            self.writer,
         );
-        let _ = self.unit;
     }
 }
 
@@ -158,8 +183,8 @@ fn raw_stream(rounds: usize, burst: usize) -> Row {
     let (mut a, ch, mut b, _) = pair();
     let msg = [0x5au8; 8];
     let n = 200_000u64;
-    let mut row = Row::new(if burst == 1 { "raw 8 B, send 1 + receive 1" } else { "raw 8 B, bursts of 64" }, "msg");
-    let run = |a: &mut Endpoint, b: &mut Endpoint| {
+    let name = if burst == 1 { "raw 8 B, send 1 + receive 1" } else { "raw 8 B, bursts of 64" };
+    Row::measure(name, rounds, n, || {
         per_call(n / burst as u64, || {
             for _ in 0..burst {
                 while a.send(ch, &[&msg]).unwrap() != SendOutcome::Done {
@@ -171,23 +196,7 @@ fn raw_stream(rounds: usize, burst: usize) -> Row {
                 got += b.poll(256, |_| {});
             }
         }) / burst as f64
-    };
-    run(&mut a, &mut b);
-    for _ in 0..rounds {
-        for on in [false, true] {
-            let t = Traced::start(on);
-            let ns = run(&mut a, &mut b);
-            let (records, writer) = t.finish();
-            if on {
-                row.on.push(ns);
-                row.records.push(records as f64 / n as f64);
-                row.writer.push(writer);
-            } else {
-                row.off.push(ns);
-            }
-        }
-    }
-    row
+    })
 }
 
 /// One RPC at a time, 128-byte request and reply, client and server in this thread: ns per
@@ -196,12 +205,11 @@ fn rpc_round_trip(rounds: usize) -> Row {
     let (a, ch, b, _) = pair();
     let mut client = Rpc::new(a, RpcConfig { workers: 0, ..Default::default() });
     let mut server = Rpc::new(b, RpcConfig { workers: 0, ..Default::default() });
-    let echo = vec![0x3cu8; 128];
+    let echo = [0x3cu8; 128];
     server.register_inline(1, move |req, r| r.reply(&[&echo[..req.payload.len()]]));
     let request = vec![0xa5u8; 128];
     let n = 100_000u64;
-    let mut row = Row::new("RPC 128 B round trip (4 messages)", "call");
-    let run = |client: &mut Rpc, server: &mut Rpc| {
+    Row::measure("RPC 128 B round trip (4 messages)", rounds, n, || {
         per_call(n, || {
             assert!(matches!(client.call(ch, 1, &[&request], None).unwrap(), CallOutcome::Sent(_)));
             while server.poll(16, |_| {}) == 0 {}
@@ -210,33 +218,28 @@ fn rpc_round_trip(rounds: usize) -> Row {
                 client.poll(16, |e| done |= matches!(e, RpcEvent::Reply { .. }));
             }
         })
-    };
-    run(&mut client, &mut server);
-    for _ in 0..rounds {
-        for on in [false, true] {
-            let t = Traced::start(on);
-            let ns = run(&mut client, &mut server);
-            let (records, writer) = t.finish();
-            if on {
-                row.on.push(ns);
-                row.records.push(records as f64 / n as f64);
-                row.writer.push(writer);
-            } else {
-                row.off.push(ns);
-            }
-        }
-    }
-    row
+    })
 }
 
 fn main() {
     let rounds: usize = std::env::args().nth(1).and_then(|r| r.parse().ok()).unwrap_or(7);
-    clock_sources(rounds);
-    println!();
+    // An optional second argument runs one part only (for profiling): clock, burst, single, rpc.
+    let only = std::env::args().nth(2);
+    let run = |part: &str| only.as_deref().is_none_or(|o| o == part);
+    if run("clock") {
+        clock_sources(rounds);
+        println!();
+    }
     println!("## Traced thread and writer (thread CPU ns, medians of {rounds} alternating rounds)");
-    println!("| path | off | on | added | records per unit | writer ns per record |");
+    println!("| path | off | on | added (median of paired differences) | records per unit | writer ns per record |");
     println!("|---|---|---|---|---|---|");
-    raw_stream(rounds, 64).print();
-    raw_stream(rounds, 1).print();
-    rpc_round_trip(rounds).print();
+    if run("burst") {
+        raw_stream(rounds, 64).print();
+    }
+    if run("single") {
+        raw_stream(rounds, 1).print();
+    }
+    if run("rpc") {
+        rpc_round_trip(rounds).print();
+    }
 }

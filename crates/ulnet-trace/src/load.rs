@@ -132,24 +132,32 @@ pub fn load(paths: &[impl AsRef<Path>]) -> Result<Trace, LoadError> {
             (ticks != 0).then(|| (i128::from(clock.mono_ns(ticks)) + offset).max(1) as u64)
         };
         for r in &file.records {
-            messages.push(Message {
-                t_ns: at(r.ticks).unwrap_or(1),
-                src: r.src_node,
-                dst: r.dst_node,
-                channel: r.channel,
-                kind: r.message_kind(),
-                direction: r.direction(),
-                buffers: r.buffers,
-                size: r.size,
-                buffer_len: r.buffer_len,
-                request_id: r.request_id,
-                enqueued: at(r.enqueued),
-                sent: at(r.sent),
-                received: at(r.received),
-                handler_start: at(r.handler_start),
-                handler_end: at(r.handler_end),
-                file: index,
-            });
+            // A run record stands for `count` identical messages between its first and
+            // last time: each becomes a message, at times spread evenly over the run.
+            let count = u64::from(r.count.max(1));
+            let span = r.last_ticks.saturating_sub(r.ticks);
+            for i in 0..count {
+                let ticks = if count == 1 { r.ticks } else { r.ticks + span * i / (count - 1) };
+                let shift = |stage: u64| if stage == 0 { 0 } else { stage + (ticks - r.ticks) };
+                messages.push(Message {
+                    t_ns: at(ticks).unwrap_or(1),
+                    src: r.src_node,
+                    dst: r.dst_node,
+                    channel: r.channel,
+                    kind: r.message_kind(),
+                    direction: r.direction(),
+                    buffers: r.buffers,
+                    size: r.size,
+                    buffer_len: r.buffer_len,
+                    request_id: r.request_id,
+                    enqueued: at(shift(r.enqueued)),
+                    sent: at(shift(r.sent)),
+                    received: at(shift(r.received)),
+                    handler_start: at(shift(r.handler_start)),
+                    handler_end: at(shift(r.handler_end)),
+                    file: index,
+                });
+            }
         }
         files.push(FileSummary {
             path: path.display().to_string(),
