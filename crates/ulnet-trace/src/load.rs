@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use ulnet_core::trace::{decode_file, DecodeError, Direction, MessageKind};
+use ulnet_core::trace::{decode_file, decode_prefix, DecodeError, Direction, MessageKind};
 
 /// Why trace files could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -109,6 +109,13 @@ impl Trace {
 
 /// Loads trace files (strictly: any damage is an error naming the file and offset).
 pub fn load(paths: &[impl AsRef<Path>]) -> Result<Trace, LoadError> {
+    load_with(paths, false)
+}
+
+/// Loads trace files; with `partial`, a file cut short (its process was killed before it
+/// wrote the end block) contributes its intact blocks, and the damage is reported on
+/// stderr instead of failing the load. A file whose header is unreadable is still an error.
+pub fn load_with(paths: &[impl AsRef<Path>], partial: bool) -> Result<Trace, LoadError> {
     if paths.is_empty() {
         return Err(LoadError::Empty);
     }
@@ -116,7 +123,21 @@ pub fn load(paths: &[impl AsRef<Path>]) -> Result<Trace, LoadError> {
     for p in paths {
         let p = p.as_ref();
         let bytes = std::fs::read(p).map_err(|e| LoadError::Io(p.to_path_buf(), e))?;
-        let file = decode_file(&bytes).map_err(|e| LoadError::Decode(p.to_path_buf(), e))?;
+        let file = if partial {
+            match decode_prefix(&bytes) {
+                (Some(file), None) => file,
+                (Some(file), Some(e)) => {
+                    eprintln!("{}: {e}; using the {} intact records before it", p.display(), file.records.len());
+                    file
+                }
+                (None, e) => {
+                    let e = e.expect("an unreadable header is an error");
+                    return Err(LoadError::Decode(p.to_path_buf(), e));
+                }
+            }
+        } else {
+            decode_file(&bytes).map_err(|e| LoadError::Decode(p.to_path_buf(), e))?
+        };
         decoded.push((p.to_path_buf(), file));
     }
     let same_clock =

@@ -54,6 +54,14 @@ fn traced_benchmark_is_analysed_and_damage_is_reported_with_its_offset() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "one-line error: {err}");
     assert!(err.contains("truncated at byte offset"), "{err}");
+    // --partial reads the intact blocks of a file cut short, and says what it skipped.
+    let out = ulnet(&["trace", "analyze", "--partial", "--json", cut.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("truncated at byte offset") && err.contains("intact records"), "{err}");
+    let partial = json(&out)["messages"].as_u64().unwrap();
+    // One side alone: its sends and what it received from the untraced side.
+    assert!(partial > 0 && partial <= 4200, "the intact blocks of one side: {partial}");
     let mut bad = bytes.clone();
     bad[100] ^= 0x10;
     std::fs::write(&cut, &bad).unwrap();

@@ -278,6 +278,36 @@ thread_local! {
     static LOCAL: RefCell<Recorder> = const { RefCell::new(Recorder::new()) };
 }
 
+/// Records a datagram sent or received outside an endpoint (for layers with a socket of
+/// their own, such as the membership's UDP socket): one message of `size` bytes from
+/// `nodes.0` to `nodes.1`, as a record of kind [`MessageKind::Message`] on `channel`. It
+/// takes the recorder's newest time, not a clock read of its own. Does nothing while
+/// tracing is off.
+pub fn record_datagram(direction: Direction, nodes: (NodeId, NodeId), channel: u32, size: u64) {
+    let session = active();
+    if session == 0 {
+        return;
+    }
+    let listed = u32::try_from(size).ok();
+    let slot = Slot {
+        src_node: nodes.0 .0,
+        dst_node: nodes.1 .0,
+        channel,
+        kind: MessageKind::Message as u8,
+        flags: if direction == Direction::Receive { slot::FLAG_RECEIVE } else { 0 },
+        buffers: u8::from(listed.is_some()),
+        size,
+        buffer_len: [listed.unwrap_or(0), 0, 0, 0],
+        ..Slot::EMPTY
+    };
+    // A thread being torn down records nothing.
+    let _ = LOCAL.try_with(|l| {
+        if let Ok(mut l) = l.try_borrow_mut() {
+            l.record_datagram(session, slot);
+        }
+    });
+}
+
 /// Records a one-sided operation (for the RMA layer): `size` bytes moved between `src`
 /// (the initiator) and `dst`, issued at `enqueued` ticks ([`now`]; 0: not measured) and
 /// complete now. Does nothing while tracing is off.

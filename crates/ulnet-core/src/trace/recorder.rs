@@ -407,6 +407,17 @@ impl Recorder {
         }
     }
 
+    /// Records a datagram of a layer with its own socket ([`super::record_datagram`]).
+    pub(crate) fn record_datagram(&mut self, session: u64, mut slot: Slot) {
+        if exact_mode() {
+            slot.ticks = self.exact_now();
+            slot.flags |= FLAG_EXACT;
+        } else {
+            slot.ticks = self.coarse();
+        }
+        self.push(session, slot);
+    }
+
     /// Records a one-sided operation issued at `enqueued` (0: not measured).
     pub(crate) fn record_rma(&mut self, session: u64, mut slot: Slot, enqueued: u64) {
         let exact = exact_mode() || enqueued != 0;
