@@ -57,7 +57,11 @@ pub struct Message {
     pub buffer_len: [u32; 4],
     /// Pairs responses with requests (0: none).
     pub request_id: u64,
-    /// Stage times (nanoseconds since the trace start; `None`: not measured).
+    /// Its times were read from the clock (an exact record). Other records carry the
+    /// tracer's coarse time (at most one 1 ms tick early): their stage times are `None`.
+    pub exact: bool,
+    /// Stage times (nanoseconds since the trace start; `None`: not measured, or not an
+    /// exact record).
     pub enqueued: Option<u64>,
     /// When the transport took it.
     pub sent: Option<u64>,
@@ -159,7 +163,9 @@ pub fn load_with(paths: &[impl AsRef<Path>], partial: bool) -> Result<Trace, Loa
             let span = r.last_ticks.saturating_sub(r.ticks);
             for i in 0..count {
                 let ticks = if count == 1 { r.ticks } else { r.ticks + span * i / (count - 1) };
-                let shift = |stage: u64| if stage == 0 { 0 } else { stage + (ticks - r.ticks) };
+                // Stages only from exact records: a coarse time would make transits of 0 or
+                // of a whole tick.
+                let shift = |stage: u64| if stage == 0 || !r.exact { 0 } else { stage + (ticks - r.ticks) };
                 messages.push(Message {
                     t_ns: at(ticks).unwrap_or(1),
                     src: r.src_node,
@@ -171,6 +177,7 @@ pub fn load_with(paths: &[impl AsRef<Path>], partial: bool) -> Result<Trace, Loa
                     size: r.size,
                     buffer_len: r.buffer_len,
                     request_id: r.request_id,
+                    exact: r.exact,
                     enqueued: at(shift(r.enqueued)),
                     sent: at(shift(r.sent)),
                     received: at(shift(r.received)),
