@@ -54,5 +54,5 @@ echo "load after: $(uptime)"
 # What one traced run recorded (records and drops), for the write-up.
 locked sh -c "'$NOW' bench $MSG --trace '$TRACE_DIR/msg.ultrace' --json 2>&1; '$NOW' bench $RPC --trace '$TRACE_DIR/rpc.ultrace' --json 2>&1" | grep -E "traced|msgs_per_s|p50_us" || true
 # The sampled exact breakdowns the default keeps (request-response stages).
-"$NOW" trace analyze "$TRACE_DIR/rpc.ultrace" "$TRACE_DIR/rpc.ultrace.peer" 2>&1 | sed -n '/latency/,$p' | head -20 || true
+"$NOW" trace analyze "$TRACE_DIR/rpc.ultrace" "$TRACE_DIR/rpc.ultrace.peer" 2>&1 | sed -n '/Request-response/,$p' | head -20 || true
 rm -rf "$TRACE_DIR"
