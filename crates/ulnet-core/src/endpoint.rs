@@ -3,7 +3,7 @@
 use crate::cq::{CompletionKind, CompletionQueue};
 use crate::error::{ChannelError, ConnectError, SendError};
 use crate::node::NodeId;
-use crate::trace::{self, MessageKind};
+use crate::trace::{self, MessageKind, PendingReceive, Recorder};
 use crate::transport::shm::{self, ShmConfig, ShmListener};
 use crate::transport::tcp::{self, TcpChannelListener, TcpConfig};
 use crate::transport::udp::{self, UdpChannelListener, UdpConfig, UdpCounters, UdpStats};
@@ -95,6 +95,9 @@ pub struct ReplyTo<'a> {
     channel: ChannelId,
     /// (this node, the peer), for traces.
     nodes: (NodeId, NodeId),
+    /// For traces: the message being delivered, whole.
+    message_len: u64,
+    recorder: &'a mut Recorder,
 }
 
 impl ReplyTo<'_> {
@@ -111,10 +114,43 @@ impl ReplyTo<'_> {
     pub fn send_as(&mut self, gather: &[&[u8]], kind: MessageKind, request_id: u64) -> Result<SendOutcome, SendError> {
         let outcome = self.responder.send(gather)?;
         count_send(self.counters, outcome, gather);
-        if trace::enabled() && outcome == SendOutcome::Done {
-            trace::record_send(self.nodes, self.channel.0, gather, kind, request_id, 0);
+        let session = trace::active();
+        if session != 0 && outcome == SendOutcome::Done {
+            self.recorder.send(session, self.nodes, self.channel.0, gather, kind, request_id);
         }
         Ok(outcome)
+    }
+
+    /// Tells a trace what the message being delivered is (see [`Endpoint::send_as`]); its
+    /// request id decides whether its times are exact ([`trace::TraceConfig::sample`]).
+    /// Does nothing while tracing is off.
+    #[inline]
+    pub fn trace_describe(&mut self, kind: MessageKind, request_id: u64) {
+        let session = trace::active();
+        if session != 0 {
+            let (local, peer) = self.nodes;
+            let message = ((peer, local), self.channel.0, self.message_len);
+            self.recorder.describe_receive(session, message, kind, request_id);
+        }
+    }
+
+    /// Marks, in a trace, the start of the handler of the message being delivered.
+    #[inline]
+    pub fn trace_handler_start(&mut self) {
+        self.recorder.handler_start();
+    }
+
+    /// Marks, in a trace, the end of the handler of the message being delivered.
+    #[inline]
+    pub fn trace_handler_end(&mut self) {
+        self.recorder.handler_end();
+    }
+
+    /// Takes the trace record of the message being delivered, for a handler that runs
+    /// after the delivery (on a worker): set its handler times and give it to
+    /// [`Endpoint::trace_put`]. `None` while tracing is off.
+    pub fn trace_take(&mut self) -> Option<PendingReceive> {
+        self.recorder.take_receive()
     }
 }
 
@@ -216,6 +252,8 @@ pub struct Endpoint {
     /// Scratch list of ready watched channels.
     ready: Vec<usize>,
     counters: EndpointCounters,
+    /// What this endpoint records while tracing is on.
+    recorder: Recorder,
 }
 
 impl Endpoint {
@@ -243,6 +281,7 @@ impl Endpoint {
             watch: None,
             ready: Vec::new(),
             counters: EndpointCounters::default(),
+            recorder: Recorder::new(),
         }
     }
 
@@ -385,6 +424,8 @@ impl Endpoint {
 
     /// Adds a channel made by any transport.
     pub fn add_channel(&mut self, transport: Box<dyn Transport>) -> ChannelId {
+        // A trace run names its channel, not its peer: a reused channel index ends it.
+        self.recorder.close_run();
         let probe = transport.probe();
         let peer_node = transport.peer_node().unwrap_or(NodeId::UNKNOWN);
         let slot = ChannelSlot { transport, probe: probe.clone(), posted: VecDeque::new(), down: false, peer_node };
@@ -483,10 +524,20 @@ impl Endpoint {
         let outcome = slot.transport.send(gather)?;
         let peer = slot.peer_node;
         count_send(&mut self.counters, outcome, gather);
-        if trace::enabled() && outcome == SendOutcome::Done {
-            trace::record_send((self.config.node_id, peer), channel.0, gather, kind, request_id, 0);
+        let session = trace::active();
+        if session != 0 && outcome == SendOutcome::Done {
+            self.recorder.send(session, (self.config.node_id, peer), channel.0, gather, kind, request_id);
         }
         Ok(outcome)
+    }
+
+    /// Writes a trace record taken with [`ReplyTo::trace_take`] (dropped if the tracing
+    /// session it belongs to has ended).
+    pub fn trace_put(&mut self, pending: PendingReceive) {
+        let session = trace::active();
+        if session != 0 {
+            self.recorder.put(session, pending);
+        }
     }
 
     /// Queues a message of any size (up to the transport's `message_max`) on the channel's
@@ -533,9 +584,11 @@ impl Endpoint {
                 let done = slot.posted.pop_front().expect("front exists");
                 self.posted_total -= 1;
                 self.counters.messages_sent += 1;
-                if trace::enabled() {
+                let session = trace::active();
+                if session != 0 {
                     let nodes = (self.config.node_id, slot.peer_node);
-                    trace::record_send(nodes, i as u32, &[&done.data], MessageKind::Message, 0, done.enqueued);
+                    let data: &[&[u8]] = &[&done.data];
+                    self.recorder.send_slow(session, nodes, i as u32, data, MessageKind::Message, 0, done.enqueued);
                 }
                 self.completed.push_back((ChannelId(i as u32), done.token));
                 if let Some(cq) = &self.cq {
@@ -570,20 +623,24 @@ impl Endpoint {
         }
         let channel = ChannelId(i as u32);
         let counters = &mut self.counters;
+        let recorder = &mut self.recorder;
         let nodes = (self.config.node_id, slot.peer_node);
-        let tracing = trace::enabled();
+        let session = trace::active();
+        let exact = session != 0 && trace::exact_mode();
         let result = slot.transport.poll_recv(max, &mut |d, responder| {
             counters.deliveries_received += 1;
             counters.bytes_received += d.data.len() as u64;
             // One record per message, when it is whole (its last fragment).
-            let traced = tracing && d.is_last();
+            let traced = session != 0 && d.is_last();
             if traced {
-                trace::open_receive((nodes.1, nodes.0), channel.0, d.message_len);
+                recorder.open_receive(exact);
             }
-            let reply = ReplyTo { responder, counters: &mut *counters, channel, nodes };
-            handle(Event::Message { channel, data: d.data, message_len: d.message_len, offset: d.offset, reply });
+            let message_len = d.message_len;
+            let reply =
+                ReplyTo { responder, counters: &mut *counters, channel, nodes, message_len, recorder: &mut *recorder };
+            handle(Event::Message { channel, data: d.data, message_len, offset: d.offset, reply });
             if traced {
-                trace::close_receive();
+                recorder.close_receive(session, (nodes.1, nodes.0), channel.0, message_len);
             }
         });
         match result {
@@ -801,6 +858,7 @@ impl Endpoint {
 
     /// Closes a channel cleanly: the peer gets everything sent so far, then `Closed`.
     pub fn close(&mut self, channel: ChannelId) {
+        self.recorder.close_run();
         if let Some(slot) = self.channels.get_mut(channel.0 as usize).and_then(Option::take) {
             let mut slot = slot;
             if let Some(w) = &mut self.watch {
@@ -833,6 +891,8 @@ impl Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
+        // A run still open goes to the file with the rest.
+        self.recorder.close_run();
         if let Some(cq) = &self.cq {
             for (i, slot) in self.channels.iter().enumerate() {
                 if slot.is_some() {

@@ -17,11 +17,12 @@ use super::segment::{ExportTable, ExportedSegment, SegmentDescriptor};
 use super::target::{TargetCells, TargetCounters};
 use super::wire::{self, LookupAnswer, Op, Place, Request, Response, HEADER_LEN, NAME_MAX};
 use crate::error::{ChannelError, ConnectError, SendError};
+use crate::trace::{self, MessageKind};
 use crate::transport::shm::ShmConfig;
 use crate::transport::tcp::TcpConfig;
 use crate::transport::udp::{UdpConfig, UdpCounters, UdpStats};
 use crate::transport::{ReadyProbe, SendOutcome, Transport};
-use completion::{fail_peer, finish, Kind, Owned, Sink, Slot, Value};
+use completion::{fail_peer, finish, Kind, Owned, Sink, Slot, TracedOp, Value};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -767,9 +768,12 @@ impl Rma {
     }
 
     /// Runs a mapped operation, unless a fence holds it back.
+    /// `traced`: what a trace records of it (kind, target, bytes), without a clock read of
+    /// its own: a mapped operation costs less than reading the clock.
     fn on_mapping<T>(
         &mut self,
         index: usize,
+        traced: (MessageKind, &RemoteSegment, u64),
         f: impl FnOnce(&mut MappedImport) -> Result<T, AccessError>,
     ) -> Result<RmaOutcome<T>, RmaError> {
         if !self.fence_allows(None) {
@@ -781,6 +785,10 @@ impl Rma {
             Ok(v) => {
                 self.counters.mapped += 1;
                 self.counters.completed += 1;
+                if trace::enabled() {
+                    let (kind, seg, len) = traced;
+                    trace::record_rma(kind, (self.config.node, seg.descriptor.node), seg.peer, len, 0, 0);
+                }
                 Ok(RmaOutcome::Done(v))
             }
             Err(e) => {
@@ -812,14 +820,15 @@ impl Rma {
     ) -> Result<RmaOutcome, RmaError> {
         let notify = seg.notify;
         if let Some(i) = self.mapped_index(seg)? {
-            return self.on_mapping(i, |m| m.get(offset, dst, notify));
+            return self.on_mapping(i, (MessageKind::RmaRead, seg, dst.len() as u64), |m| m.get(offset, dst, notify));
         }
         let (segment, generation) = (seg.descriptor.segment, seg.descriptor.generation);
         let op = |_: &[u8], chunk_off: u64, chunk_len: usize| Op::Get {
             place: Place { segment, generation, offset: offset.wrapping_add(chunk_off) },
             len: chunk_len as u32,
         };
-        self.post(seg.peer, notify, token, Kind::Get, dst.len() as u64, op, &[], internal)
+        let traced = Some((MessageKind::RmaRead, seg.descriptor.node));
+        self.post(seg.peer, notify, token, Kind::Get, dst.len() as u64, op, &[], internal, traced)
     }
 
     fn put_with<'d>(
@@ -832,14 +841,16 @@ impl Rma {
     ) -> Result<RmaOutcome, RmaError> {
         let notify = seg.notify;
         if let Some(i) = self.mapped_index(seg)? {
-            return self.on_mapping(i, |m| m.put(offset, data, notify));
+            return self
+                .on_mapping(i, (MessageKind::RmaWrite, seg, data.len() as u64), |m| m.put(offset, data, notify));
         }
         let (segment, generation) = (seg.descriptor.segment, seg.descriptor.generation);
         let op = |data: &'d [u8], chunk_off: u64, chunk_len: usize| Op::Put {
             place: Place { segment, generation, offset: offset.wrapping_add(chunk_off) },
             data: &data[chunk_off as usize..chunk_off as usize + chunk_len],
         };
-        self.post(seg.peer, notify, token, Kind::Put, data.len() as u64, op, data, internal)
+        let traced = Some((MessageKind::RmaWrite, seg.descriptor.node));
+        self.post(seg.peer, notify, token, Kind::Put, data.len() as u64, op, data, internal, traced)
     }
 
     fn atomic_with(
@@ -852,8 +863,9 @@ impl Rma {
         internal: bool,
     ) -> Result<RmaOutcome<u64>, RmaError> {
         let notify = seg.notify;
+        let kind = if cas.is_some() { MessageKind::RmaCas } else { MessageKind::RmaFaa };
         if let Some(i) = self.mapped_index(seg)? {
-            return self.on_mapping(i, |m| match cas {
+            return self.on_mapping(i, (kind, seg, 8), |m| match cas {
                 Some((expected, desired)) => m.compare_swap(offset, expected, desired, notify),
                 None => m.fetch_add(offset, addend, notify),
             });
@@ -863,7 +875,8 @@ impl Rma {
             Some((expected, desired)) => Op::CompareSwap { place, expected, desired },
             None => Op::FetchAdd { place, addend },
         };
-        Ok(match self.post(seg.peer, notify, token, Kind::Atomic, 8, op, &[], internal)? {
+        let traced = Some((kind, seg.descriptor.node));
+        Ok(match self.post(seg.peer, notify, token, Kind::Atomic, 8, op, &[], internal, traced)? {
             RmaOutcome::Done(()) => unreachable!("channel operations complete later"),
             RmaOutcome::InProgress(t) => RmaOutcome::InProgress(t),
             RmaOutcome::NoResource => RmaOutcome::NoResource,
@@ -946,7 +959,8 @@ impl Rma {
 
     /// Posts an operation of `len` bytes to `peer`'s channel, split into chunks that
     /// `op(data, chunk_offset, chunk_len)` describes. All chunks share one slot; the ones
-    /// the channel cannot take now wait, encoded, in its backlog.
+    /// the channel cannot take now wait, encoded, in its backlog. `traced` (kind, target):
+    /// while tracing is on, the operation is recorded when it completes.
     #[allow(clippy::too_many_arguments)]
     fn post<'d>(
         &mut self,
@@ -958,6 +972,7 @@ impl Rma {
         op: impl Fn(&'d [u8], u64, usize) -> Op<'d>,
         data: &'d [u8],
         internal: bool,
+        traced: Option<(MessageKind, NodeId)>,
     ) -> Result<RmaOutcome, RmaError> {
         let channel = self.peers[peer as usize].channel.as_ref().ok_or(RmaError::InvalidHandle)?;
         if let Some(e) = &channel.down {
@@ -1018,6 +1033,12 @@ impl Rma {
         slot.error = None;
         slot.internal = internal;
         slot.abandoned = false;
+        slot.trace = match traced {
+            Some((kind, target)) if trace::enabled() => {
+                Some(TracedOp { kind, nodes: (self.config.node, target), len, posted: trace::now() })
+            }
+            _ => None,
+        };
         if kind == Kind::Get && chunks > 1 {
             slot.assembled.clear();
             slot.assembled.resize(len as usize, 0);

@@ -218,7 +218,8 @@ impl Rma {
         let deadline = Instant::now() + self.config.control_timeout;
         let token = self.next_internal_token();
         let op = |_: &[u8], _: u64, _: usize| Op::Lookup { name: name.as_bytes() };
-        let posted = self.retry(deadline, |rma| rma.post(index as u32, false, token, Kind::Lookup, 0, op, &[], true));
+        let posted =
+            self.retry(deadline, |rma| rma.post(index as u32, false, token, Kind::Lookup, 0, op, &[], true, None));
         let to_import_error = |e: RmaError| match e {
             RmaError::Access(a) => ImportError::Access(a),
             RmaError::PeerFailed(c) => ImportError::PeerFailed(c),

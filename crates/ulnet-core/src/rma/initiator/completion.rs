@@ -4,6 +4,7 @@
 //! operation is handed on once.
 
 use super::*;
+use crate::trace::{self, MessageKind};
 
 /// Where finished operations go: `(internal, token, result)`; `internal` marks operations
 /// a blocking helper of ours waits for.
@@ -24,8 +25,21 @@ impl Slot {
             error: None,
             internal: false,
             abandoned: false,
+            trace: None,
         }
     }
+}
+
+/// What a trace records of an operation posted while tracing was on: one record when it
+/// completes, its post time as the queueing stage.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct TracedOp {
+    pub(super) kind: MessageKind,
+    /// (initiator, target).
+    pub(super) nodes: (NodeId, NodeId),
+    pub(super) len: u64,
+    /// [`trace::now`] when it was posted.
+    pub(super) posted: u64,
 }
 
 /// What an operation slot holds.
@@ -54,6 +68,8 @@ pub(super) struct Slot {
     pub(super) internal: bool,
     /// The blocking helper gave up; drop the completion.
     pub(super) abandoned: bool,
+    /// Posted while tracing was on.
+    pub(super) trace: Option<TracedOp>,
 }
 
 /// What one finished slot produced, as the dispatcher hands it on.
@@ -138,6 +154,9 @@ pub(super) fn finish(
         }
         None => {
             counters.completed += 1;
+            if let Some(t) = slot.trace.take() {
+                trace::record_rma(t.kind, t.nodes, slot.peer, t.len, user_token, t.posted);
+            }
             Ok(match (slot.kind, single) {
                 (Kind::Get, None) => Value::Get(&slot.assembled),
                 (_, Some(v)) => v,
