@@ -127,10 +127,13 @@ pub struct Proposal {
     pub expected: RoleTable,
     /// The new table: the CAS's swap value.
     pub proposed: RoleTable,
-    /// The role the moved nodes take.
+    /// The role the moved nodes take (for a departure: the role the first departed node
+    /// served).
     pub to: Role,
     /// How many nodes move.
     pub moved: usize,
+    /// How many departed nodes the change takes out of the table.
+    pub removed: usize,
 }
 
 /// What a helper counted.
@@ -144,6 +147,8 @@ pub struct HelperCounters {
     pub cas_won: u64,
     /// Compare-and-swaps lost (another helper changed the table first).
     pub cas_lost: u64,
+    /// Departed nodes this helper's won compare-and-swaps took out of the table.
+    pub departures: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -249,6 +254,7 @@ impl Helper {
         match outcome {
             CasOutcome::Swapped => {
                 self.counters.cas_won += 1;
+                self.counters.departures += proposal.removed as u64;
                 self.adopt(now, proposal.proposed);
             }
             CasOutcome::Failed(actual) => {
@@ -256,6 +262,67 @@ impl Helper {
                 self.adopt(now, actual);
             }
         }
+    }
+
+    /// Membership says the nodes of `departed` died: a proposal that takes those still in
+    /// the table out of it, in one change, with no history window or settle time (a dead
+    /// node gets requests until it is out). A tier the departure leaves empty gets a node in
+    /// the same change: the least busy node of the site's other tier if it has two or more,
+    /// else one from another site (lowest priority first) that keeps its own floor (a site
+    /// all of whose nodes died gets one node per tier that way too). `None`
+    /// when no departed node is in the table, or when no valid table without them exists (a
+    /// site left with one live node and no other site to lend it one): they then stay in
+    /// the word, and get no requests once their records go stale.
+    pub fn handle_departures(
+        &mut self,
+        now: Instant,
+        table: RoleTable,
+        departed: &[NodeIndex],
+        loads: &[Option<NodeLoad>],
+    ) -> Option<Proposal> {
+        self.adopt(now, table);
+        let gone: Vec<NodeIndex> = departed.iter().copied().filter(|n| self.view.role(*n).is_some()).collect();
+        let first = self.view.role(*gone.first()?)?;
+        let mut changes: Vec<(NodeIndex, Option<Role>)> = gone.iter().map(|n| (*n, None)).collect();
+        let mut moved = 0;
+        for site in 0..SITES_MAX as u8 {
+            for tier in Tier::ALL {
+                let t = self.view.with_changes(&changes);
+                let role = Role::new(site, tier);
+                if self.view.site_nodes(role.site) == 0 || t.count(role) >= TIER_NODES_MIN {
+                    continue;
+                }
+                let Some(donor) = Self::refill_donor(t, role, loads) else {
+                    tracing::error!(table = ?t, %role, "a departure leaves a tier empty and no node can fill it");
+                    return None;
+                };
+                changes.push((donor, Some(role)));
+                moved += 1;
+            }
+        }
+        let proposed = self.view.with_changes(&changes);
+        if proposed.validate().is_err() {
+            tracing::error!(table = ?proposed, "no valid table without the departed nodes");
+            return None;
+        }
+        self.counters.proposals += 1;
+        Some(Proposal { expected: self.view, proposed, to: first, moved, removed: gone.len() })
+    }
+
+    /// A node of `t` that can move into the empty `role`: from the same site's other tier,
+    /// else from the other sites, lowest priority first; from a tier that keeps its floor;
+    /// least busy first (a node of unknown load last).
+    fn refill_donor(t: RoleTable, role: Role, loads: &[Option<NodeLoad>]) -> Option<NodeIndex> {
+        let mut donors = vec![Role::new(role.site.0, role.tier.other())];
+        for site in (0..SITES_MAX as u8).rev().filter(|s| *s != role.site.0) {
+            donors.extend(Tier::ALL.map(|tier| Role::new(site, tier)));
+        }
+        donors.into_iter().filter(|d| t.count(*d) > TIER_NODES_MIN).find_map(|d| {
+            t.nodes_in(d).min_by(|a, b| {
+                let busy = |n: &NodeIndex| loads.get(n.get()).copied().flatten().map_or(f64::INFINITY, |l| l.busy);
+                busy(a).total_cmp(&busy(b))
+            })
+        })
     }
 
     fn tier_loads(&self, loads: &[Option<NodeLoad>]) -> [[TierLoad; 2]; SITES_MAX] {
@@ -387,6 +454,12 @@ impl Helper {
     }
 
     fn propose(&self, to: Role, nodes: &[NodeIndex]) -> Proposal {
-        Proposal { expected: self.view, proposed: self.view.with_roles(nodes, Some(to)), to, moved: nodes.len() }
+        Proposal {
+            expected: self.view,
+            proposed: self.view.with_roles(nodes, Some(to)),
+            to,
+            moved: nodes.len(),
+            removed: 0,
+        }
     }
 }

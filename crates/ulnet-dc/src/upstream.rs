@@ -5,7 +5,9 @@
 //! nodes). A request goes to the node of the role with the fewest requests outstanding from
 //! here. A failed exchange is retried on a fresh connection and then on other nodes of the
 //! role (requests are idempotent GETs), so a node that changes role or dies costs a retry,
-//! not a failed client request.
+//! not a failed client request; a node whose exchange failed is passed over for
+//! [`FAILED_SKIP`] while the role has others, so a dead node costs few retries until it
+//! leaves the role word.
 
 use crate::http::{Conn, HttpError, Response};
 use crate::load::RecordValidator;
@@ -22,6 +24,10 @@ pub const TRIES_MAX: usize = 4;
 /// generator's default client count plus headroom; each is one idle socket.
 pub const POOL_MAX: usize = 128;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a node whose exchange failed is passed over (when its role has other nodes).
+/// 250 ms: a few times the balancer's view refresh, short against the time membership takes
+/// to declare a node dead (its helper then takes it out of the table).
+pub const FAILED_SKIP: Duration = Duration::from_millis(250);
 
 #[derive(Clone, Copy, Debug)]
 struct View {
@@ -36,6 +42,10 @@ pub struct Directory {
     view: RwLock<View>,
     pools: Vec<Mutex<Vec<Conn>>>,
     outstanding: Vec<AtomicU32>,
+    sent: Vec<AtomicU64>,
+    /// When an exchange with each node last failed, µs since `born` (0: never).
+    failed_at: Vec<AtomicU64>,
+    born: Instant,
     retries: AtomicU64,
     failures: AtomicU64,
 }
@@ -49,6 +59,9 @@ impl Directory {
             view: RwLock::new(View { table: RoleTable::EMPTY, addrs: [None; NODES_MAX] }),
             pools: (0..NODES_MAX).map(|_| Mutex::new(Vec::new())).collect(),
             outstanding: (0..NODES_MAX).map(|_| AtomicU32::new(0)).collect(),
+            sent: (0..NODES_MAX).map(|_| AtomicU64::new(0)).collect(),
+            failed_at: (0..NODES_MAX).map(|_| AtomicU64::new(0)).collect(),
+            born: Instant::now(),
             retries: AtomicU64::new(0),
             failures: AtomicU64::new(0),
         }
@@ -67,14 +80,16 @@ impl Directory {
         }
     }
 
-    /// Reads every node's load record for its address; a node whose record is stale or
-    /// forged gets no requests until it publishes again.
+    /// Reads the load record of every node in the table for its address; a node whose
+    /// record is stale or forged gets no requests until it publishes again, and a node out
+    /// of the table is not read at all.
     pub fn refresh_addresses(&self, now: Instant) {
         let mut addrs = [None; NODES_MAX];
+        let table = self.table();
         {
             let mut validator = self.validator.lock().expect("validator lock");
-            for (i, a) in addrs.iter_mut().enumerate().take(self.state.slots()) {
-                let node = NodeIndex(i as u8);
+            for (node, _) in table.members().filter(|(n, _)| n.get() < self.state.slots()) {
+                let a = &mut addrs[node.get()];
                 if let Ok(words) = self.state.read_load(node) {
                     if let Ok(r) = validator.accept(now, node, &words) {
                         *a = r.addr.map(SocketAddr::V4);
@@ -85,18 +100,33 @@ impl Directory {
         self.view.write().expect("directory lock").addrs = addrs;
     }
 
+    /// Exchanges started with `node` so far.
+    pub fn sent_to(&self, node: NodeIndex) -> u64 {
+        self.sent.get(node.get()).map_or(0, |c| c.load(Ordering::Relaxed))
+    }
+
     /// (retried exchanges, failed requests) so far.
     pub fn counters(&self) -> (u64, u64) {
         (self.retries.load(Ordering::Relaxed), self.failures.load(Ordering::Relaxed))
     }
 
+    fn now_us(&self) -> u64 {
+        self.born.elapsed().as_micros() as u64 + 1
+    }
+
+    fn recently_failed(&self, node: NodeIndex, now_us: u64) -> bool {
+        let at = self.failed_at[node.get()].load(Ordering::Relaxed);
+        at != 0 && now_us.saturating_sub(at) < FAILED_SKIP.as_micros() as u64
+    }
+
     fn pick(&self, role: Role, tried: &[NodeIndex]) -> Option<(NodeIndex, SocketAddr)> {
         let v = *self.view.read().expect("directory lock");
+        let now = self.now_us();
         v.table
             .nodes_in(role)
             .filter(|n| !tried.contains(n))
             .filter_map(|n| v.addrs[n.get()].map(|a| (n, a)))
-            .min_by_key(|(n, _)| self.outstanding[n.get()].load(Ordering::Relaxed))
+            .min_by_key(|(n, _)| (self.recently_failed(*n, now), self.outstanding[n.get()].load(Ordering::Relaxed)))
     }
 
     /// Sends `GET path` to a node serving `role` and returns its response.
@@ -107,6 +137,7 @@ impl Directory {
             let Some((node, addr)) = self.pick(role, &tried) else { break };
             tried.push(node);
             self.outstanding[node.get()].fetch_add(1, Ordering::Relaxed);
+            self.sent[node.get()].fetch_add(1, Ordering::Relaxed);
             let r = self.exchange(node, addr, path, tier_header);
             self.outstanding[node.get()].fetch_sub(1, Ordering::Relaxed);
             match r {
@@ -114,7 +145,10 @@ impl Directory {
                 Ok(resp) => {
                     last = HttpError::Malformed(if resp.status == 502 { "upstream 502" } else { "upstream status" })
                 }
-                Err(e) => last = e,
+                Err(e) => {
+                    self.failed_at[node.get()].store(self.now_us(), Ordering::Relaxed);
+                    last = e
+                }
             }
             self.retries.fetch_add(1, Ordering::Relaxed);
         }

@@ -206,3 +206,109 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_departure_takes_the_dead_node_out_and_refills_its_tier() {
+    let table = initial_table(&[(2, 3)]);
+    let loads = loads_by_role(table, |r| if r.tier == Tier::Proxy { HALF } else { IDLE });
+    let mut h = Helper::new(config(), table);
+    let now = Instant::now();
+    // Node 0, a proxy, died: it goes, and the proxy tier keeps node 1.
+    let p = h.handle_departures(now, table, &[NodeIndex(0)], &loads).unwrap();
+    assert_eq!((p.removed, p.moved), (1, 0));
+    assert_eq!(p.proposed.role(NodeIndex(0)), None);
+    assert_eq!(p.proposed.split(SiteId(0)), (1, 3));
+    assert_eq!(p.proposed.epoch(), table.epoch() + 1, "one change");
+    // Both proxies died: an application node moves to the proxy tier in the same change.
+    let p = h.handle_departures(now, table, &[NodeIndex(0), NodeIndex(1)], &loads).unwrap();
+    assert_eq!((p.removed, p.moved), (2, 1));
+    assert_eq!(p.proposed.split(SiteId(0)), (1, 2));
+    assert!(p.proposed.validate().is_ok());
+    // A node already out of the table: nothing to do.
+    h.handle_cas(now, &p, CasOutcome::Swapped);
+    assert_eq!(h.counters().departures, 2);
+    assert!(h.handle_departures(now, p.proposed, &[NodeIndex(0)], &loads).is_none());
+}
+
+#[test]
+fn a_low_priority_site_that_loses_a_tier_gets_a_node_from_the_other_site() {
+    let table = two_sites(); // site 1: node 5 proxy, node 6 app
+    let loads = loads_by_role(table, |_| IDLE);
+    let mut h = Helper::new(config(), table);
+    let p = h.handle_departures(Instant::now(), table, &[NodeIndex(6)], &loads).unwrap();
+    assert_eq!(p.proposed.split(SiteId(1)), (1, 1));
+    assert_eq!(p.proposed.split(SiteId(0)).0 + p.proposed.split(SiteId(0)).1, 4);
+    // A site left with one live node and no other site to lend: no valid table, no proposal.
+    let lone = initial_table(&[(1, 1)]);
+    let mut h = Helper::new(config(), lone);
+    assert!(h.handle_departures(Instant::now(), lone, &[NodeIndex(0)], &loads).is_none());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+    /// Nodes die at random moments while the helpers of the living decide on their own
+    /// (often stale) views; a helper that knows of a death proposes its departure first.
+    /// Every table the word ever holds is valid, and once every living helper has looked
+    /// after the last death, no dead node is left in the word.
+    #[test]
+    fn departures_and_decisions_keep_every_tier_populated(
+        sites in prop_oneof![Just(vec![(3usize, 4usize)]), Just(vec![(2, 3), (1, 1)]), Just(vec![(1, 1), (1, 1), (1, 2)])],
+        steps in proptest::collection::vec((step(7), proptest::option::weighted(0.05, 0u8..7)), 1..120),
+    ) {
+        let start = initial_table(&sites);
+        let members = start.members().count();
+        let deaths_max = members - 2 * sites.len();
+        let mut word = start;
+        let cfg = HelperConfig { history_window: Duration::from_millis(100), settle: Duration::from_millis(50), ..HelperConfig::lab() };
+        let mut helpers: Vec<Helper> = (0..7).map(|_| Helper::new(cfg, start)).collect();
+        let mut dead: Vec<NodeIndex> = Vec::new();
+        let mut now = Instant::now();
+        let decide = |h: &mut Helper, seen: RoleTable, loads: &[Option<NodeLoad>], dead: &[NodeIndex], now: Instant, word: &mut RoleTable| -> Result<(), TestCaseError> {
+            let p = h.handle_departures(now, seen, dead, loads).or_else(|| h.handle_observation(now, seen, loads));
+            if let Some(p) = p {
+                prop_assert!(p.proposed.validate().is_ok(), "invalid proposal {:?}", p.proposed);
+                let outcome = if *word == p.expected {
+                    *word = p.proposed;
+                    CasOutcome::Swapped
+                } else {
+                    CasOutcome::Failed(*word)
+                };
+                h.handle_cas(now, &p, outcome);
+                prop_assert!(word.validate().is_ok(), "invalid table {:?}", word);
+                prop_assert!(word.members().count() + dead.len() >= members, "a living node left: {:?}", word);
+            }
+            Ok(())
+        };
+        for (s, kill) in steps {
+            if let Some(k) = kill {
+                if dead.len() < deaths_max && !dead.contains(&NodeIndex(k)) {
+                    dead.push(NodeIndex(k));
+                }
+            }
+            now += Duration::from_millis(s.advance_ms);
+            if dead.contains(&NodeIndex(s.helper as u8)) {
+                continue;
+            }
+            let loads: Vec<Option<NodeLoad>> = s.loads.iter().enumerate().map(|(i, l)| {
+                if dead.contains(&NodeIndex(i as u8)) { return None; }
+                l.map(|(busy, queued)| NodeLoad { workers: 2.0, busy: f64::from(busy), queued: f64::from(queued) })
+            }).collect();
+            let h = &mut helpers[s.helper];
+            let seen = if s.fresh_read { word } else { h.view() };
+            decide(h, seen, &loads, &dead, now, &mut word)?;
+        }
+        // Every living helper looks once more, at the word itself.
+        for (i, h) in helpers.iter_mut().enumerate() {
+            if dead.contains(&NodeIndex(i as u8)) {
+                continue;
+            }
+            now += Duration::from_millis(500);
+            let loads = vec![None; NODES_MAX];
+            decide(h, word, &loads, &dead, now, &mut word)?;
+        }
+        for d in &dead {
+            prop_assert!(word.role(*d).is_none(), "dead {} still in {:?}", d, word);
+        }
+    }
+}
