@@ -26,11 +26,19 @@
 //!   site's load (as many as one change may move); a lower-priority site gets a node back
 //!   from a higher one, one per change, only when the higher one stays under
 //!   [`HelperConfig::release_utilization_max`] without it and has no overloaded tier.
+//! - *Shares.* Each site is entitled to a number of nodes ([`HelperConfig::shares`]: its
+//!   starting split). A site below its share has lent nodes to lower-priority sites while it
+//!   did not need them; as soon as one of its tiers is overloaded it takes back all it lent
+//!   that the lower sites can give, in one change and without waiting for the history
+//!   window. T filters bursts too short to pay for a move; a node the site lent is one its
+//!   guarantee already counts on, and every second spent on the floor is a snapshot missed
+//!   (thesis chapter 6: resources flow out of and back into the higher-priority cluster
+//!   with its load). Beyond its share a site pulls by the rules above.
 //! - *Floor.* No proposal leaves a site's tier with fewer than
 //!   [`crate::role::TIER_NODES_MIN`] nodes; every proposal passes [`RoleTable::validate`].
 
 use crate::load::LoadRecord;
-use crate::role::{NodeIndex, Role, RoleTable, Tier, SITES_MAX, TIER_NODES_MIN};
+use crate::role::{NodeIndex, Role, RoleTable, SiteId, Tier, SITES_MAX, TIER_NODES_MIN};
 use crate::state::CasOutcome;
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
@@ -62,6 +70,10 @@ pub struct HelperConfig {
     pub nodes_per_change_max: usize,
     /// A record whose version has not moved for this long is stale (its node stopped).
     pub stale_after: Duration,
+    /// Nodes each website is entitled to, site 0 first (a center sets its sites' starting
+    /// splits). All zero, the default: no site reclaims without the history window.
+    #[serde(default)]
+    pub shares: [u8; SITES_MAX],
 }
 
 impl HelperConfig {
@@ -76,6 +88,7 @@ impl HelperConfig {
             settle: Duration::from_millis(300),
             nodes_per_change_max: 3,
             stale_after: Duration::from_millis(1000),
+            shares: [0; SITES_MAX],
         }
     }
 
@@ -340,6 +353,15 @@ impl Helper {
         out
     }
 
+    fn overloaded(&self, role: Role) -> bool {
+        self.overloaded_since[usize::from(role.site.0)][role.tier as usize].is_some()
+    }
+
+    /// Nodes `site` lent out: how far it is below its share.
+    fn lent(&self, site: u8) -> usize {
+        usize::from(self.config.shares[usize::from(site)]).saturating_sub(self.view.site_nodes(SiteId(site)))
+    }
+
     fn overloaded_long_enough(&self, now: Instant, role: Role) -> bool {
         self.overloaded_since[usize::from(role.site.0)][role.tier as usize]
             .is_some_and(|since| now.saturating_duration_since(since) >= self.config.history_window)
@@ -388,35 +410,54 @@ impl Helper {
     fn decide(&self, now: Instant, tiers: &[[TierLoad; 2]; SITES_MAX], loads: &[Option<NodeLoad>]) -> Option<Proposal> {
         let limit = self.config.nodes_per_change_max.max(1);
         for site in 0..SITES_MAX as u8 {
-            let mut wanting: Vec<Tier> =
-                Tier::ALL.into_iter().filter(|t| self.overloaded_long_enough(now, Role::new(site, *t))).collect();
+            let lent = self.lent(site);
+            let mut wanting: Vec<Tier> = Tier::ALL
+                .into_iter()
+                .filter(|t| {
+                    let role = Role::new(site, *t);
+                    self.overloaded_long_enough(now, role) || (lent > 0 && self.overloaded(role))
+                })
+                .collect();
             wanting.sort_by(|a, b| {
                 let p = |t: &Tier| tiers[usize::from(site)][*t as usize].pressure();
                 p(b).total_cmp(&p(a))
             });
             for tier in wanting {
                 let to = Role::new(site, tier);
-                // 1. The other tier of the same site.
+                let waited = self.overloaded_long_enough(now, to);
+                // 1. The other tier of the same site (after the history window).
                 let own = Role::new(site, tier.other());
-                let spare = self.spare(
-                    own,
-                    tiers[usize::from(site)][tier.other() as usize],
-                    loads,
-                    Some(self.config.donor_utilization_max),
-                    limit,
-                );
+                let spare = if waited {
+                    self.spare(
+                        own,
+                        tiers[usize::from(site)][tier.other() as usize],
+                        loads,
+                        Some(self.config.donor_utilization_max),
+                        limit,
+                    )
+                } else {
+                    Vec::new()
+                };
                 if !spare.is_empty() {
                     return Some(self.propose(to, &spare));
                 }
-                // 2. Lower-priority sites, lowest first, whatever their load.
+                // 2. Lower-priority sites, lowest first, whatever their load: what this site
+                // lent at once and in one change, more after the history window.
+                let pull = if waited { limit.max(lent) } else { lent };
+                let mut taken = Vec::new();
                 for low in (site + 1..SITES_MAX as u8).rev() {
                     for donor_tier in self.by_utilization(tiers, low) {
                         let donor = Role::new(low, donor_tier);
-                        let spare = self.spare(donor, tiers[usize::from(low)][donor_tier as usize], loads, None, limit);
-                        if !spare.is_empty() {
-                            return Some(self.propose(to, &spare));
+                        let left = pull - taken.len();
+                        if left == 0 {
+                            break;
                         }
+                        let t = tiers[usize::from(low)][donor_tier as usize];
+                        taken.extend(self.spare(donor, t, loads, None, left));
                     }
+                }
+                if !taken.is_empty() {
+                    return Some(self.propose(to, &taken));
                 }
                 // 3. Higher-priority sites, only what they do not need.
                 for high in 0..site {

@@ -63,7 +63,9 @@ impl std::fmt::Display for Policy {
 /// One website of a run.
 #[derive(Clone, Copy, Debug)]
 pub struct SiteSpec {
-    /// Starting split: (proxy nodes, application nodes).
+    /// Starting split: (proxy nodes, application nodes). Its total is the site's share of
+    /// the center ([`HelperConfig::shares`]): nodes it lends while it does not need them
+    /// and takes back as soon as it does.
     pub split: (usize, usize),
     /// Throughput guarantee for the QoS figure.
     pub guarantee_tps: Option<f64>,
@@ -336,6 +338,10 @@ impl Center {
         }
         let table = initial_table(&splits);
         table.validate().map_err(|e| RunError::Config(e.to_string()))?;
+        let mut helper = config.helper;
+        for (share, (p, a)) in helper.shares.iter_mut().zip(&splits) {
+            *share = (p + a) as u8;
+        }
         let key = ClusterKey::random();
         let center = format!("dc{}-{:08x}", std::process::id(), rand::random::<u32>());
         let front = Arc::new(RmaState::front(RmaStateConfig::new(&center, nodes, config.path), table, key.clone())?);
@@ -351,7 +357,7 @@ impl Center {
                     front: front.endpoint().clone(),
                     seeds: ready.first().map(|r| r.member).into_iter().collect(),
                     capacity: config.capacity,
-                    helper: config.helper,
+                    helper,
                     reconfigure: config.policy == Policy::Reconf,
                 };
                 let (r, node) = launch(&config.launch, &spec, &key)?;

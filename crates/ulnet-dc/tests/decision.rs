@@ -132,6 +132,38 @@ fn the_low_priority_site_gets_only_what_the_high_one_does_not_need() {
     assert_eq!(p0 + a0, 4);
 }
 
+#[test]
+fn a_site_below_its_share_takes_back_what_it_lent_at_once_and_in_one_change() {
+    // Site 0 (share 5) lent three nodes to site 1 (share 2) and sits on its floor.
+    let table = initial_table(&[(1, 1), (2, 3)]);
+    let loads = loads_by_role(table, |r| if r.site.0 == 0 && r.tier == Tier::Proxy { BUSY } else { HALF });
+    let shares = HelperConfig { shares: [5, 2, 0], ..config() };
+    let t0 = Instant::now();
+    let p = Helper::new(shares, table).handle_observation(t0, table, &loads).expect("no history window for a reclaim");
+    assert_eq!((p.to, p.moved), (Role::new(0, Tier::Proxy), 3), "all it lent, in one change");
+    assert_eq!(p.proposed.split(SiteId(0)), (4, 1));
+    assert_eq!(p.proposed.split(SiteId(1)), (1, 1), "the low site keeps its floor");
+    // Without shares the pull waits for the history window, and moves what one change may.
+    let mut h = Helper::new(config(), table);
+    assert!(h.handle_observation(t0, table, &loads).is_none());
+    let p = h.handle_observation(t0 + Duration::from_millis(400), table, &loads).unwrap();
+    assert_eq!(p.proposed.split(SiteId(0)), (4, 1));
+    // At its share, a site pulls more only after the history window.
+    let table = initial_table(&[(2, 3), (1, 1), (1, 1)]);
+    let loads = loads_by_role(table, |r| if r.site.0 == 0 && r.tier == Tier::Proxy { BUSY } else { IDLE });
+    let mut h = Helper::new(HelperConfig { shares: [5, 1, 1], ..config() }, table);
+    assert!(h.handle_observation(t0, table, &loads).is_none(), "site 0 holds its share: no reclaim");
+}
+
+/// Each site's share: its starting split, as a center sets it.
+fn shares_of(sites: &[(usize, usize)]) -> [u8; 3] {
+    let mut shares = [0; 3];
+    for (share, (p, a)) in shares.iter_mut().zip(sites) {
+        *share = (p + a) as u8;
+    }
+    shares
+}
+
 /// One helper's step in a random schedule.
 #[derive(Clone, Debug)]
 struct Step {
@@ -182,7 +214,7 @@ proptest! {
         let start = initial_table(&sites);
         let members = start.members().count();
         let mut word = start;
-        let cfg = HelperConfig { nodes_per_change_max: per_change, history_window: Duration::from_millis(100), settle: Duration::from_millis(50), ..HelperConfig::lab() };
+        let cfg = HelperConfig { nodes_per_change_max: per_change, history_window: Duration::from_millis(100), settle: Duration::from_millis(50), shares: shares_of(&sites), ..HelperConfig::lab() };
         let mut helpers: Vec<Helper> = (0..7).map(|_| Helper::new(cfg, start)).collect();
         let mut now = Instant::now();
         for s in steps {
@@ -260,7 +292,7 @@ proptest! {
         let members = start.members().count();
         let deaths_max = members - 2 * sites.len();
         let mut word = start;
-        let cfg = HelperConfig { history_window: Duration::from_millis(100), settle: Duration::from_millis(50), ..HelperConfig::lab() };
+        let cfg = HelperConfig { history_window: Duration::from_millis(100), settle: Duration::from_millis(50), shares: shares_of(&sites), ..HelperConfig::lab() };
         let mut helpers: Vec<Helper> = (0..7).map(|_| Helper::new(cfg, start)).collect();
         let mut dead: Vec<NodeIndex> = Vec::new();
         let mut now = Instant::now();
