@@ -6,6 +6,7 @@ use crate::node::NodeId;
 use crate::trace::{self, MessageKind};
 use crate::transport::shm::{self, ShmConfig, ShmListener};
 use crate::transport::tcp::{self, TcpChannelListener, TcpConfig};
+use crate::transport::udp::{self, UdpChannelListener, UdpConfig, UdpCounters, UdpStats};
 use crate::transport::{Capabilities, ReadyProbe, Responder, SendOutcome, Transport};
 use std::collections::VecDeque;
 use std::os::fd::AsFd;
@@ -28,6 +29,8 @@ pub struct EndpointConfig {
     pub shm: ShmConfig,
     /// Settings of its TCP channels.
     pub tcp: TcpConfig,
+    /// Settings of its UDP channels.
+    pub udp: UdpConfig,
     /// Most posted (queued) sends per channel. 64: a streaming sender keeps a few large
     /// messages queued while the receiver drains; beyond that the caller should wait.
     pub send_queue_max: usize,
@@ -44,6 +47,7 @@ impl Default for EndpointConfig {
         Self {
             shm: ShmConfig::default(),
             tcp: TcpConfig::default(),
+            udp: UdpConfig::default(),
             send_queue_max: 64,
             almost_full_fraction: 0.75,
             node_id: NodeId::default(),
@@ -194,6 +198,9 @@ pub struct Endpoint {
     channels: Vec<Option<ChannelSlot>>,
     listener: Option<ShmListener>,
     tcp_listener: Option<TcpChannelListener>,
+    udp_listener: Option<UdpChannelListener>,
+    /// Drops and activity of every UDP channel and the UDP listener.
+    udp_stats: Arc<UdpStats>,
     completed: VecDeque<(ChannelId, u64)>,
     cq: Option<CompletionQueue>,
     on_event: Option<EventHandler>,
@@ -217,6 +224,8 @@ impl Endpoint {
             channels: Vec::new(),
             listener: None,
             tcp_listener: None,
+            udp_listener: None,
+            udp_stats: Arc::default(),
             completed: VecDeque::new(),
             cq: None,
             on_event: None,
@@ -269,6 +278,27 @@ impl Endpoint {
         Ok(self.add_channel(Box::new(channel)))
     }
 
+    /// Lets peers connect over UDP at `addr` (port 0 picks one); returns the bound address.
+    pub fn listen_udp(&mut self, addr: &str) -> Result<std::net::SocketAddr, ConnectError> {
+        let listener = UdpChannelListener::bind(addr, self.udp_stats.clone())?;
+        let bound = listener.local_addr();
+        self.udp_listener = Some(listener);
+        Ok(bound)
+    }
+
+    /// Opens a UDP channel to the endpoint listening at `addr`, repeating the handshake
+    /// until `timeout`.
+    pub fn connect_udp(&mut self, addr: &str, timeout: Duration) -> Result<ChannelId, ConnectError> {
+        let channel = udp::connect(addr, &self.config.udp, timeout, self.udp_stats.clone())?;
+        Ok(self.add_channel(Box::new(channel)))
+    }
+
+    /// What the UDP channels and listener of this endpoint dropped (malformed, truncated,
+    /// replayed, wrong-secret, stranger datagrams) and did (packets, retransmissions).
+    pub fn udp_counters(&self) -> UdpCounters {
+        self.udp_stats.snapshot()
+    }
+
     /// Accepts a peer that connected to one of our listeners, waiting up to `timeout`.
     pub fn accept(&mut self, timeout: Duration) -> Result<ChannelId, ConnectError> {
         let deadline = Instant::now() + timeout;
@@ -287,6 +317,9 @@ impl Endpoint {
             if let Some(l) = &self.tcp_listener {
                 fds.push(rustix::event::PollFd::from_borrowed_fd(l.as_fd(), rustix::event::PollFlags::IN));
             }
+            if let Some(l) = &self.udp_listener {
+                fds.push(rustix::event::PollFd::from_borrowed_fd(l.as_fd(), rustix::event::PollFlags::IN));
+            }
             let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
             let _ = rustix::event::poll(&mut fds, ms);
         }
@@ -294,7 +327,7 @@ impl Endpoint {
 
     /// Accepts a peer if one is waiting on any of our listeners.
     pub fn try_accept(&mut self) -> Result<Option<ChannelId>, ConnectError> {
-        if self.listener.is_none() && self.tcp_listener.is_none() {
+        if self.listener.is_none() && self.tcp_listener.is_none() && self.udp_listener.is_none() {
             return Err(ConnectError::Config("endpoint is not listening"));
         }
         if let Some(l) = &self.listener {
@@ -306,6 +339,13 @@ impl Endpoint {
             if let Some(c) = l.try_accept_as(&self.config.tcp, self.config.node_id)? {
                 return Ok(Some(self.add_channel(Box::new(c))));
             }
+        }
+        let udp = match &mut self.udp_listener {
+            Some(l) => l.try_accept(&self.config.udp)?,
+            None => None,
+        };
+        if let Some(c) = udp {
+            return Ok(Some(self.add_channel(Box::new(c))));
         }
         Ok(None)
     }
@@ -603,6 +643,9 @@ impl Endpoint {
             extra.push(l.as_fd());
         }
         if let Some(l) = &self.tcp_listener {
+            extra.push(l.as_fd());
+        }
+        if let Some(l) = &self.udp_listener {
             extra.push(l.as_fd());
         }
         if crate::wait::sleep_on(&probes, &extra, timeout)? {

@@ -34,6 +34,7 @@ fn expected_reply(payload: &[u8]) -> Vec<u8> {
 enum Transport {
     Shm,
     Tcp,
+    Udp,
 }
 
 /// A server on a thread; returns the address to connect to and a stop flag.
@@ -49,6 +50,7 @@ fn start_server(
             name
         }
         Transport::Tcp => ep.listen_tcp("127.0.0.1:0").unwrap().to_string(),
+        Transport::Udp => ep.listen_udp("127.0.0.1:0").unwrap().to_string(),
     };
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let s = stop.clone();
@@ -69,6 +71,7 @@ fn connect(t: &Transport, addr: &str) -> (Rpc, ChannelId) {
     let ch = match t {
         Transport::Shm => ep.connect_shm(addr, Duration::from_secs(10)).unwrap(),
         Transport::Tcp => ep.connect_tcp(addr, Duration::from_secs(10)).unwrap(),
+        Transport::Udp => ep.connect_udp(addr, Duration::from_secs(10)).unwrap(),
     };
     (Rpc::new(ep, RpcConfig { workers: 0, ..Default::default() }), ch)
 }
@@ -133,6 +136,7 @@ impl From<&Transport> for Transport {
         match t {
             Transport::Shm => Transport::Shm,
             Transport::Tcp => Transport::Tcp,
+            Transport::Udp => Transport::Udp,
         }
     }
 }
@@ -145,6 +149,11 @@ fn million_calls_with_random_payloads_and_gathers_over_shm() {
 #[test]
 fn many_calls_with_random_payloads_and_gathers_over_tcp() {
     many_calls_verified(Transport::Tcp, 200_000);
+}
+
+#[test]
+fn million_calls_with_random_payloads_and_gathers_over_udp() {
+    many_calls_verified(Transport::Udp, 1_000_000);
 }
 
 #[test]

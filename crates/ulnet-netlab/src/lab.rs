@@ -274,9 +274,25 @@ impl Lab {
         run(&["ip", "link", "set", &host.root_veth(), "down"]).map(|_| ())
     }
 
-    /// Brings `host`'s link back up.
+    /// Brings `host`'s link back up, and waits (up to 5 s) until both ends of it carry
+    /// traffic again.
     pub fn link_up(&self, host: Host) -> Result<(), LabError> {
-        run(&["ip", "link", "set", &host.root_veth(), "up"]).map(|_| ())
+        let veth = host.root_veth();
+        run(&["ip", "link", "set", &veth, "up"])?;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let up = |out: Result<Output, LabError>| {
+            out.map(|o| String::from_utf8_lossy(&o.stdout).contains("state UP")).unwrap_or(false)
+        };
+        while std::time::Instant::now() < deadline {
+            if up(run(&["ip", "link", "show", &veth])) && up(run_in_netns(&host, &["ip", "link", "show", HOST_IF])) {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        Err(LabError::Command {
+            command: format!("ip link set {veth} up"),
+            stderr: "link did not come up within 5 s".into(),
+        })
     }
 
     /// Starts a seeded fault-injecting relay inside `host`, listening on `listen_port` of

@@ -27,6 +27,19 @@ const HELD_MAX: usize = 65_536;
 const DATAGRAM_MAX: usize = 65_535;
 /// Below this wait the relay naps in short sleeps instead of `poll`'s millisecond ticks.
 const NAP: Duration = Duration::from_micros(50);
+/// Socket buffers of the relay's sockets: 8 MiB holds about 10,000 small datagrams, tens
+/// of milliseconds of a fast stream, so a relay thread descheduled on a busy host does
+/// not add loss of its own.
+const SOCKET_BUFFER: usize = 8 << 20;
+
+/// Enlarges a socket's buffers (beyond `rmem_max` when root; best effort).
+fn enlarge_buffers(socket: &UdpSocket) {
+    use rustix::net::sockopt;
+    if sockopt::set_socket_recv_buffer_size_force(socket, SOCKET_BUFFER).is_err() {
+        let _ = sockopt::set_socket_recv_buffer_size(socket, SOCKET_BUFFER);
+    }
+    let _ = sockopt::set_socket_send_buffer_size(socket, SOCKET_BUFFER);
+}
 
 /// What the relay does to each packet (both directions).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -181,6 +194,7 @@ impl Relay {
     pub fn start(config: RelayConfig) -> std::io::Result<Self> {
         let front = UdpSocket::bind(config.listen)?;
         front.set_nonblocking(true)?;
+        enlarge_buffers(&front);
         let addr = front.local_addr()?;
         eprintln!(
             "ulnet-relay {addr} -> {}: seed={} faults={:?} (replay with seed {})",
@@ -312,6 +326,7 @@ impl Worker {
         let s = UdpSocket::bind(local)?;
         s.connect(self.upstream)?;
         s.set_nonblocking(true)?;
+        enlarge_buffers(&s);
         self.clients.push((from, s));
         self.by_client.insert(from, self.clients.len() - 1);
         Ok(self.clients.len() - 1)

@@ -25,7 +25,9 @@ fn send_count(lab: &Lab, from: usize, to: usize, port: u16, count: usize) -> usi
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
     let receiver = lab.run_in(b, move || {
         let s = UdpSocket::bind((b.addr(), port)).unwrap();
-        s.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        // A test thread descheduled on a busy host must not lose datagrams of its own.
+        let _ = rustix::net::sockopt::set_socket_recv_buffer_size_force(&s, 8 << 20);
         ready_tx.send(()).unwrap();
         let mut got = 0;
         let mut buf = [0u8; 16];
@@ -126,7 +128,9 @@ fn relay_forwards_with_seeded_duplication_reordering_and_delay() {
     let server = lab
         .run_in(b, move || {
             let s = UdpSocket::bind((b.addr(), 7200)).unwrap();
-            s.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+            // A test thread descheduled on a busy host must not lose datagrams of its own.
+            let _ = rustix::net::sockopt::set_socket_recv_buffer_size_force(&s, 8 << 20);
             s
         })
         .join()

@@ -6,6 +6,7 @@
 
 pub mod shm;
 pub mod tcp;
+pub mod udp;
 
 use crate::error::{ChannelError, SendError};
 use crate::Delivery;
@@ -18,6 +19,8 @@ pub enum TransportKind {
     Shm,
     /// One TCP connection per channel.
     Tcp,
+    /// Reliable, flow-controlled datagrams over UDP, one connected socket per channel.
+    Udp,
 }
 
 impl std::fmt::Display for TransportKind {
@@ -25,6 +28,7 @@ impl std::fmt::Display for TransportKind {
         f.write_str(match self {
             TransportKind::Shm => "shm",
             TransportKind::Tcp => "tcp",
+            TransportKind::Udp => "udp",
         })
     }
 }

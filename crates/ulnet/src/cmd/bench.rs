@@ -16,6 +16,8 @@ use std::time::{Duration, Instant};
 use ulnet_core::{ChannelId, Endpoint, EndpointConfig, Event, SendOutcome};
 use ulnet_msg::rpc::{CallOutcome, Rpc, RpcConfig, RpcEvent};
 
+mod incast;
+
 /// Which benchmark.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Test {
@@ -44,6 +46,8 @@ pub enum Test {
     /// File service by one-sided reads (DX) against RPC: client latency and server CPU per
     /// operation for GetAttribute, LookupName, ReadFile 1K/4K/8K (prints its own table).
     FileService,
+    /// N sender processes to one receiver: aggregate throughput and fairness.
+    Incast,
 }
 
 impl Test {
@@ -66,6 +70,7 @@ impl Test {
             Test::PutBw => "put-bw",
             Test::GetBw => "get-bw",
             Test::FileService => "file-service",
+            Test::Incast => "incast",
         }
     }
     fn default_size(self) -> usize {
@@ -77,6 +82,7 @@ impl Test {
             Test::PutLat | Test::GetLat | Test::CasLat | Test::FaaLat => 8,
             Test::PutBw | Test::GetBw => 64 << 10,
             Test::FileService => 8,
+            Test::Incast => 64 << 10,
         }
     }
     fn default_iters(self) -> u64 {
@@ -89,6 +95,7 @@ impl Test {
             Test::PutLat | Test::GetLat | Test::CasLat | Test::FaaLat => 100_000,
             Test::PutBw | Test::GetBw => 50_000,
             Test::FileService => 20_000,
+            Test::Incast => 0, // incast runs for --duration-ms
         }
     }
 }
@@ -100,6 +107,8 @@ pub enum TransportArg {
     Shm,
     /// TCP, one connection.
     Tcp,
+    /// Reliable, flow-controlled UDP.
+    Udp,
 }
 
 impl TransportArg {
@@ -107,6 +116,7 @@ impl TransportArg {
         match self {
             TransportArg::Shm => "shm",
             TransportArg::Tcp => "tcp",
+            TransportArg::Udp => "udp",
         }
     }
 }
@@ -136,11 +146,11 @@ pub struct BenchArgs {
     /// --warmup as the active side: stream tests acknowledge by count.
     #[arg(long)]
     server: bool,
-    /// Where the server listens (shm: a name; tcp: HOST:PORT, port 0 picks one). The
+    /// Where the server listens (shm: a name; tcp, udp: HOST:PORT, port 0 picks one). The
     /// server prints `listening ADDR` on stdout once it does.
     #[arg(long)]
     listen: Option<String>,
-    /// Connect to a server (shm: its name; tcp: HOST:PORT).
+    /// Connect to a server (shm: its name; tcp, udp: HOST:PORT).
     #[arg(long, conflicts_with = "server")]
     connect: Option<String>,
     /// Calls in flight for `rpc-rate`.
@@ -162,6 +172,19 @@ pub struct BenchArgs {
     /// they sleep in the kernel (0: sleep at once, as an interrupt-driven server would).
     #[arg(long, default_value_t = 0)]
     server_spin_us: u64,
+    /// Sender processes for `incast`.
+    #[arg(long, default_value_t = 8)]
+    senders: usize,
+    /// Measured time of `incast`, in milliseconds.
+    #[arg(long, default_value_t = 2000)]
+    duration_ms: u64,
+    /// Blocking mode: sleep in `Endpoint::wait` whenever a poll found nothing to do or a
+    /// send found no room, instead of busy-polling (as iperf3 and most socket programs do).
+    #[arg(long)]
+    blocking: bool,
+    /// Whether UDP senders obey the receiver's credit (`incast`): on or off.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    flow_control: String,
 }
 
 #[derive(Serialize)]
@@ -228,7 +251,22 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The one-byte message that acknowledges the end of a warm-up or measured stream.
 const ACK: &[u8] = b"A";
 
+/// Set by `--blocking`: idle loops sleep in `Endpoint::wait` instead of spinning.
+static BLOCKING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// In blocking mode, sleeps until the endpoint has something (or a protocol timer is due).
+fn idle(ep: &mut Endpoint) -> Result<()> {
+    if BLOCKING.load(std::sync::atomic::Ordering::Relaxed) {
+        ep.wait(Some(Duration::from_millis(10)))?;
+    }
+    Ok(())
+}
+
 pub fn run(args: BenchArgs) -> Result<i32> {
+    BLOCKING.store(args.blocking, std::sync::atomic::Ordering::Relaxed);
+    if args.test == Test::Incast {
+        return incast::run(&args);
+    }
     let params = Params::from(&args);
     if params.test.is_rma() {
         return rma::run(&args, &params);
@@ -259,6 +297,7 @@ fn run_traced(args: &BenchArgs, params: &Params, node: ulnet_core::NodeId) -> Re
                 listen
             }
             TransportArg::Tcp => ep.listen_tcp(&listen)?.to_string(),
+            TransportArg::Udp => ep.listen_udp(&listen)?.to_string(),
         };
         println!("listening {bound}");
         std::io::Write::flush(&mut std::io::stdout())?;
@@ -275,7 +314,7 @@ fn run_traced(args: &BenchArgs, params: &Params, node: ulnet_core::NodeId) -> Re
         None => {
             let listen = match params.transport {
                 TransportArg::Shm => format!("bench-{}-{}", std::process::id(), params.test.name()),
-                TransportArg::Tcp => "127.0.0.1:0".to_string(),
+                TransportArg::Tcp | TransportArg::Udp => "127.0.0.1:0".to_string(),
             };
             let (c, bound) = spawn_server(args, &listen, params)?;
             child = Some(c);
@@ -285,6 +324,7 @@ fn run_traced(args: &BenchArgs, params: &Params, node: ulnet_core::NodeId) -> Re
     let ch = match params.transport {
         TransportArg::Shm => ep.connect_shm(&addr, CONNECT_TIMEOUT)?,
         TransportArg::Tcp => ep.connect_tcp(&addr, CONNECT_TIMEOUT)?,
+        TransportArg::Udp => ep.connect_udp(&addr, CONNECT_TIMEOUT)?,
     };
     let report = match params.test {
         Test::AmLat | Test::AmBw | Test::MsgRate => {
@@ -299,6 +339,7 @@ fn run_traced(args: &BenchArgs, params: &Params, node: ulnet_core::NodeId) -> Re
             rpc.endpoint().close(ch);
             report
         }
+        Test::Incast => unreachable!("incast is run by its own module"),
         _ => unreachable!("RMA tests are run by bench::rma"),
     };
     if let Some(mut c) = child {
@@ -318,6 +359,7 @@ fn spawn_server(args: &BenchArgs, listen: &str, p: &Params) -> Result<(Child, St
         .args(["bench", p.test.name(), "--server", "--listen", listen, "--transport", p.transport.name()])
         .args(["--size", &p.size.to_string(), "--iters", &p.iters.to_string(), "--warmup", &p.warmup.to_string()])
         .args(p.recv_copy.then_some("--recv-copy"))
+        .args(BLOCKING.load(std::sync::atomic::Ordering::Relaxed).then_some("--blocking"))
         .args(["--outstanding", &p.outstanding.to_string()])
         .args(super::bench_trace::peer_args(args.trace.as_deref()))
         .stdin(Stdio::null())
@@ -368,13 +410,16 @@ fn send_blocking(ep: &mut Endpoint, ch: ChannelId, msg: &[u8]) -> Result<()> {
             SendOutcome::Done => return Ok(()),
             SendOutcome::NoResource | SendOutcome::InProgress(_) => {
                 let mut down = None;
-                ep.poll(64, |e| {
+                let n = ep.poll(64, |e| {
                     if let Event::ChannelDown { error, .. } = e {
                         down = Some(error);
                     }
                 });
                 if let Some(e) = down {
                     bail!("peer went away: {e}");
+                }
+                if n == 0 {
+                    idle(ep)?;
                 }
             }
         }
@@ -387,11 +432,14 @@ fn receive_messages(ep: &mut Endpoint, count: u64, batch: usize) -> Result<()> {
     let mut got = 0;
     let mut down = None;
     while got < count && down.is_none() {
-        ep.poll(batch, |e| match e {
+        let n = ep.poll(batch, |e| match e {
             Event::Message { data, message_len, offset, .. } if offset + data.len() as u64 == message_len => got += 1,
             Event::ChannelDown { error, .. } => down = Some(error),
             _ => {}
         });
+        if n == 0 {
+            idle(ep)?;
+        }
     }
     match down {
         Some(e) => bail!("peer went away: {e}"),
@@ -441,7 +489,7 @@ fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
     let batch = if p.test == Test::AmLat { 1 } else { 256 };
     loop {
         let mut closed = None;
-        ep.poll(batch, |e| match e {
+        let polled = ep.poll(batch, |e| match e {
             Event::Message { data, message_len, offset, mut reply, .. } => {
                 if !user_buffer.is_empty() {
                     let at = offset as usize;
@@ -478,6 +526,7 @@ fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
             | Test::FileService => {
                 unreachable!("RMA tests are run by bench::rma and bench::file_service")
             }
+            Test::Incast => unreachable!("incast is run by its own module"),
             Test::AmBw | Test::MsgRate => {
                 if answered == 0 && whole >= p.warmup {
                     send_blocking(ep, ch, ACK)?;
@@ -493,6 +542,9 @@ fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
             Some(ulnet_core::ChannelError::Closed) => return Ok(()),
             Some(e) => bail!("client went away: {e}"),
             None => {}
+        }
+        if polled == 0 {
+            idle(ep)?;
         }
     }
 }

@@ -45,7 +45,7 @@ pub enum HandshakeError {
     Io(#[from] io::Error),
 }
 
-fn nonce() -> [u8; 16] {
+pub(crate) fn nonce() -> [u8; 16] {
     let mut n = [0u8; 16];
     // The nonce only has to be fresh; getrandom cannot fail on Linux ≥ 3.17 in practice,
     // and a zero nonce would still not let a stranger past the HMAC.
@@ -55,9 +55,16 @@ fn nonce() -> [u8; 16] {
 
 /// What both sides exchanged and the MACs cover: (client, server) tags and node ids.
 #[derive(Clone, Copy)]
-struct Ids {
-    tags: (u32, u32),
-    nodes: (u32, u32),
+pub(crate) struct Ids {
+    pub(crate) tags: (u32, u32),
+    pub(crate) nodes: (u32, u32),
+}
+
+impl Ids {
+    /// Tags only, for handshakes that do not exchange node ids (UDP version 1).
+    pub(crate) fn tags_only(tags: (u32, u32)) -> Self {
+        Ids { tags, nodes: (NodeId::UNKNOWN.0, NodeId::UNKNOWN.0) }
+    }
 }
 
 fn keyed(secret: &[u8], role: &[u8], cn: &[u8; 16], sn: &[u8; 16], ids: Ids) -> HmacSha256 {
@@ -71,11 +78,13 @@ fn keyed(secret: &[u8], role: &[u8], cn: &[u8; 16], sn: &[u8; 16], ids: Ids) -> 
     m
 }
 
-fn mac(secret: &[u8], role: &[u8], cn: &[u8; 16], sn: &[u8; 16], ids: Ids) -> [u8; 32] {
+/// HMAC-SHA256 of a handshake role, both nonces and the ids (shared with the UDP handshake).
+pub(crate) fn mac(secret: &[u8], role: &[u8], cn: &[u8; 16], sn: &[u8; 16], ids: Ids) -> [u8; 32] {
     keyed(secret, role, cn, sn, ids).finalize().into_bytes().into()
 }
 
-fn verify(
+/// Checks a proof made by [`mac`] in constant time (shared with the UDP handshake).
+pub(crate) fn verify(
     secret: &[u8],
     role: &[u8],
     cn: &[u8; 16],

@@ -50,6 +50,8 @@ const READ: u16 = 3;
 const PHASE_BEGIN: u16 = 10;
 const PHASE_END: u16 = 11;
 
+use super::rma::UDP_NOT_YET;
+
 fn file_name(f: usize) -> String {
     format!("/usr/src/ulnet/crates/file-{f:04}.rs")
 }
@@ -179,6 +181,9 @@ struct FsReport {
 }
 
 pub(super) fn run(args: &BenchArgs, p: &Params) -> Result<i32> {
+    if p.transport == TransportArg::Udp {
+        bail!("{}", UDP_NOT_YET);
+    }
     let spin = Duration::from_micros(args.server_spin_us);
     if args.server {
         let listen = args.listen.clone().context("--server needs --listen")?;
@@ -229,6 +234,7 @@ fn spawn_server(args: &BenchArgs, p: &Params) -> Result<(Child, String, String)>
     let listen = match p.transport {
         TransportArg::Shm => format!("fs-{}", std::process::id()),
         TransportArg::Tcp => "127.0.0.1:0".to_string(),
+        TransportArg::Udp => unreachable!("{}", UDP_NOT_YET),
     };
     let mut child = Command::new(std::env::current_exe()?)
         .args(["bench", "file-service", "--server", "--listen", &listen, "--transport", p.transport.name()])
@@ -260,6 +266,7 @@ fn serve(p: &Params, listen: &str, spin: Duration) -> Result<()> {
             (listen.to_string(), rpc)
         }
         TransportArg::Tcp => (rma.listen_tcp(listen)?.to_string(), ep.listen_tcp(listen)?.to_string()),
+        TransportArg::Udp => unreachable!("{}", UDP_NOT_YET),
     };
     let seg = Arc::new(rma.export("fs-cache", CACHE_LEN, Access::everyone(Rights::READ), NotifyMode::Never)?);
     fill_cache(&seg);
@@ -437,12 +444,14 @@ fn client(args: &BenchArgs, p: &Params, rma_addr: &str, rpc_addr: &str) -> Resul
             (rma.connect_shm(rma_addr), if args.no_map { ImportMode::Channel } else { ImportMode::Map })
         }
         TransportArg::Tcp => (rma.connect_tcp(rma_addr, CONNECT_TIMEOUT)?, ImportMode::Channel),
+        TransportArg::Udp => unreachable!("{}", UDP_NOT_YET),
     };
     let seg = rma.import_with(peer, "fs-cache", mode)?;
     let mut ep = Endpoint::new(EndpointConfig::default());
     let ch = match p.transport {
         TransportArg::Shm => ep.connect_shm(rpc_addr, CONNECT_TIMEOUT)?,
         TransportArg::Tcp => ep.connect_tcp(rpc_addr, CONNECT_TIMEOUT)?,
+        TransportArg::Udp => unreachable!("{}", UDP_NOT_YET),
     };
     let mut rpc = Rpc::new(ep, RpcConfig { workers: 0, ..Default::default() });
     let clock = CycleClock::calibrate(Duration::from_millis(50));

@@ -28,6 +28,9 @@ use ulnet_core::rma::{
 /// The words both sides use, after the data area: the client's address and "done".
 const MAILBOX_LEN: usize = 4096;
 /// Where the ping-pong word sits: the last aligned word of the first `size` bytes.
+/// RMA over UDP needs an acceptor for the UDP listener in the engine (not built yet).
+pub(super) const UDP_NOT_YET: &str = "RMA benchmarks over udp are not supported yet (shm and tcp are)";
+
 fn word_off(size: usize) -> usize {
     size.max(8) / 8 * 8 - 8
 }
@@ -59,6 +62,7 @@ fn listen(rma: &mut Rma, transport: TransportArg, addr: &str) -> Result<String> 
             addr.to_string()
         }
         TransportArg::Tcp => rma.listen_tcp(addr)?.to_string(),
+        TransportArg::Udp => unreachable!("{}", UDP_NOT_YET),
     })
 }
 
@@ -66,12 +70,16 @@ fn connect(rma: &mut Rma, transport: TransportArg, addr: &str, no_map: bool) -> 
     Ok(match transport {
         TransportArg::Shm => (rma.connect_shm(addr), if no_map { ImportMode::Channel } else { ImportMode::Map }),
         TransportArg::Tcp => (rma.connect_tcp(addr, CONNECT_TIMEOUT)?, ImportMode::Channel),
+        TransportArg::Udp => unreachable!("{}", UDP_NOT_YET),
     })
 }
 
 /// Runs an RMA test: the server side with `--server`, else the client (spawning its own
 /// server unless `--connect` names one).
 pub(super) fn run(args: &BenchArgs, p: &Params) -> Result<i32> {
+    if p.transport == TransportArg::Udp {
+        bail!("{}", UDP_NOT_YET);
+    }
     if is_ping_pong(p.test) && p.size < 8 {
         bail!("{} needs --size of at least 8 bytes (a whole word)", p.test.name());
     }
@@ -87,6 +95,7 @@ pub(super) fn run(args: &BenchArgs, p: &Params) -> Result<i32> {
             let listen = match p.transport {
                 TransportArg::Shm => format!("bench-rma-{}-{}", std::process::id(), p.test.name()),
                 TransportArg::Tcp => "127.0.0.1:0".to_string(),
+                TransportArg::Udp => unreachable!("{}", UDP_NOT_YET),
             };
             let (c, bound) = spawn_server(args, &listen, p)?;
             child = Some(c);
@@ -207,6 +216,7 @@ fn client(args: &BenchArgs, p: &Params, server: &str) -> Result<Report> {
         let own_addr = match p.transport {
             TransportArg::Shm => format!("{server}-client"),
             TransportArg::Tcp => args.listen.clone().unwrap_or_else(|| "127.0.0.1:0".to_string()),
+            TransportArg::Udp => unreachable!("{}", UDP_NOT_YET),
         };
         let own_bound = listen(&mut rma, p.transport, &own_addr)?;
         let mine = rma.export("bench", segment_len(p.size), Access::everyone(Rights::ALL), NotifyMode::Never)?;

@@ -1,0 +1,283 @@
+//! UDP channels over real sockets on loopback: handshake with the cluster secret, gather,
+//! whole and streamed messages up to 64 MiB, clean close, a vanished peer, blocking waits
+//! that wake for protocol timers, and malformed, truncated, replayed and wrong-secret
+//! datagrams dropped and counted. (Loss, partitions and the relay: ulnet-netlab's tests.)
+
+mod util;
+
+use std::net::UdpSocket;
+use std::time::{Duration, Instant};
+use ulnet_core::transport::udp::{wire, Connection, UdpConfig};
+use ulnet_core::{ChannelError, ConnectError, Endpoint, EndpointConfig, Event, SendOutcome};
+
+fn config(secret: &[u8]) -> EndpointConfig {
+    EndpointConfig { udp: UdpConfig { secret: secret.to_vec(), ..UdpConfig::lan() }, ..Default::default() }
+}
+
+/// Receives until `n` whole messages arrived (reassembling fragments) or the channel went down.
+fn receive(ep: &mut Endpoint, n: usize, within: Duration) -> (Vec<Vec<u8>>, Option<ChannelError>) {
+    let mut whole = Vec::new();
+    let mut partial = Vec::new();
+    let mut down = None;
+    let deadline = Instant::now() + within;
+    while whole.len() < n && down.is_none() && Instant::now() < deadline {
+        ep.poll(64, |e| match e {
+            Event::Message { data, message_len, offset, .. } => {
+                assert_eq!(offset, partial.len() as u64, "fragments in order");
+                partial.extend_from_slice(data);
+                if partial.len() as u64 == message_len {
+                    whole.push(std::mem::take(&mut partial));
+                }
+            }
+            Event::ChannelDown { error, .. } => down = Some(error),
+            Event::SendComplete { .. } => {}
+        });
+    }
+    (whole, down)
+}
+
+#[test]
+fn messages_of_every_size_arrive_whole_in_order_then_closed() {
+    let mut server = Endpoint::new(config(b"s3cret"));
+    let addr = server.listen_udp("127.0.0.1:0").unwrap().to_string();
+    let sizes = [0usize, 1, 64, 1000, 65_000, 100_000, 250_000, 3_000_000];
+    let client = std::thread::spawn(move || {
+        let mut ep = Endpoint::new(config(b"s3cret"));
+        let ch = ep.connect_udp(&addr, Duration::from_secs(5)).unwrap();
+        let caps = ep.caps(ch).unwrap();
+        assert_eq!(caps.kind, ulnet_core::TransportKind::Udp);
+        assert_eq!(caps.message_max, 64 << 20);
+        for (i, &len) in sizes.iter().enumerate() {
+            let m: Vec<u8> = (0..len).map(|k| (k + i) as u8).collect();
+            if len > caps.send_max {
+                assert!(matches!(ep.post_send(ch, m, i as u64).unwrap(), SendOutcome::InProgress(_)));
+                ep.flush(ch, Duration::from_secs(30)).unwrap();
+                continue;
+            }
+            let (a, b) = m.split_at(len / 3);
+            while ep.send(ch, &[b"", a, b]).unwrap() == SendOutcome::NoResource {
+                ep.poll(16, |_| {});
+            }
+        }
+        let big: Vec<u8> = (0..(64u32 << 20)).map(|k| (k % 251) as u8).collect();
+        assert!(matches!(ep.post_send(ch, big, 99).unwrap(), SendOutcome::InProgress(99)));
+        ep.flush(ch, Duration::from_secs(60)).unwrap();
+        ep.close(ch);
+    });
+    server.accept(Duration::from_secs(5)).unwrap();
+    let (got, down) = receive(&mut server, sizes.len() + 1, Duration::from_secs(60));
+    client.join().unwrap();
+    assert_eq!(got.len(), sizes.len() + 1, "all messages arrived ({down:?})");
+    for (i, &len) in sizes.iter().enumerate() {
+        let want: Vec<u8> = (0..len).map(|k| (k + i) as u8).collect();
+        assert_eq!(got[i], want, "message {i}");
+    }
+    let last = &got[sizes.len()];
+    assert_eq!(last.len(), 64 << 20);
+    assert!(last.iter().enumerate().all(|(k, &b)| b == (k % 251) as u8));
+    let (_, down) = if down.is_none() { receive(&mut server, 1, Duration::from_secs(5)) } else { (vec![], down) };
+    assert_eq!(down, Some(ChannelError::Closed));
+}
+
+#[test]
+fn wrong_secret_cannot_connect_and_is_counted() {
+    let mut server = Endpoint::new(config(b"right"));
+    let addr = server.listen_udp("127.0.0.1:0").unwrap().to_string();
+    let client = std::thread::spawn(move || {
+        let mut ep = Endpoint::new(config(b"wrong"));
+        let r = ep.connect_udp(&addr, Duration::from_secs(3)).map(|_| ());
+        (r, ep.udp_counters())
+    });
+    let accepted = server.accept(Duration::from_secs(2));
+    let (result, counters) = client.join().unwrap();
+    assert!(matches!(result, Err(ConnectError::Handshake(_))), "{result:?}");
+    assert_eq!(counters.wrong_secret, 1, "the client refused the server's proof and counted it");
+    assert!(accepted.is_err(), "a stranger never becomes a channel");
+}
+
+#[test]
+fn a_forged_proof_is_counted_as_wrong_secret() {
+    let mut server = Endpoint::new(config(b"right"));
+    let addr = server.listen_udp("127.0.0.1:0").unwrap();
+    // A raw client that sends a valid HELLO, then a PROOF of 32 random bytes.
+    let raw = UdpSocket::bind("127.0.0.1:0").unwrap();
+    raw.connect(addr).unwrap();
+    raw.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    let mut hello = vec![0u8; wire::HEADER_LEN + wire::HELLO_BODY_LEN];
+    wire::Hello { nonce: [7; 16], conn_id: 5, window: 64, datagram_max: 1400, flags: 1, credit: 1 << 20 }
+        .write(&mut hello, wire::HEADER_LEN);
+    wire::finish(&mut hello, wire::Kind::Hello, 0, 0);
+    raw.send(&hello).unwrap();
+    let t0 = Instant::now();
+    let mut buf = [0u8; 2048];
+    let challenge = loop {
+        let _ = server.try_accept();
+        if let Ok(n) = raw.recv(&mut buf) {
+            break buf[..n].to_vec();
+        }
+        assert!(t0.elapsed() < Duration::from_secs(5), "no challenge");
+    };
+    let server_id =
+        wire::parse_header(&challenge).map(|_| wire::Hello::read(&challenge, wire::HEADER_LEN).unwrap().conn_id);
+    let mut proof = vec![0u8; wire::HEADER_LEN + wire::PROOF_BODY_LEN];
+    proof[wire::HEADER_LEN..].copy_from_slice(&[0x42; 32]);
+    wire::finish(&mut proof, wire::Kind::Proof, server_id.unwrap(), 0);
+    raw.send(&proof).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while server.udp_counters().wrong_secret == 0 && Instant::now() < deadline {
+        assert!(server.try_accept().unwrap().is_none());
+    }
+    assert_eq!(server.udp_counters().wrong_secret, 1);
+}
+
+/// A client made of a plain socket and the protocol machine, so that the test can also
+/// send raw datagrams from the channel's own address.
+struct RawClient {
+    socket: UdpSocket,
+    conn: Connection,
+    buf: Vec<u8>,
+    sent: Vec<Vec<u8>>,
+}
+
+impl RawClient {
+    fn connect(addr: std::net::SocketAddr, secret: &[u8]) -> Self {
+        let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+        socket.connect(addr).unwrap();
+        socket.set_nonblocking(true).unwrap();
+        let config = UdpConfig { secret: secret.to_vec(), ..UdpConfig::lan() };
+        let conn = Connection::client(config, Instant::now(), 0x77, [9; 16]);
+        let mut c = Self { socket, conn, buf: vec![0; wire::DATAGRAM_LIMIT], sent: Vec::new() };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !c.conn.is_established() {
+            assert!(Instant::now() < deadline, "raw client handshake");
+            c.drive();
+        }
+        c
+    }
+
+    fn drive(&mut self) {
+        let now = Instant::now();
+        while let Some(n) = self.conn.poll_transmit(now, &mut self.buf) {
+            self.socket.send(&self.buf[..n]).unwrap();
+            self.sent.push(self.buf[..n].to_vec());
+        }
+        while let Ok(n) = self.socket.recv(&mut self.buf) {
+            let d = self.buf[..n].to_vec();
+            self.conn.handle_datagram(now, &d);
+        }
+        if self.conn.poll_timeout().is_some_and(|t| t <= now) {
+            self.conn.handle_timeout(now);
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+
+    fn send(&mut self, m: &[u8]) {
+        assert_eq!(self.conn.send(&[m]).unwrap(), SendOutcome::Done);
+        self.conn.flush();
+        self.drive();
+    }
+}
+
+#[test]
+fn malformed_truncated_replayed_stranger_and_wrong_secret_datagrams_are_dropped_and_counted() {
+    let mut server = Endpoint::new(config(b"k"));
+    let addr = server.listen_udp("127.0.0.1:0").unwrap();
+    let server_thread = std::thread::spawn(move || {
+        server.accept(Duration::from_secs(5)).unwrap();
+        server
+    });
+    let mut raw = RawClient::connect(addr, b"k");
+    let mut server = server_thread.join().unwrap();
+    raw.send(b"first");
+    let (got, _) = receive(&mut server, 1, Duration::from_secs(5));
+    assert_eq!(got, vec![b"first".to_vec()]);
+    let data = raw
+        .sent
+        .iter()
+        .rev()
+        .find(|d| wire::parse_header(d).is_ok_and(|h| h.kind == wire::Kind::Data))
+        .unwrap()
+        .clone();
+    let base = server.udp_counters();
+    // From the channel's own address, so the datagrams reach the channel, not the listener.
+    let mut random = vec![0u8; 100];
+    random.iter_mut().enumerate().for_each(|(i, b)| *b = (i * 37 + 11) as u8);
+    raw.socket.send(&random).unwrap(); // malformed: no magic
+    raw.socket.send(&data[..data.len() - 3]).unwrap(); // truncated
+    raw.socket.send(&data).unwrap(); // replayed
+    let mut other_version = data.clone();
+    other_version[2] = 99;
+    raw.socket.send(&other_version).unwrap(); // wrong version
+    let mut stranger = data.clone();
+    stranger[8..12].copy_from_slice(&0xdead_beefu32.to_le_bytes());
+    wire::finish(&mut stranger, wire::Kind::Data, 0xdead_beef, 0);
+    raw.socket.send(&stranger).unwrap(); // another connection's id
+    let mut forged = data.clone();
+    let conn_id = wire::parse_header(&data).unwrap().conn_id;
+    wire::finish(&mut forged, wire::Kind::Data, conn_id, 0x1234_5678);
+    raw.socket.send(&forged).unwrap(); // right id, checksum without the session secret
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut c = server.udp_counters();
+    while c.dropped() < base.dropped() + 6 && Instant::now() < deadline {
+        server.poll(16, |e| panic!("nothing may be delivered from garbage: {e:?}"));
+        c = server.udp_counters();
+    }
+    assert_eq!(c.malformed, base.malformed + 1, "{c:?}");
+    assert_eq!(c.truncated, base.truncated + 1, "{c:?}");
+    assert_eq!(c.replayed, base.replayed + 1, "{c:?}");
+    assert_eq!(c.wrong_version, base.wrong_version + 1, "{c:?}");
+    assert_eq!(c.stranger, base.stranger + 1, "{c:?}");
+    assert_eq!(c.bad_checksum, base.bad_checksum + 1, "{c:?}");
+    // A stranger's socket aimed at the listening port is counted by the listener.
+    let outsider = UdpSocket::bind("127.0.0.1:0").unwrap();
+    outsider.send_to(&data, addr).unwrap();
+    outsider.send_to(b"hello?", addr).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.udp_counters().dropped() < c.dropped() + 2 && Instant::now() < deadline {
+        let _ = server.try_accept();
+    }
+    assert_eq!(server.udp_counters().dropped(), c.dropped() + 2);
+    // The channel still works, in order.
+    raw.send(b"second");
+    let (got, down) = receive(&mut server, 1, Duration::from_secs(5));
+    assert_eq!((got, down), (vec![b"second".to_vec()], None));
+}
+
+#[test]
+fn vanished_peer_is_a_failure_within_the_peer_timeout() {
+    let peer_timeout = Duration::from_millis(1500);
+    let short = || EndpointConfig { udp: UdpConfig { peer_timeout, ..UdpConfig::lan() }, ..Default::default() };
+    if let Some(addr) = util::child_role() {
+        // Child: one good message, then exit without closing.
+        let mut ep = Endpoint::new(short());
+        let ch = ep.connect_udp(&addr, Duration::from_secs(5)).unwrap();
+        assert_eq!(ep.send(ch, &[b"last words"]).unwrap(), SendOutcome::Done);
+        ep.flush_sends();
+        std::thread::sleep(Duration::from_millis(50));
+        ep.poll(16, |_| {});
+        std::process::exit(0);
+    }
+    let mut server = Endpoint::new(short());
+    let addr = server.listen_udp("127.0.0.1:0").unwrap().to_string();
+    let mut child = util::spawn_child("vanished_peer_is_a_failure_within_the_peer_timeout", &addr, &[]);
+    server.accept(Duration::from_secs(5)).unwrap();
+    let (got, _) = receive(&mut server, 1, Duration::from_secs(5));
+    assert_eq!(got, vec![b"last words".to_vec()]);
+    child.wait().unwrap();
+    let gone = Instant::now();
+    // Blocking mode: the endpoint sleeps and its timerfd wakes it for keep-alives and the
+    // peer timeout.
+    let mut down = None;
+    while down.is_none() && gone.elapsed() < Duration::from_secs(10) {
+        server.wait(Some(Duration::from_secs(5))).unwrap();
+        server.poll(16, |e| {
+            if let Event::ChannelDown { error, .. } = e {
+                down = Some(error);
+            }
+        });
+    }
+    let after = gone.elapsed();
+    assert!(matches!(down, Some(ChannelError::PeerFailed(_))), "{down:?}");
+    assert!(after <= peer_timeout + Duration::from_millis(800), "reported after {after:?}");
+    assert!(server.counters().sleeps >= 2, "the endpoint slept between timer wake-ups");
+}

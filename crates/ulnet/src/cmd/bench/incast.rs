@@ -1,0 +1,274 @@
+//! `ulnet bench incast`: N sender processes stream to one receiver (the hot spot of the
+//! thesis's tree-saturation study). Reports the aggregate throughput at the receiver, each
+//! sender's share, Jain's fairness index over the shares, and — measured in the same run —
+//! a single stream's throughput, so the aggregate can be read as a fraction of it. Over
+//! UDP, `--flow-control off` makes the senders ignore the receiver's credit, to show what
+//! per-stream flow control is worth.
+//!
+//! Senders sleep in `Endpoint::wait` when they have no room (blocking mode), so idle
+//! senders leave the CPU to the receiver; the receiver busy-polls. On a host with two or
+//! more CPUs the receiver is pinned to one CPU and every sender to another, as if the
+//! senders were other hosts: the single stream and the N streams then have the same
+//! resources, and the comparison measures the protocol, not the scheduler.
+
+use super::{BenchArgs, TransportArg, CONNECT_TIMEOUT};
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use ulnet_core::transport::udp::UdpConfig;
+use ulnet_core::{ChannelError, ChannelId, Endpoint, EndpointConfig, Event, SendError, SendOutcome};
+
+/// Unmeasured time after every sender connected, for the streams to settle.
+const WARMUP: Duration = Duration::from_millis(300);
+/// Environment variable that tells a sender process which CPU to pin itself to.
+const SENDER_CPU_ENV: &str = "ULNET_INCAST_CPU";
+
+/// The CPUs this process may run on.
+fn allowed_cpus() -> Vec<usize> {
+    match rustix::process::sched_getaffinity(None) {
+        Ok(set) => (0..rustix::process::CpuSet::MAX_CPU).filter(|&c| set.is_set(c)).collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// Pins the calling process to one CPU (best effort: an error only costs isolation).
+fn pin_to(cpu: usize) {
+    let mut set = rustix::process::CpuSet::new();
+    set.set(cpu);
+    if let Err(e) = rustix::process::sched_setaffinity(None, &set) {
+        tracing::warn!("incast: cannot pin to CPU {cpu}: {e}");
+    }
+}
+
+#[derive(Serialize)]
+struct IncastReport {
+    test: &'static str,
+    transport: &'static str,
+    size: usize,
+    senders: usize,
+    flow_control: bool,
+    duration_s: f64,
+    /// Aggregate at the receiver, 10^6 bytes per second.
+    mb_per_s: f64,
+    msgs_per_s: f64,
+    /// One sender alone, same settings, measured in the same run just before and just
+    /// after the N senders, averaged (absent with --senders 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    single_stream_mb_per_s: Option<f64>,
+    /// `mb_per_s / single_stream_mb_per_s`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    aggregate_ratio: Option<f64>,
+    /// Jain's fairness index over the senders' throughputs: 1 is a perfectly even split.
+    fairness: f64,
+    per_sender_mb_per_s: Vec<f64>,
+}
+
+/// Jain's fairness index: (Σx)² / (n·Σx²).
+pub(super) fn jain(xs: &[f64]) -> f64 {
+    let sum: f64 = xs.iter().sum();
+    let squares: f64 = xs.iter().map(|x| x * x).sum();
+    if squares == 0.0 {
+        return 0.0;
+    }
+    sum * sum / (xs.len() as f64 * squares)
+}
+
+fn endpoint_config(flow_control: bool) -> EndpointConfig {
+    EndpointConfig { udp: UdpConfig { flow_control, ..UdpConfig::lan() }, ..Default::default() }
+}
+
+fn flag(on: bool) -> &'static str {
+    if on {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+pub(super) fn run(args: &BenchArgs) -> Result<i32> {
+    if args.transport == TransportArg::Shm {
+        bail!("incast runs over udp or tcp");
+    }
+    let size = args.size.unwrap_or(64 << 10).max(1);
+    let flow_control = args.flow_control != "off";
+    if let Some(addr) = &args.connect {
+        return sender(args.transport, addr, size, flow_control).map(|()| 0);
+    }
+    let duration = Duration::from_millis(args.duration_ms);
+    let senders = args.senders.max(1);
+    // The single stream is measured right before and right after the N streams and
+    // averaged, so that a change of the host's load during the run weighs on both sides.
+    let baseline = senders > 1 && !args.server;
+    let before = if baseline { Some(receive(args, 1, size, flow_control, duration)?.0[0]) } else { None };
+    let (per_sender, msgs) = receive(args, senders, size, flow_control, duration)?;
+    let aggregate: f64 = per_sender.iter().sum();
+    let single = match before {
+        Some(b) => Some((b + receive(args, 1, size, flow_control, duration)?.0[0]) / 2.0),
+        None => None,
+    };
+    let report = IncastReport {
+        test: "incast",
+        transport: args.transport.name(),
+        size,
+        senders,
+        flow_control,
+        duration_s: duration.as_secs_f64(),
+        mb_per_s: aggregate,
+        msgs_per_s: msgs,
+        single_stream_mb_per_s: single,
+        aggregate_ratio: single.map(|s| aggregate / s),
+        fairness: jain(&per_sender),
+        per_sender_mb_per_s: per_sender,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "incast over {}: {} senders x {} B, flow control {}: aggregate {:.1} MB/s{}, fairness {:.3}",
+            report.transport,
+            senders,
+            size,
+            flag(flow_control),
+            aggregate,
+            single.map_or(String::new(), |s| format!(" ({:.2} x one stream's {s:.1} MB/s)", aggregate / s)),
+            report.fairness
+        );
+    }
+    Ok(0)
+}
+
+/// Listens, starts `senders` sender processes (or waits for remote ones with `--server`),
+/// and measures what each delivers during `duration`. Returns MB/s per sender and the
+/// aggregate message rate.
+fn receive(
+    args: &BenchArgs,
+    senders: usize,
+    size: usize,
+    flow_control: bool,
+    duration: Duration,
+) -> Result<(Vec<f64>, f64)> {
+    let mut ep = Endpoint::new(endpoint_config(flow_control));
+    let listen = args.listen.clone().unwrap_or_else(|| "127.0.0.1:0".into());
+    let addr = match args.transport {
+        TransportArg::Udp => ep.listen_udp(&listen)?,
+        TransportArg::Tcp => ep.listen_tcp(&listen)?,
+        TransportArg::Shm => unreachable!("refused above"),
+    };
+    let mut children: Vec<Child> = Vec::new();
+    let cpus = allowed_cpus();
+    if args.server {
+        println!("listening {addr}");
+    } else {
+        if cpus.len() >= 2 {
+            pin_to(cpus[0]);
+        }
+        let exe = std::env::current_exe()?;
+        for _ in 0..senders {
+            let child = Command::new(&exe)
+                .args(["bench", "incast", "--connect", &addr.to_string(), "--transport", args.transport.name()])
+                .args(["--size", &size.to_string(), "--flow-control", flag(flow_control)])
+                .env(SENDER_CPU_ENV, cpus.get(1).map_or(String::new(), |c| c.to_string()))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .spawn()
+                .context("starting a sender process")?;
+            children.push(child);
+        }
+    }
+    let mut channels: Vec<ChannelId> = Vec::new();
+    while channels.len() < senders {
+        channels.push(ep.accept(CONNECT_TIMEOUT).context("waiting for the senders")?);
+    }
+    let index_of = |ch: ChannelId| channels.iter().position(|&c| c == ch);
+    let mut bytes = vec![0u64; senders];
+    let mut messages = 0u64;
+    let mut failure = None;
+    let start = Instant::now();
+    let mut measuring = false;
+    let mut t0 = start;
+    loop {
+        let now = Instant::now();
+        if !measuring && now >= start + WARMUP {
+            measuring = true;
+            t0 = now;
+            bytes.iter_mut().for_each(|b| *b = 0);
+            messages = 0;
+        }
+        if measuring && now >= t0 + duration {
+            break;
+        }
+        ep.poll(256, |e| match e {
+            Event::Message { channel, data, message_len, offset, .. } => {
+                if let Some(i) = index_of(channel) {
+                    bytes[i] += data.len() as u64;
+                    if offset + data.len() as u64 == message_len {
+                        messages += 1;
+                    }
+                }
+            }
+            Event::ChannelDown { error, .. } => failure = Some(error),
+            Event::SendComplete { .. } => {}
+        });
+        if let Some(e) = failure.take() {
+            bail!("a sender went away: {e}");
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    for ch in channels.iter().copied() {
+        ep.close(ch);
+    }
+    for mut c in children {
+        let status = c.wait()?;
+        if !status.success() {
+            bail!("a sender process exited with {status}");
+        }
+    }
+    Ok((bytes.iter().map(|&b| b as f64 / secs / 1e6).collect(), messages as f64 / secs))
+}
+
+/// One sender: streams `size`-byte messages until the receiver closes the channel.
+fn sender(transport: TransportArg, addr: &str, size: usize, flow_control: bool) -> Result<()> {
+    if let Some(cpu) = std::env::var(SENDER_CPU_ENV).ok().and_then(|c| c.parse().ok()) {
+        pin_to(cpu);
+    }
+    let mut ep = Endpoint::new(endpoint_config(flow_control));
+    let ch = match transport {
+        TransportArg::Udp => ep.connect_udp(addr, CONNECT_TIMEOUT)?,
+        TransportArg::Tcp => ep.connect_tcp(addr, CONNECT_TIMEOUT)?,
+        TransportArg::Shm => unreachable!("refused by run"),
+    };
+    let msg = vec![0x6bu8; size];
+    let mut down: Option<ChannelError> = None;
+    loop {
+        match ep.send(ch, &[&msg]) {
+            Ok(SendOutcome::Done) => continue,
+            Ok(_) => {
+                // No room: sleep until acks or credit arrive, leaving the CPU to others.
+                ep.wait(Some(Duration::from_millis(5)))?;
+                ep.poll(64, |e| {
+                    if let Event::ChannelDown { error, .. } = e {
+                        down = Some(error);
+                    }
+                });
+            }
+            Err(SendError::ChannelDown(e)) => down = Some(e),
+            Err(e) => return Err(e.into()),
+        }
+        match down {
+            Some(ChannelError::Closed) => return Ok(()),
+            Some(e) => bail!("receiver went away: {e}"),
+            None => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn jain_index_is_one_for_even_shares_and_one_over_n_for_one_taker() {
+        assert!((super::jain(&[5.0, 5.0, 5.0, 5.0]) - 1.0).abs() < 1e-12);
+        assert!((super::jain(&[8.0, 0.0, 0.0, 0.0]) - 0.25).abs() < 1e-12);
+        assert!((super::jain(&[1.0, 2.0]) - 0.9).abs() < 1e-12);
+    }
+}
