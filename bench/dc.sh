@@ -11,11 +11,15 @@
 # Settings (environment): BURST (65536), GUARANTEE (1100 TPS, single site), TWO_BURST
 # (32768), TWO_GUARANTEE (900 TPS, high-priority site), MIX_BURST (16384, zipf and the
 # worldcup period scale), DURATION (900 s, the cap on one run),
-# WORLDCUP_REQUESTS (200000).
+# WORLDCUP_REQUESTS (200000). BENCH_LOCK=FILE: take `flock FILE` around each run (not the
+# whole script), so on a shared machine no other benchmark runs beside a measurement and
+# none waits for the whole script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --quiet -p ulnet
-ULNET=${ULNET:-target/release/ulnet}
+if [[ -z "${ULNET:-}" ]]; then
+    cargo build --release --quiet -p ulnet
+    ULNET=target/release/ulnet
+fi
 OUT=bench/results/dc
 mkdir -p "$OUT"
 if [[ -n "${QUICK:-}" ]]; then
@@ -32,7 +36,7 @@ DURATION=${DURATION:-900}
 run() { # name, args...
     local name=$1; shift
     echo "== $name: ulnet dc run $*" >&2
-    "$ULNET" dc run "$@" --duration "$DURATION" --json --save "$OUT/$name.run.json" > "$OUT/$name.json"
+    ${BENCH_LOCK:+flock "$BENCH_LOCK"} "$ULNET" dc run "$@" --duration "$DURATION" --json --save "$OUT/$name.run.json" > "$OUT/$name.json"
 }
 
 # 1. Single-file bursts, with a throughput guarantee for the QoS figure.
