@@ -288,6 +288,11 @@ impl RecordValidator {
         self.counters.torn += 1;
     }
 
+    /// How long a record may keep its version and still be accepted.
+    pub fn stale_after(&self) -> Duration {
+        self.stale_after
+    }
+
     /// Judges one copy of `slot`'s record taken at `now`.
     pub fn accept(
         &mut self,

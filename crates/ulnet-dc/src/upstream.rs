@@ -8,9 +8,17 @@
 //! not a failed client request; a node whose exchange failed is passed over for
 //! [`FAILED_SKIP`] while the role has others, so a dead node costs few retries until it
 //! leaves the role word.
+//!
+//! A node's address comes from its load record. A look that gets no whole record (every
+//! copy torn because the owner was descheduled mid-write, a mixed copy, a read that timed
+//! out) keeps the address the last accepted record gave, for as long as the validator
+//! would accept an unchanged record; only a record the validator calls stale (or none
+//! accepted for that long) takes the node out of routing. Dropping it at the first bad
+//! look took the only node of a one-node tier out for a refresh period: on a busy host a
+//! writer preempted inside its seqlock write failed a few hundred client requests.
 
 use crate::http::{Conn, HttpError, Response};
-use crate::load::RecordValidator;
+use crate::load::{RecordValidator, Rejection};
 use crate::role::{NodeIndex, Role, RoleTable, NODES_MAX};
 use crate::state::{epoch_after, SharedState};
 use std::net::SocketAddr;
@@ -35,10 +43,16 @@ struct View {
     addrs: [Option<SocketAddr>; NODES_MAX],
 }
 
+/// The record validator, and when each node's record was last accepted.
+struct Records {
+    validator: RecordValidator,
+    accepted_at: [Option<Instant>; NODES_MAX],
+}
+
 /// Routing state shared by a process's request threads.
 pub struct Directory {
     state: Arc<dyn SharedState>,
-    validator: Mutex<RecordValidator>,
+    records: Mutex<Records>,
     view: RwLock<View>,
     pools: Vec<Mutex<Vec<Conn>>>,
     outstanding: Vec<AtomicU32>,
@@ -55,7 +69,7 @@ impl Directory {
     pub fn new(state: Arc<dyn SharedState>, validator: RecordValidator) -> Self {
         Directory {
             state,
-            validator: Mutex::new(validator),
+            records: Mutex::new(Records { validator, accepted_at: [None; NODES_MAX] }),
             view: RwLock::new(View { table: RoleTable::EMPTY, addrs: [None; NODES_MAX] }),
             pools: (0..NODES_MAX).map(|_| Mutex::new(Vec::new())).collect(),
             outstanding: (0..NODES_MAX).map(|_| AtomicU32::new(0)).collect(),
@@ -81,20 +95,29 @@ impl Directory {
     }
 
     /// Reads the load record of every node in the table for its address; a node whose
-    /// record is stale or forged gets no requests until it publishes again, and a node out
-    /// of the table is not read at all.
+    /// record is stale, or that has had no record accepted for the validator's staleness
+    /// limit, gets no requests until it publishes again; a node out of the table is not
+    /// read at all.
     pub fn refresh_addresses(&self, now: Instant) {
+        let held = self.view.read().expect("directory lock").addrs;
         let mut addrs = [None; NODES_MAX];
         let table = self.table();
         {
-            let mut validator = self.validator.lock().expect("validator lock");
+            let mut records = self.records.lock().expect("records lock");
+            let Records { validator, accepted_at } = &mut *records;
+            let grace = validator.stale_after();
             for (node, _) in table.members().filter(|(n, _)| n.get() < self.state.slots()) {
-                let a = &mut addrs[node.get()];
-                if let Ok(words) = self.state.read_load(node) {
-                    if let Ok(r) = validator.accept(now, node, &words) {
-                        *a = r.addr.map(SocketAddr::V4);
+                let i = node.get();
+                let judged = self.state.read_load(node).map(|words| validator.accept(now, node, &words));
+                addrs[i] = match judged {
+                    Ok(Ok(r)) => {
+                        accepted_at[i] = Some(now);
+                        r.addr.map(SocketAddr::V4)
                     }
-                }
+                    Ok(Err(Rejection::Stale)) => None,
+                    // No whole copy this time: the last good address, within the grace.
+                    _ => held[i].filter(|_| accepted_at[i].is_some_and(|t| now.saturating_duration_since(t) <= grace)),
+                };
             }
         }
         self.view.write().expect("directory lock").addrs = addrs;
@@ -187,5 +210,92 @@ impl Directory {
                 pool.push(c);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::{ClusterKey, LoadRecord, SLOT_WORDS};
+    use crate::role::{initial_table, Tier};
+    use crate::state::{CasOutcome, StateCounters, StateError};
+
+    /// A shared state whose records are whatever the test puts there.
+    struct Scripted {
+        records: Mutex<[[u64; SLOT_WORDS]; 2]>,
+    }
+
+    impl SharedState for Scripted {
+        fn slots(&self) -> usize {
+            2
+        }
+        fn publish_load(&self, _: &LoadRecord) -> Result<(), StateError> {
+            Err(StateError::NotANode)
+        }
+        fn read_load(&self, node: NodeIndex) -> Result<[u64; SLOT_WORDS], StateError> {
+            Ok(self.records.lock().unwrap()[node.get()])
+        }
+        fn read_roles(&self) -> Result<RoleTable, StateError> {
+            Ok(initial_table(&[(1, 1)]))
+        }
+        fn cas_roles(&self, _: RoleTable, new: RoleTable) -> Result<CasOutcome, StateError> {
+            Ok(CasOutcome::Failed(new))
+        }
+        fn announce(&self, _: NodeIndex, _: RoleTable) -> Result<(), StateError> {
+            Ok(())
+        }
+        fn announced(&self) -> Result<RoleTable, StateError> {
+            Err(StateError::NotANode)
+        }
+        fn counters(&self) -> StateCounters {
+            StateCounters::default()
+        }
+    }
+
+    /// The one application node of a site stays routable through torn and forged copies of
+    /// its record for the staleness limit, and leaves routing when its record is stale or
+    /// no copy was whole for longer than that.
+    #[test]
+    fn a_bad_copy_keeps_the_last_address_until_the_record_is_stale() {
+        let key = ClusterKey::new(b"directory test");
+        let app = NodeIndex(1);
+        let record = |version| {
+            let r = LoadRecord {
+                node: 1,
+                incarnation: 5,
+                addr: Some("127.0.0.1:9001".parse().unwrap()),
+                serving: Some(Role::new(0, Tier::App)),
+                workers: 2,
+                ..LoadRecord::default()
+            };
+            r.encode(&key, version)
+        };
+        let state = Arc::new(Scripted { records: Mutex::new([[0; SLOT_WORDS], record(2)]) });
+        let stale_after = Duration::from_secs(1);
+        let dir = Directory::new(state.clone(), RecordValidator::new(key.clone(), 2, stale_after));
+        dir.set_table(initial_table(&[(1, 1)]));
+        let role = Role::new(0, Tier::App);
+        let routable = |dir: &Directory| dir.pick(role, &[]).map(|(n, _)| n);
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        dir.refresh_addresses(at(0));
+        assert_eq!(routable(&dir), Some(app));
+        let set = |words| state.records.lock().unwrap()[1] = words;
+        let mut torn = record(4);
+        torn[0] |= 1;
+        set(torn);
+        dir.refresh_addresses(at(100));
+        assert_eq!(routable(&dir), Some(app), "a torn copy keeps the address");
+        set(LoadRecord { node: 1, incarnation: 5, workers: 2, ..LoadRecord::default() }
+            .encode(&ClusterKey::new(b"forger"), 6));
+        dir.refresh_addresses(at(500));
+        assert_eq!(routable(&dir), Some(app), "a forged copy is ignored, the address kept");
+        dir.refresh_addresses(at(1001));
+        assert_eq!(routable(&dir), None, "no whole record for longer than the limit");
+        set(record(8));
+        dir.refresh_addresses(at(1100));
+        assert_eq!(routable(&dir), Some(app), "publishing again brings it back");
+        dir.refresh_addresses(at(2101));
+        assert_eq!(routable(&dir), None, "a record that stopped moving is stale at once");
     }
 }
