@@ -529,9 +529,21 @@ impl Inner {
                     .collect();
                 let acting = self.watch.as_ref().is_none_or(|w| w.acting());
                 let departed = self.watch.as_ref().map(|w| w.dead()).unwrap_or_default();
+                // Out of the table but not dead to membership, and publishing: taken back
+                // into the cluster after an exclusion. (Without membership none returns.)
+                let returned: Vec<NodeIndex> = (0..self.state.slots())
+                    .map(|i| NodeIndex(i as u8))
+                    .filter(|n| self.watch.is_some() && table.role(*n).is_none() && !departed.contains(n))
+                    .filter(|n| {
+                        let words = self.state.read_load(*n);
+                        words.is_ok_and(|w| validator.accept(now, *n, &w).is_ok())
+                    })
+                    .collect();
                 let proposal = if !acting {
                     None
                 } else if let Some(p) = helper.handle_departures(now, table, &departed, &loads) {
+                    Some(p)
+                } else if let Some(p) = helper.handle_returns(now, table, &returned, &loads) {
                     Some(p)
                 } else {
                     helper.handle_observation(now, table, &loads)

@@ -322,6 +322,47 @@ impl Helper {
         Some(Proposal { expected: self.view, proposed, to: first, moved, removed: gone.len() })
     }
 
+    /// Nodes of `returned` are out of the table but alive again (membership excluded them,
+    /// say a busy host starved them past the failure detector, and then took them back) and
+    /// publishing fresh records: a proposal that gives the first of them back to its home
+    /// site (the site whose share, counted in node order as the starting table assigns
+    /// nodes, holds it; site 0 without shares), in that site's tier under the most
+    /// pressure. No history window: a live node out of the table is capacity nobody uses.
+    /// `None` when none of them is out of the table.
+    pub fn handle_returns(
+        &mut self,
+        now: Instant,
+        table: RoleTable,
+        returned: &[NodeIndex],
+        loads: &[Option<NodeLoad>],
+    ) -> Option<Proposal> {
+        self.adopt(now, table);
+        let node = returned.iter().copied().find(|n| self.view.role(*n).is_none())?;
+        let site = self.home_site(node);
+        let tiers = self.tier_loads(loads);
+        let pressure = |t: Tier| tiers[usize::from(site)][t as usize].pressure();
+        let tier = if pressure(Tier::App) > pressure(Tier::Proxy) { Tier::App } else { Tier::Proxy };
+        let to = Role::new(site, tier);
+        let proposed = self.view.with_changes(&[(node, Some(to))]);
+        if proposed.validate().is_err() {
+            return None;
+        }
+        self.counters.proposals += 1;
+        Some(Proposal { expected: self.view, proposed, to, moved: 1, removed: 0 })
+    }
+
+    /// The site whose share holds `node`, counting shares in node order.
+    fn home_site(&self, node: NodeIndex) -> u8 {
+        let mut end = 0;
+        for (site, share) in self.config.shares.iter().enumerate() {
+            end += usize::from(*share);
+            if node.get() < end {
+                return site as u8;
+            }
+        }
+        0
+    }
+
     /// A node of `t` that can move into the empty `role`: from the same site's other tier,
     /// else from the other sites, lowest priority first; from a tier that keeps its floor;
     /// least busy first (a node of unknown load last).

@@ -263,6 +263,25 @@ fn a_departure_takes_the_dead_node_out_and_refills_its_tier() {
 }
 
 #[test]
+fn a_node_membership_took_back_returns_to_its_home_site_and_busier_tier() {
+    // Site 1's application node (node 6) was excluded and is back; site 1's proxy is busy.
+    let start = two_sites();
+    let table = start.with_changes(&[(NodeIndex(6), None), (NodeIndex(4), Some(Role::new(1, Tier::App)))]);
+    assert!(table.validate().is_ok());
+    let loads = loads_by_role(table, |r| if r == Role::new(1, Tier::Proxy) { BUSY } else { IDLE });
+    let mut h = Helper::new(HelperConfig { shares: [5, 2, 0], ..config() }, table);
+    let now = Instant::now();
+    let p = h.handle_returns(now, table, &[NodeIndex(6)], &loads).expect("a live node out of the table comes back");
+    assert_eq!((p.to, p.moved, p.removed), (Role::new(1, Tier::Proxy), 1, 0), "home site 1, its busier tier");
+    assert_eq!(p.proposed.split(SiteId(1)), (2, 1));
+    assert_eq!(p.proposed.epoch(), table.epoch() + 1, "one change");
+    // Without shares a returning node goes to site 0; a node still in the table is no return.
+    let mut h = Helper::new(config(), table);
+    assert_eq!(h.handle_returns(now, table, &[NodeIndex(6)], &loads).unwrap().to.site, SiteId(0));
+    assert!(h.handle_returns(now, table, &[NodeIndex(2)], &loads).is_none());
+}
+
+#[test]
 fn a_low_priority_site_that_loses_a_tier_gets_a_node_from_the_other_site() {
     let table = two_sites(); // site 1: node 5 proxy, node 6 app
     let loads = loads_by_role(table, |_| IDLE);
