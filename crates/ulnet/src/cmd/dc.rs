@@ -220,6 +220,8 @@ pub fn run(args: DcArgs) -> Result<i32> {
                 let label = p.file_stem().map_or_else(|| "run".into(), |s| s.to_string_lossy().into_owned());
                 runs.push((label, r));
             }
+            // plotters draws text only with a registered font (its ab_glyph backend).
+            ulnet_trace::plot::ensure_font()?;
             ulnet_dc::plot::write_svg(&a.out, &a.title, &runs)?;
             Ok(0)
         }
@@ -359,6 +361,7 @@ fn run_dc(a: RunArgs) -> Result<i32> {
     }
     if let Some(p) = &a.plot {
         let label = format!("{} {}:{}", policy, split.0, split.1);
+        ulnet_trace::plot::ensure_font()?;
         ulnet_dc::plot::write_svg(p, &format!("{kind} trace"), &[(label, r.clone())])?;
     }
     let out = Output {
