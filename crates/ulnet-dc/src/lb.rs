@@ -8,7 +8,7 @@
 use crate::http::{Conn, HttpError};
 use crate::load::{ClusterKey, RecordValidator};
 use crate::node::parse_path;
-use crate::role::{Role, Tier};
+use crate::role::{NodeIndex, Role, Tier};
 use crate::state::SharedState;
 use crate::upstream::Directory;
 use std::net::{SocketAddr, TcpListener};
@@ -113,6 +113,11 @@ impl Balancer {
     /// Where clients connect.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Requests relayed to `node` so far (tries included).
+    pub fn sent_to(&self, node: NodeIndex) -> u64 {
+        self.inner.directory.sent_to(node)
     }
 
     /// Stops and reports.
