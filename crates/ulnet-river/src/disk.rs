@@ -98,7 +98,7 @@ impl DiskSource {
     fn range(path: &Path, range: Range<u64>, record_size: usize, pool: MemPool) -> Result<ReadRange, RiverError> {
         let file = File::open(path).map_err(|e| RiverError::io(format!("opening {}", path.display()), e))?;
         let len = range.end.saturating_sub(range.start);
-        if len % record_size as u64 != 0 {
+        if !len.is_multiple_of(record_size as u64) {
             return Err(RiverError::PartialRecord { len: len as usize, record_size });
         }
         assert!(pool.buffer_size() >= record_size, "pool buffers must hold at least one record");
@@ -354,7 +354,7 @@ impl DiskSink {
 
 impl Sink for DiskSink {
     fn sink_records(&mut self, mut records: &[u8]) -> Result<(), RiverError> {
-        if records.len() % self.record_size != 0 {
+        if !records.len().is_multiple_of(self.record_size) {
             return Err(RiverError::PartialRecord { len: records.len(), record_size: self.record_size });
         }
         while !records.is_empty() {

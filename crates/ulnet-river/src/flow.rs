@@ -186,7 +186,7 @@ impl Sink for VecSink<'_> {
         if self.closed {
             return Err(RiverError::Closed);
         }
-        if records.len() % self.record_size != 0 {
+        if !records.len().is_multiple_of(self.record_size) {
             return Err(RiverError::PartialRecord { len: records.len(), record_size: self.record_size });
         }
         self.out.extend_from_slice(records);

@@ -63,7 +63,7 @@ impl<'a, P: Partitioner> PartitionSink<'a, P> {
 
 impl<P: Partitioner> Sink for PartitionSink<'_, P> {
     fn sink_records(&mut self, records: &[u8]) -> Result<(), RiverError> {
-        if records.len() % self.record_size != 0 {
+        if !records.len().is_multiple_of(self.record_size) {
             return Err(RiverError::PartialRecord { len: records.len(), record_size: self.record_size });
         }
         // Slices beyond 4 G records cannot be indexed by u32: route them in pieces.

@@ -316,8 +316,7 @@ impl<S: Sink> River<S> {
         loop {
             {
                 let mut inner = self.inner.borrow_mut();
-                if let Some(i) = inner.controls.iter().position(|(p, t, _)| *t == tag && from.map_or(true, |f| f == *p))
-                {
+                if let Some(i) = inner.controls.iter().position(|(p, t, _)| *t == tag && from.is_none_or(|f| f == *p)) {
                     let (p, _, data) = inner.controls.remove(i).expect("found above");
                     return Ok((p, data));
                 }
@@ -666,7 +665,7 @@ impl<S: Sink> Inner<S> {
 
     fn put(&mut self, j: usize, mut records: &[u8]) -> Result<(), RiverError> {
         let rs = self.config.record_size;
-        if records.len() % rs != 0 {
+        if !records.len().is_multiple_of(rs) {
             return Err(RiverError::PartialRecord { len: records.len(), record_size: rs });
         }
         while !records.is_empty() {

@@ -153,7 +153,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
@@ -221,7 +221,7 @@ fn encode_entries(flag: bool, entries: &[u128]) -> Vec<u8> {
 }
 
 fn decode_entries(from: usize, m: &[u8]) -> Result<(bool, Vec<u128>), RiverError> {
-    if m.is_empty() || (m.len() - 1) % 16 != 0 {
+    if m.is_empty() || !(m.len() - 1).is_multiple_of(16) {
         return Err(RiverError::Protocol { node: from, reason: "malformed sample or splitter list".into() });
     }
     Ok((m[0] != 0, m[1..].chunks_exact(16).map(|c| u128::from_le_bytes(c.try_into().expect("16 bytes"))).collect()))

@@ -188,7 +188,7 @@ impl RecordStore {
 impl Sink for RecordStore {
     fn sink_records(&mut self, mut records: &[u8]) -> Result<(), RiverError> {
         let rs = self.record_size;
-        if records.len() % rs != 0 {
+        if !records.len().is_multiple_of(rs) {
             return Err(RiverError::PartialRecord { len: records.len(), record_size: rs });
         }
         loop {
