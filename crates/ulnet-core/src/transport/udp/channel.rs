@@ -43,11 +43,13 @@ enum Queued {
 /// Drop and activity counters shared by an endpoint's UDP listener and channels.
 #[derive(Debug, Default)]
 pub struct UdpStats {
-    fields: [AtomicU64; 13],
+    fields: [AtomicU64; 15],
+    /// Open channels: they split the endpoint's receive budget (`UdpConfig::credit_bytes`).
+    channels: AtomicU64,
 }
 
 impl UdpStats {
-    fn as_array(c: &UdpCounters) -> [u64; 13] {
+    fn as_array(c: &UdpCounters) -> [u64; 15] {
         [
             c.truncated,
             c.malformed,
@@ -62,13 +64,15 @@ impl UdpStats {
             c.timeouts,
             c.packets_received,
             c.acks_sent,
+            c.credit_stalls,
+            c.credit_blocked_us,
         ]
     }
 
     /// Adds what changed between `before` and `now`.
     pub(crate) fn add_delta(&self, before: &UdpCounters, now: &UdpCounters) {
         let (b, n) = (Self::as_array(before), Self::as_array(now));
-        for i in 0..13 {
+        for i in 0..15 {
             if n[i] != b[i] {
                 self.fields[i].fetch_add(n[i] - b[i], Ordering::Relaxed);
             }
@@ -92,6 +96,8 @@ impl UdpStats {
             timeouts: f[10],
             packets_received: f[11],
             acks_sent: f[12],
+            credit_stalls: f[13],
+            credit_blocked_us: f[14],
         }
     }
 }
@@ -209,6 +215,8 @@ impl UdpChannel {
             base: Instant::now(),
             deadline_ns: AtomicU64::new(0),
         });
+        // Counted from here, where nothing can fail any more, until `drop`.
+        stats.channels.fetch_add(1, Ordering::Relaxed);
         let mut channel = Self {
             socket,
             probe,
@@ -325,6 +333,7 @@ impl UdpChannel {
     }
 
     fn progress(&mut self, now: Instant) {
+        self.conn.share_receive_credit(self.stats.channels.load(Ordering::Relaxed));
         self.transmit(now);
         self.receive(now);
         if self.conn.poll_timeout().is_some_and(|t| t <= now) {
@@ -460,5 +469,6 @@ impl Transport for UdpChannel {
 impl Drop for UdpChannel {
     fn drop(&mut self) {
         self.close();
+        self.stats.channels.fetch_sub(1, Ordering::Relaxed);
     }
 }

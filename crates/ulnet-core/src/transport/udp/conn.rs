@@ -48,6 +48,12 @@ const REORDER_THRESHOLD: u64 = 3;
 /// from there.
 const COPY_CHUNK: usize = 24 << 10;
 
+/// Least receive credit a channel gets when its receiver's budget is split
+/// ([`Connection::share_receive_credit`]). 2 MiB: the share of eight senders in the default
+/// 16 MiB budget, where incast measured no loss of aggregate throughput; much less and
+/// one stream's pipe empties between window updates (sent every eighth of the credit).
+pub const RECEIVE_CREDIT_FLOOR: u64 = 2 << 20;
+
 /// Where [`Connection::poll_transmit_in_place`] put the next datagram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Datagram {
@@ -87,6 +93,12 @@ pub struct UdpCounters {
     pub packets_received: u64,
     /// Standalone acks sent.
     pub acks_sent: u64,
+    /// Times a sealed packet waited because the peer's credit (bytes or sequence window)
+    /// was used up.
+    pub credit_stalls: u64,
+    /// Microseconds packets spent waiting for credit (from the stall to the grant that
+    /// let the next packet go).
+    pub credit_blocked_us: u64,
 }
 
 impl UdpCounters {
@@ -105,6 +117,8 @@ impl UdpCounters {
         self.timeouts += o.timeouts;
         self.packets_received += o.packets_received;
         self.acks_sent += o.acks_sent;
+        self.credit_stalls += o.credit_stalls;
+        self.credit_blocked_us += o.credit_blocked_us;
     }
 
     /// Dropped datagrams of every kind.
@@ -218,6 +232,8 @@ struct Tx {
     stream_sent: u64,
     peer_credit_bytes: u64,
     peer_credit_seq: u64,
+    /// Since when the next packet has waited for credit (for `credit_blocked_us`).
+    credit_blocked_since: Option<Instant>,
     flow_control: bool,
     /// Length and bytes queued so far of a message streamed by `send_fragments`.
     streaming: Option<(u64, u64)>,
@@ -603,6 +619,7 @@ impl Connection {
             stream_sent: 0,
             peer_credit_bytes: 0,
             peer_credit_seq: 0,
+            credit_blocked_since: None,
             flow_control: config.flow_control,
             streaming: None,
             fin_seq: None,
@@ -777,6 +794,19 @@ impl Connection {
     /// Capacity behind [`Connection::receive_buffered`].
     pub fn receive_capacity(&self) -> u64 {
         self.rx.credit_bytes
+    }
+
+    /// Grants this connection its share of a receive budget (`credit_bytes`) split among
+    /// `channels` channels of one receiver, no less than [`RECEIVE_CREDIT_FLOOR`] (nor
+    /// two datagrams). Each channel keeps its own credit, so a slow application still
+    /// throttles only its own sender; the split keeps N senders to one receiver from
+    /// holding N full windows (N × 16 MiB) in its buffers and caches, which cost the
+    /// aggregate throughput of incast. Credit already granted is never taken back: a
+    /// smaller share takes effect as the peer's data is consumed.
+    pub fn share_receive_credit(&mut self, channels: u64) {
+        let budget = u64::from(self.config.credit_bytes);
+        let floor = RECEIVE_CREDIT_FLOOR.min(budget).max(2 * self.rx.datagram_max as u64);
+        self.rx.credit_bytes = (budget / channels.max(1)).max(floor).min(budget);
     }
 
     /// Packets sealed but not yet transmitted for the first time, and packets in flight.
@@ -1245,7 +1275,7 @@ impl Connection {
                 rx.next_deliver += 1;
                 rx.deliver_pos = 0;
                 let (bytes, seq) = rx.credit();
-                if bytes - rx.advertised_bytes >= rx.credit_bytes / 8
+                if bytes.saturating_sub(rx.advertised_bytes) >= rx.credit_bytes / 8
                     || seq - rx.advertised_seq >= rx.slots.len() as u64 / 8
                 {
                     // A window update, due at once (`created` is in the past).
@@ -1361,11 +1391,19 @@ impl Connection {
             let credit_ok =
                 seq <= tx.peer_credit_seq && (!tx.flow_control || tx.stream_sent + body <= tx.peer_credit_bytes);
             if credit_ok || !tx.flow_control {
+                if let Some(since) = self.tx.credit_blocked_since.take() {
+                    let waited = now.saturating_duration_since(since).as_micros();
+                    self.counters.credit_blocked_us += u64::try_from(waited).unwrap_or(u64::MAX);
+                }
                 self.tx.next_tx += 1;
                 self.tx.stream_sent += body;
                 self.counters.packets_sent += 1;
                 self.finish_data(now, seq);
                 return Some(Datagram::InSlot(seq));
+            }
+            if self.tx.credit_blocked_since.is_none() {
+                self.tx.credit_blocked_since = Some(now);
+                self.counters.credit_stalls += 1;
             }
         }
         if self.rx.ack_due.is_some_and(|t| t <= now) || self.ping_due {
