@@ -44,8 +44,6 @@ enum Queued {
 #[derive(Debug, Default)]
 pub struct UdpStats {
     fields: [AtomicU64; 15],
-    /// Open channels: they split the endpoint's receive budget (`UdpConfig::credit_bytes`).
-    channels: AtomicU64,
 }
 
 impl UdpStats {
@@ -215,8 +213,6 @@ impl UdpChannel {
             base: Instant::now(),
             deadline_ns: AtomicU64::new(0),
         });
-        // Counted from here, where nothing can fail any more, until `drop`.
-        stats.channels.fetch_add(1, Ordering::Relaxed);
         let mut channel = Self {
             socket,
             probe,
@@ -333,7 +329,6 @@ impl UdpChannel {
     }
 
     fn progress(&mut self, now: Instant) {
-        self.conn.share_receive_credit(self.stats.channels.load(Ordering::Relaxed));
         self.transmit(now);
         self.receive(now);
         if self.conn.poll_timeout().is_some_and(|t| t <= now) {
@@ -469,6 +464,5 @@ impl Transport for UdpChannel {
 impl Drop for UdpChannel {
     fn drop(&mut self) {
         self.close();
-        self.stats.channels.fetch_sub(1, Ordering::Relaxed);
     }
 }

@@ -23,10 +23,7 @@ pub struct UdpConfig {
     /// consumed. 16 MiB: on a busy host either process may be descheduled for
     /// milliseconds, and the pipe must stay full meanwhile (4 MiB measured 40% less
     /// bulk throughput on loopback); a slow receiver holds at most this much per sender.
-    /// It matches the socket receive buffer the driver asks for. The socket driver treats
-    /// it as the endpoint's receive budget, split evenly among its open UDP channels (no
-    /// channel below `conn::RECEIVE_CREDIT_FLOOR`), so that N senders to one receiver
-    /// do not hold N full windows; the sans-IO connection alone grants all of it.
+    /// It matches the socket receive buffer the driver asks for.
     pub credit_bytes: u32,
     /// Whether this side obeys its peer's credit when sending. `true` keeps a slow
     /// receiver's problem with its own senders; `false` exists to measure what that is worth

@@ -48,12 +48,6 @@ const REORDER_THRESHOLD: u64 = 3;
 /// from there.
 const COPY_CHUNK: usize = 24 << 10;
 
-/// Least receive credit a channel gets when its receiver's budget is split
-/// ([`Connection::share_receive_credit`]). 2 MiB: the share of eight senders in the default
-/// 16 MiB budget, where incast measured no loss of aggregate throughput; much less and
-/// one stream's pipe empties between window updates (sent every eighth of the credit).
-pub const RECEIVE_CREDIT_FLOOR: u64 = 2 << 20;
-
 /// Where [`Connection::poll_transmit_in_place`] put the next datagram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Datagram {
@@ -796,19 +790,6 @@ impl Connection {
         self.rx.credit_bytes
     }
 
-    /// Grants this connection its share of a receive budget (`credit_bytes`) split among
-    /// `channels` channels of one receiver, no less than [`RECEIVE_CREDIT_FLOOR`] (nor
-    /// two datagrams). Each channel keeps its own credit, so a slow application still
-    /// throttles only its own sender; the split keeps N senders to one receiver from
-    /// holding N full windows (N × 16 MiB) in its buffers and caches, which cost the
-    /// aggregate throughput of incast. Credit already granted is never taken back: a
-    /// smaller share takes effect as the peer's data is consumed.
-    pub fn share_receive_credit(&mut self, channels: u64) {
-        let budget = u64::from(self.config.credit_bytes);
-        let floor = RECEIVE_CREDIT_FLOOR.min(budget).max(2 * self.rx.datagram_max as u64);
-        self.rx.credit_bytes = (budget / channels.max(1)).max(floor).min(budget);
-    }
-
     /// Packets sealed but not yet transmitted for the first time, and packets in flight.
     pub fn send_backlog(&self) -> (u64, u64) {
         (self.tx.next_seq - self.tx.next_tx, self.tx.next_tx - self.tx.una)
@@ -1275,7 +1256,7 @@ impl Connection {
                 rx.next_deliver += 1;
                 rx.deliver_pos = 0;
                 let (bytes, seq) = rx.credit();
-                if bytes.saturating_sub(rx.advertised_bytes) >= rx.credit_bytes / 8
+                if bytes - rx.advertised_bytes >= rx.credit_bytes / 8
                     || seq - rx.advertised_seq >= rx.slots.len() as u64 / 8
                 {
                     // A window update, due at once (`created` is in the past).
