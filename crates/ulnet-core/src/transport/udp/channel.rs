@@ -43,11 +43,11 @@ enum Queued {
 /// Drop and activity counters shared by an endpoint's UDP listener and channels.
 #[derive(Debug, Default)]
 pub struct UdpStats {
-    fields: [AtomicU64; 13],
+    fields: [AtomicU64; 15],
 }
 
 impl UdpStats {
-    fn as_array(c: &UdpCounters) -> [u64; 13] {
+    fn as_array(c: &UdpCounters) -> [u64; 15] {
         [
             c.truncated,
             c.malformed,
@@ -62,13 +62,15 @@ impl UdpStats {
             c.timeouts,
             c.packets_received,
             c.acks_sent,
+            c.credit_stalls,
+            c.credit_blocked_us,
         ]
     }
 
     /// Adds what changed between `before` and `now`.
     pub(crate) fn add_delta(&self, before: &UdpCounters, now: &UdpCounters) {
         let (b, n) = (Self::as_array(before), Self::as_array(now));
-        for i in 0..13 {
+        for i in 0..15 {
             if n[i] != b[i] {
                 self.fields[i].fetch_add(n[i] - b[i], Ordering::Relaxed);
             }
@@ -92,6 +94,8 @@ impl UdpStats {
             timeouts: f[10],
             packets_received: f[11],
             acks_sent: f[12],
+            credit_stalls: f[13],
+            credit_blocked_us: f[14],
         }
     }
 }

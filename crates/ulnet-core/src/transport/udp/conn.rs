@@ -87,6 +87,12 @@ pub struct UdpCounters {
     pub packets_received: u64,
     /// Standalone acks sent.
     pub acks_sent: u64,
+    /// Times a sealed packet waited because the peer's credit (bytes or sequence window)
+    /// was used up.
+    pub credit_stalls: u64,
+    /// Microseconds packets spent waiting for credit (from the stall to the grant that
+    /// let the next packet go).
+    pub credit_blocked_us: u64,
 }
 
 impl UdpCounters {
@@ -105,6 +111,8 @@ impl UdpCounters {
         self.timeouts += o.timeouts;
         self.packets_received += o.packets_received;
         self.acks_sent += o.acks_sent;
+        self.credit_stalls += o.credit_stalls;
+        self.credit_blocked_us += o.credit_blocked_us;
     }
 
     /// Dropped datagrams of every kind.
@@ -218,6 +226,8 @@ struct Tx {
     stream_sent: u64,
     peer_credit_bytes: u64,
     peer_credit_seq: u64,
+    /// Since when the next packet has waited for credit (for `credit_blocked_us`).
+    credit_blocked_since: Option<Instant>,
     flow_control: bool,
     /// Length and bytes queued so far of a message streamed by `send_fragments`.
     streaming: Option<(u64, u64)>,
@@ -603,6 +613,7 @@ impl Connection {
             stream_sent: 0,
             peer_credit_bytes: 0,
             peer_credit_seq: 0,
+            credit_blocked_since: None,
             flow_control: config.flow_control,
             streaming: None,
             fin_seq: None,
@@ -1361,11 +1372,19 @@ impl Connection {
             let credit_ok =
                 seq <= tx.peer_credit_seq && (!tx.flow_control || tx.stream_sent + body <= tx.peer_credit_bytes);
             if credit_ok || !tx.flow_control {
+                if let Some(since) = self.tx.credit_blocked_since.take() {
+                    let waited = now.saturating_duration_since(since).as_micros();
+                    self.counters.credit_blocked_us += u64::try_from(waited).unwrap_or(u64::MAX);
+                }
                 self.tx.next_tx += 1;
                 self.tx.stream_sent += body;
                 self.counters.packets_sent += 1;
                 self.finish_data(now, seq);
                 return Some(Datagram::InSlot(seq));
+            }
+            if self.tx.credit_blocked_since.is_none() {
+                self.tx.credit_blocked_since = Some(now);
+                self.counters.credit_stalls += 1;
             }
         }
         if self.rx.ack_due.is_some_and(|t| t <= now) || self.ping_due {
