@@ -358,7 +358,7 @@ mod tests {
     }
 }
 
-#[cfg(loom)]
+#[cfg(all(loom, test))]
 mod loom_tests {
     use super::*;
     use crate::transport::shm::mem::loom_mem::LoomMem;

@@ -329,7 +329,7 @@ mod tests {
     }
 }
 
-#[cfg(loom)]
+#[cfg(all(loom, test))]
 mod loom_tests {
     use super::*;
     use loom::sync::Arc as LoomArc;
