@@ -499,6 +499,19 @@ fn control_loop(
             ServiceContext { me: &me, view: None, quorum, service: s.id(), outbox: &mut outbox, replies: &mut replies };
         s.on_start(waker.clone(), &mut ctx);
     }
+    // A service's view of the node for one callback (the borrows end with the callback).
+    macro_rules! context {
+        ($service:expr) => {
+            ServiceContext {
+                me: &me,
+                view: view.as_ref(),
+                quorum,
+                service: $service,
+                outbox: &mut outbox,
+                replies: &mut replies,
+            }
+        };
+    }
     let mut accept_at = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
         if Instant::now() >= accept_at {
@@ -536,14 +549,7 @@ fn control_loop(
         }
         for msg in from_membership.try_iter() {
             for s in &mut services {
-                let mut ctx = ServiceContext {
-                    me: &me,
-                    view: view.as_ref(),
-                    quorum,
-                    service: s.id(),
-                    outbox: &mut outbox,
-                    replies: &mut replies,
-                };
+                let mut ctx = context!(s.id());
                 match &msg {
                     ToControl::View(v, q) => {
                         ctx.view = Some(v);
@@ -568,14 +574,7 @@ fn control_loop(
         let arrived = std::mem::take(&mut *inbox.lock().expect("inbox lock"));
         for (from, service, data) in arrived {
             if let Some(s) = services.iter_mut().find(|s| s.id() == service) {
-                let mut ctx = ServiceContext {
-                    me: &me,
-                    view: view.as_ref(),
-                    quorum,
-                    service,
-                    outbox: &mut outbox,
-                    replies: &mut replies,
-                };
+                let mut ctx = context!(service);
                 s.on_message(from, &data, &mut ctx);
             }
         }
@@ -587,40 +586,19 @@ fn control_loop(
                 pending.insert(token, (service, d));
             }
             if let Some(s) = services.iter_mut().find(|s| s.id() == service) {
-                let mut ctx = ServiceContext {
-                    me: &me,
-                    view: view.as_ref(),
-                    quorum,
-                    service,
-                    outbox: &mut outbox,
-                    replies: &mut replies,
-                };
+                let mut ctx = context!(service);
                 s.on_request(method, &payload, crate::service::ReplyToken(token), &mut ctx);
             }
         }
         let now = Instant::now();
         for s in &mut services {
-            let mut ctx = ServiceContext {
-                me: &me,
-                view: view.as_ref(),
-                quorum,
-                service: s.id(),
-                outbox: &mut outbox,
-                replies: &mut replies,
-            };
+            let mut ctx = context!(s.id());
             s.on_tick(now, &mut ctx);
         }
         send_out(&mut rpc, &me, view.as_ref(), &mut peers, &connect_tx, &mut outbox, &mut replies, &mut pending);
         let now = Instant::now();
         for s in &mut services {
-            let mut ctx = ServiceContext {
-                me: &me,
-                view: view.as_ref(),
-                quorum,
-                service: s.id(),
-                outbox: &mut outbox,
-                replies: &mut replies,
-            };
+            let mut ctx = context!(s.id());
             s.on_sent(now, &mut ctx);
         }
         if !outbox.is_empty() || !replies.is_empty() {

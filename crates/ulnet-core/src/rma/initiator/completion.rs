@@ -88,6 +88,17 @@ pub(super) enum Owned {
     Flush,
 }
 
+impl Owned {
+    /// Keeps a completion's value past the poll that delivered it.
+    pub(super) fn of(value: Value<'_>) -> Self {
+        match value {
+            Value::Put | Value::Lookup(_) => Owned::Put,
+            Value::Get(d) => Owned::Get(d.to_vec()),
+            Value::Atomic(v) => Owned::Atomic(v),
+        }
+    }
+}
+
 /// Matches one response to its slot; when that finishes the operation, hands the result to
 /// `sink` (unless abandoned) and frees the slot. Returns whether an operation finished.
 pub(super) fn finish(
