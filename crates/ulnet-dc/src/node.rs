@@ -306,17 +306,9 @@ impl Inner {
         // A stopped node lets its clients notice within a second.
         conn.stream().set_read_timeout(Some(Duration::from_secs(1))).ok();
         loop {
-            let req = match conn.read_request() {
+            let req = match conn.next_request(&self.stop) {
                 Ok(Some(r)) => r,
                 Ok(None) => return,
-                Err(HttpError::Io(e))
-                    if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
-                {
-                    if self.stop.load(Ordering::Acquire) {
-                        return;
-                    }
-                    continue;
-                }
                 Err(HttpError::TooLarge) => {
                     conn.write_response(431, None, b"", false).ok();
                     return;
