@@ -312,9 +312,9 @@ impl PeerChannel {
     }
 
     /// Sends the batch, then the backlog, in order; stops at the first that does not fit.
-    /// Returns requests handed over from the backlog.
+    /// Returns requests handed to the transport.
     fn ship_all(&mut self) -> usize {
-        let mut sent = 0;
+        let mut sent = self.batched as usize;
         if !matches!(self.ship_batch(), Ok(true)) {
             return 0;
         }
