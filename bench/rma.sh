@@ -20,11 +20,17 @@
 # *posting* non-fetching adds back to back (no round trip in it); those rows are run as the
 # issue words them, and beside them the like-for-like peers (ucp_add against posting
 # overhead, ucp_fadd, ucp_get).
+# Doorbell batching (wire version 2) lets posted requests to one peer share a datagram;
+# the last rows of the net pass set ulnet against itself with `--no-batch` (one request per
+# message, as before) to show what batching gains in the posted stream and that it costs
+# nothing in single-operation latency (goal <=1.1: within this machine's noise).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --locked -p ulnet >/dev/null 2>&1
 UCX=${UCX_REF:-../shared/peers/ucx-ref}
 FADD=bench/peers/ucx-fadd-ref
+# ulnet itself with every request in a message of its own: the peer of the batching rows.
+ULNET_NB="${ULNET:-target/release/ulnet} bench --no-batch --json"
 PASS=${PASS:-all}
 mkdir -p bench/results
 SHM_ROWS=(
@@ -44,7 +50,13 @@ if [ "$PASS" = all ] || [ "$PASS" = net ]; then
     "get-lat 8 B, udp vs ucp_get tcp (like for like)|get-lat --transport udp --size 8 --iters 20000|$UCX get-lat tcp 8 2000|p50_us|<=1.0" \
     "faa 8 B posting overhead, tcp vs ucp_add tcp|faa-lat --overhead --transport tcp --size 8 --iters 20000|$UCX faa-lat tcp 8 20000|p50_us|<=1.0" \
     "faa 8 B whole op, tcp vs ucp_fadd tcp|faa-lat --whole-op --transport tcp --size 8 --iters 20000|$FADD tcp 20000|p50_us|<=1.0" \
-    "get-lat 8 B, tcp vs ucp_get tcp|get-lat --transport tcp --size 8 --iters 20000|$UCX get-lat tcp 8 2000|p50_us|<=1.0" || true
+    "get-lat 8 B, tcp vs ucp_get tcp|get-lat --transport tcp --size 8 --iters 20000|$UCX get-lat tcp 8 2000|p50_us|<=1.0" \
+    "faa 8 B posting overhead, udp: batched vs --no-batch|faa-lat --overhead --transport udp --size 8 --iters 20000|$ULNET_NB faa-lat --overhead --transport udp --size 8 --iters 20000|p50_us|<=1.0" \
+    "faa 8 B posting overhead, tcp: batched vs --no-batch|faa-lat --overhead --transport tcp --size 8 --iters 20000|$ULNET_NB faa-lat --overhead --transport tcp --size 8 --iters 20000|p50_us|<=1.0" \
+    "faa-lat 8 B ping-pong, udp: batched vs --no-batch|faa-lat --transport udp --size 8 --iters 20000|$ULNET_NB faa-lat --transport udp --size 8 --iters 20000|p50_us|<=1.1" \
+    "faa 8 B whole op, udp: batched vs --no-batch|faa-lat --whole-op --transport udp --size 8 --iters 20000|$ULNET_NB faa-lat --whole-op --transport udp --size 8 --iters 20000|p50_us|<=1.1" \
+    "get-lat 8 B, udp: batched vs --no-batch|get-lat --transport udp --size 8 --iters 20000|$ULNET_NB get-lat --transport udp --size 8 --iters 20000|p50_us|<=1.1" \
+    "faa 8 B whole op, tcp: batched vs --no-batch|faa-lat --whole-op --transport tcp --size 8 --iters 20000|$ULNET_NB faa-lat --whole-op --transport tcp --size 8 --iters 20000|p50_us|<=1.1" || true
 fi
 # The shared-memory latencies are tens of nanoseconds and swing with vCPU placement: a
 # longer latency-only pass of the three shm rows (as bench/core-shm.sh does for am-lat).

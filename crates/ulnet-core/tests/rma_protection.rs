@@ -296,29 +296,38 @@ fn forged_raw_requests_are_rejected_and_counted(mode: Mode) {
     })]);
     raw.responses(1);
     let c0 = t.rma.target_counters();
-    // Random bytes: every message with a readable header is refused by its token; the rest
-    // get no answer; all are counted.
+    // Random bytes: every request (a message may frame several, back to back) with a
+    // readable header is refused by its token; the rest get no answer; all are counted.
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x5eed);
     let mut expect = Vec::new();
-    let mut undecodable = 0;
-    for _ in 0..2000 {
+    let (mut undecodable, mut requests) = (0, 0);
+    for i in 0..2000 {
         let len = rng.gen_range(0..160);
         let mut m = vec![0u8; len];
         rng.fill(&mut m[..]);
-        if wire::decode_request(&m).is_err() {
-            undecodable += 1;
+        if i % 4 == 0 && len > 0 {
+            // Often enough, a first request that frames (a get's header), so that the rest
+            // of the message is read as further requests.
+            m[0] = 2;
         }
-        if let Some(token) = wire::peek_token(&m) {
-            expect.push(token);
+        for piece in wire::split_requests(&m) {
+            requests += 1;
+            if wire::decode_request(piece).is_err() {
+                undecodable += 1;
+            }
+            if let Some(token) = wire::peek_token(piece) {
+                expect.push(token);
+            }
         }
         raw.send(&[&m]);
     }
+    assert!(requests > 2100, "some messages carried several requests ({requests})");
     let got = raw.responses(expect.len());
-    assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), expect, "one refusal per readable message, in order");
+    assert_eq!(got.iter().map(|g| g.0).collect::<Vec<_>>(), expect, "one refusal per readable request, in order");
     assert!(got.iter().all(|(_, e)| e.is_some()), "nothing random was accepted");
     let c1 = t.rma.target_counters();
     assert_eq!(c1.malformed - c0.malformed, undecodable);
-    assert_eq!(c1.requests - c0.requests, 2000);
+    assert_eq!(c1.requests - c0.requests, requests);
     // Structured forgeries: well-formed headers with lies in them.
     let mut lying_len = encode(&Request { token: 21, notify: false, op: Op::Put { place, data: &[2; 16] } });
     lying_len[12..16].copy_from_slice(&1_000_000u32.to_le_bytes());
@@ -386,6 +395,43 @@ fn forged_raw_requests_are_rejected_and_counted(mode: Mode) {
     let got = raw.responses(1);
     assert_eq!(got, vec![(31, Some(AccessError::TooLarge))]);
     assert_eq!(snapshot(&seg), before, "no forged request changed a byte");
+    // Several requests in one message: each checked on its own, the good ones applied,
+    // the bad ones refused and counted, a tail that frames nothing dropped and counted.
+    let c2 = t.rma.target_counters();
+    let mut bad_flags = encode(&Request { token: 42, notify: false, op: Op::Get { place, len: 8 } });
+    bad_flags[1] = 0x80;
+    let mixed = [
+        encode(&Request {
+            token: 41,
+            notify: false,
+            op: Op::FetchAdd { place: Place { offset: 64, ..place }, addend: 5 },
+        }),
+        bad_flags,
+        encode(&Request {
+            token: 43,
+            notify: false,
+            op: Op::FetchAdd { place: Place { offset: 65, ..place }, addend: 1 },
+        }),
+        encode(&Request {
+            token: 44,
+            notify: false,
+            op: Op::Put { place: Place { offset: 80, ..place }, data: &[6; 8] },
+        }),
+        vec![0xee; 5],
+    ]
+    .concat();
+    raw.send(&[&mixed]);
+    let got = raw.responses(4);
+    assert_eq!(
+        got,
+        vec![(41, None), (42, Some(AccessError::Malformed)), (43, Some(AccessError::Misaligned)), (44, None)]
+    );
+    let c3 = t.rma.target_counters();
+    assert_eq!((c3.requests - c2.requests, c3.malformed - c2.malformed, c3.refused() - c2.refused()), (5, 2, 2));
+    let mut expected = before.clone();
+    expected[64..72].copy_from_slice(&(u64::from_ne_bytes(before[64..72].try_into().unwrap()) + 5).to_ne_bytes());
+    expected[80..88].copy_from_slice(&[6; 8]);
+    assert_eq!(snapshot(&seg), expected, "exactly the good requests of the message were applied");
     // The target still serves an honest importer.
     let (mut me, _, r) = importer(2, &t, "s", mode);
     me.put_blocking(&r, 0, &[9; 8], T).unwrap();

@@ -26,7 +26,7 @@ use super::wire::HEADER_LEN;
 use crate::error::ChannelError;
 use crate::rma::rights::NodeId;
 use crate::sys::doorbell::Doorbell;
-use crate::transport::{ReadyProbe, SendOutcome, Transport};
+use crate::transport::{ReadyProbe, Responder, SendOutcome, Transport};
 use rustix::event::{PollFd, PollFlags};
 use std::collections::VecDeque;
 use std::os::fd::AsFd;
@@ -306,29 +306,34 @@ fn poll_channel(target: &mut Target, ch: &mut EngineChannel) -> Result<usize, Ch
     }
     let state = &mut ch.state;
     ch.transport.poll_recv(BATCH, &mut |d, responder| {
-        let reply = if d.is_whole() {
-            target.handle(d.data, &mut state.importer, state.data_max)
+        if d.is_whole() {
+            let (importer, data_max) = (&mut state.importer, state.data_max);
+            let deferred = &mut state.deferred;
+            target.handle_message(d.data, importer, data_max, &mut |reply| respond(reply, deferred, responder));
         } else if d.offset == 0 {
             // Requests larger than one fragment are never sent by an honest initiator.
-            target.refuse_fragmented(d.data, state.importer)
-        } else {
-            return;
-        };
-        let (header, data): (_, &[u8]) = match reply {
-            Reply::Nothing => return,
-            Reply::Header(h) => (h, &[]),
-            Reply::WithData(h, data) => (h, data),
-        };
-        let gather: [&[u8]; 2] = [&header, data];
-        let gather = if data.is_empty() { &gather[..1] } else { &gather[..] };
-        if !state.deferred.is_empty() {
-            state.deferred.push_back(gather.concat());
-            return;
-        }
-        match responder.send(gather) {
-            Ok(SendOutcome::Done) => {}
-            Ok(_) => state.deferred.push_back(gather.concat()),
-            Err(e) => tracing::debug!("RMA response not sent: {e}"),
+            let reply = target.refuse_fragmented(d.data, state.importer);
+            respond(reply, &mut state.deferred, responder);
         }
     })
+}
+
+/// Sends one reply, or keeps it (in order behind any already kept) when the channel is full.
+fn respond(reply: Reply<'_>, deferred: &mut VecDeque<Vec<u8>>, responder: &mut dyn Responder) {
+    let (header, data): (_, &[u8]) = match reply {
+        Reply::Nothing => return,
+        Reply::Header(h) => (h, &[]),
+        Reply::WithData(h, data) => (h, data),
+    };
+    let gather: [&[u8]; 2] = [&header, data];
+    let gather = if data.is_empty() { &gather[..1] } else { &gather[..] };
+    if !deferred.is_empty() {
+        deferred.push_back(gather.concat());
+        return;
+    }
+    match responder.send(gather) {
+        Ok(SendOutcome::Done) => {}
+        Ok(_) => deferred.push_back(gather.concat()),
+        Err(e) => tracing::debug!("RMA response not sent: {e}"),
+    }
 }

@@ -64,6 +64,14 @@ pub struct RmaConfig {
     pub revoke_grace: Duration,
     /// How long imports, lookups and handshakes wait for the target. 10 s.
     pub control_timeout: Duration,
+    /// Bytes of requests to one peer gathered into one message before it goes out
+    /// (doorbell batching; UCX's transmit buffering, TCP's autocork), capped by what the
+    /// channel carries whole. 1,400: what one Ethernet datagram carries after the headers,
+    /// 35 fetch-and-adds; a longer batch saves little more and holds the first request of a
+    /// burst longer. 0 sends every request as a message of its own (as version 1 peers
+    /// and shared-memory channels, where a post costs no system call, always do). A batch
+    /// never delays a lone operation: see [`Rma::poll`].
+    pub batch_max: usize,
     /// Settings of shared-memory channels (the channel path over shared memory).
     pub shm: ShmConfig,
     /// Settings of TCP channels (the cluster secret).
@@ -84,6 +92,7 @@ impl RmaConfig {
             notifications_max: 4096,
             revoke_grace: Duration::from_millis(100),
             control_timeout: Duration::from_secs(10),
+            batch_max: 1400,
             shm: ShmConfig::default(),
             tcp: TcpConfig::default(),
             udp: UdpConfig::default(),
@@ -231,9 +240,106 @@ struct PeerChannel {
     /// Requests queued (sent or in `backlog`), and responses received: in order per channel.
     queued: u64,
     answered: u64,
-    /// Encoded requests that found the channel full, sent before anything new.
+    /// Encoded requests that found the channel full, sent before anything new (and after
+    /// `batch`).
     backlog: VecDeque<Vec<u8>>,
     down: Option<ChannelError>,
+    /// Requests posted and not yet handed to the transport, back to back in one message
+    /// (wire version 2). Its `batch_cap` bytes are allocated when the channel opens.
+    batch: Vec<u8>,
+    /// Most bytes `batch` holds: 0 when the channel does not batch.
+    batch_cap: usize,
+    /// Requests in `batch`.
+    batched: u64,
+    /// Something was posted since the last progress call.
+    posted_since_progress: bool,
+    /// A batch went to the transport outside a progress call: the next one sends it.
+    send_due: bool,
+}
+
+impl PeerChannel {
+    /// Hands the batch to the transport as one message. Returns whether the batch is empty.
+    fn ship_batch(&mut self) -> Result<bool, SendError> {
+        if self.batch.is_empty() {
+            return Ok(true);
+        }
+        match self.transport.send(&[&self.batch])? {
+            SendOutcome::Done => {
+                self.batch.clear();
+                self.batched = 0;
+                self.send_due = true;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Queues one encoded request behind everything posted before it: appended to the
+    /// batch when it fits (the batch goes first when it does not), else sent alone.
+    /// Never allocates.
+    fn queue(&mut self, gather: &[&[u8]]) -> Result<SendOutcome, SendError> {
+        let len: usize = gather.iter().map(|g| g.len()).sum();
+        if self.batch.len() + len > self.batch_cap && !self.ship_batch()? {
+            return Ok(SendOutcome::NoResource);
+        }
+        let outcome = if self.batch.len() + len <= self.batch_cap {
+            for g in gather {
+                self.batch.extend_from_slice(g);
+            }
+            self.batched += 1;
+            SendOutcome::Done
+        } else {
+            // Too long to share a message: alone, and out at the next progress call.
+            self.send_due = true;
+            self.transport.send(gather)?
+        };
+        assert!(self.batch.len() <= self.batch_cap && self.batch.capacity() >= self.batch_cap);
+        if outcome == SendOutcome::Done {
+            self.posted_since_progress = true;
+        }
+        Ok(outcome)
+    }
+
+    /// Whether a progress call leaves the batch where it is: the application posted since
+    /// the last one (it is in a burst) and something else is in flight to this peer (its
+    /// responses will bring us back), so more requests may join it. A lone operation, or
+    /// one whose poster came back without posting more, goes at once.
+    fn holds_batch(&self) -> bool {
+        self.batch_cap > 0
+            && self.posted_since_progress
+            && self.backlog.is_empty()
+            && self.answered + self.batched < self.queued
+    }
+
+    /// Sends the batch, then the backlog, in order; stops at the first that does not fit.
+    /// Returns requests handed to the transport.
+    fn ship_all(&mut self) -> usize {
+        let mut sent = self.batched as usize;
+        if !matches!(self.ship_batch(), Ok(true)) {
+            return 0;
+        }
+        while let Some(front) = self.backlog.front() {
+            match self.transport.send(&[front]) {
+                Ok(SendOutcome::Done) => {
+                    self.backlog.pop_front();
+                    sent += 1;
+                }
+                // Full, or down (the next poll reports it).
+                Ok(_) | Err(_) => break,
+            }
+        }
+        sent
+    }
+
+    /// A progress call's start: sends what the batching rule lets go. Returns whether the
+    /// channel has anything for the wire now (else its I/O waits for a later call).
+    fn progress(&mut self) -> (usize, bool) {
+        let hold = self.holds_batch();
+        self.posted_since_progress = false;
+        let sent = if hold { 0 } else { self.ship_all() };
+        let io = !hold || self.send_due;
+        (sent, io)
+    }
 }
 
 enum PeerAddr {
@@ -495,9 +601,14 @@ impl Rma {
     }
 
     /// In [`Progress::Manual`] mode, runs one pass of the engine; in both modes, sends
-    /// backlogged requests. Returns the work done.
+    /// batched and backlogged requests as [`Rma::poll`] does. Returns the work done.
     pub fn progress(&mut self) -> usize {
-        let mut work = self.send_backlogs();
+        let mut work = 0;
+        for peer in &mut self.peers {
+            if let Some(ch) = peer.channel.as_mut() {
+                work += ch.progress().0;
+            }
+        }
         if let EngineRunner::Inline(engine) = &mut self.engine {
             work += engine.progress();
         }
@@ -570,13 +681,13 @@ impl Rma {
                 _ => std::thread::yield_now(),
             }
         }
-        let mut answer: Option<Result<NodeId, ConnectError>> = None;
+        let mut answer: Option<Result<(NodeId, u32), ConnectError>> = None;
         while answer.is_none() {
             let _ = transport.flush();
             let got = transport
                 .poll_recv(1, &mut |d, _| {
                     answer = Some(match wire::decode_response(d.data) {
-                        Ok(Response::HelloAck { node }) => Ok(node),
+                        Ok(Response::HelloAck { node, version }) => Ok((node, version)),
                         Ok(Response::Refused { .. }) => Err(ConnectError::Handshake("target refused our hello")),
                         _ => Err(ConnectError::Handshake("target answered hello outside the protocol")),
                     })
@@ -589,8 +700,14 @@ impl Rma {
                 std::thread::yield_now();
             }
         }
-        let node = answer.expect("loop ends with an answer")?;
-        let request_max = transport.caps().rma.request_max;
+        let (node, version) = answer.expect("loop ends with an answer")?;
+        let caps = transport.caps();
+        let request_max = caps.rma.request_max;
+        let batch_cap = match caps.kind {
+            _ if version < 2 => 0,
+            crate::transport::TransportKind::Shm => 0,
+            _ => self.config.batch_max.min(request_max),
+        };
         let probe = transport.probe();
         let channel = PeerChannel {
             transport,
@@ -601,6 +718,11 @@ impl Rma {
             answered: 0,
             backlog: VecDeque::new(),
             down: None,
+            batch: Vec::with_capacity(batch_cap),
+            batch_cap,
+            batched: 0,
+            posted_since_progress: false,
+            send_due: false,
         };
         Ok((channel, node))
     }
@@ -1006,7 +1128,7 @@ impl Rma {
             let gather: [&[u8]; 2] = [h, tail];
             let gather = if tail.is_empty() { &gather[..1] } else { &gather[..] };
             if channel.backlog.is_empty() {
-                match channel.transport.send(gather) {
+                match channel.queue(gather) {
                     Ok(SendOutcome::Done) => {
                         channel.queued += 1;
                         continue;
@@ -1047,23 +1169,15 @@ impl Rma {
         Ok(RmaOutcome::InProgress(token))
     }
 
-    /// Sends what each channel's backlog holds, in order. Returns requests sent.
-    fn send_backlogs(&mut self) -> usize {
-        let mut sent = 0;
+    /// Sends every channel's batch and backlog now, and writes them out: the application
+    /// flushes, fences or waits for a completion.
+    fn ship_all(&mut self) {
         for peer in &mut self.peers {
-            let Some(ch) = peer.channel.as_mut() else { continue };
-            while let Some(front) = ch.backlog.front() {
-                match ch.transport.send(&[front]) {
-                    Ok(SendOutcome::Done) => {
-                        ch.backlog.pop_front();
-                        sent += 1;
-                    }
-                    // Full, or down (the next poll reports it).
-                    Ok(_) | Err(_) => break,
-                }
-            }
+            let Some(ch) = peer.channel.as_mut().filter(|c| c.down.is_none()) else { continue };
+            ch.ship_all();
+            ch.posted_since_progress = false;
+            let _ = ch.transport.flush();
         }
-        sent
     }
 
     /// Per channel with requests in flight, the count that must be answered.
@@ -1082,6 +1196,7 @@ impl Rma {
     /// return), else `InProgress(token)` and a [`Completed::Flush`] follows from
     /// [`Rma::poll`], after the completions of those operations.
     pub fn flush(&mut self, token: u64) -> RmaOutcome {
+        self.ship_all();
         let marks = self.in_flight_marks();
         if marks.is_empty() {
             return RmaOutcome::Done(());
@@ -1096,6 +1211,7 @@ impl Rma {
     /// until the operations before the fence have completed.
     pub fn fence(&mut self) {
         std::sync::atomic::fence(Ordering::SeqCst);
+        self.ship_all();
         self.fence = self.in_flight_marks();
     }
 
@@ -1110,8 +1226,18 @@ impl Rma {
     }
 
     /// Delivers up to `max` completions to `handle` (in order per peer; a flush after the
-    /// operations it covers), sends backlogged requests and, in [`Progress::Manual`] mode,
-    /// runs the engine. Returns how many completions were delivered. Never blocks.
+    /// operations it covers), sends batched and backlogged requests and, in
+    /// [`Progress::Manual`] mode, runs the engine. Returns how many completions were
+    /// delivered. Never blocks.
+    ///
+    /// Batching (over UDP and TCP to version 2 targets, `RmaConfig::batch_max`): requests
+    /// posted to one peer are appended to one message, which goes out when the next does
+    /// not fit, when the application calls [`Rma::flush`], [`Rma::fence`], [`Rma::wait`]
+    /// or a blocking helper, or at a call of this (or [`Rma::progress`]) unless both
+    /// something was posted since the previous call and something else is in flight to
+    /// that peer. So a lone operation goes at the first poll after its post, and a stream
+    /// of posts, each followed by a poll, shares datagrams, with no system call in the
+    /// polls between (their responses are read when the batch goes).
     pub fn poll(&mut self, max: usize, mut handle: impl FnMut(RmaCompletion<'_>)) -> usize {
         if let EngineRunner::Inline(engine) = &mut self.engine {
             engine.progress();
@@ -1187,14 +1313,18 @@ impl Rma {
     /// Receives responses on every channel and finishes their slots; `sink` gets each
     /// finished operation as `(internal, token, result)`. Returns operations finished.
     fn poll_channels(&mut self, max: usize, sink: &mut Sink<'_>) -> usize {
-        self.send_backlogs();
         let mut n = 0;
         let Rma { peers, slots, free_slots, counters, .. } = self;
         for (p, peer) in peers.iter_mut().enumerate() {
             let Some(ch) = peer.channel.as_mut() else { continue };
-            if ch.down.is_some() || n >= max {
+            if ch.down.is_some() {
                 continue;
             }
+            let (_, io) = ch.progress();
+            if !io || n >= max {
+                continue;
+            }
+            ch.send_due = false;
             let _ = ch.transport.flush();
             let answered = &mut ch.answered;
             let result = ch.transport.poll_recv(max - n, &mut |d, _| {
@@ -1213,6 +1343,8 @@ impl Rma {
                 tracing::debug!(peer = p, "RMA channel down: {e}");
                 ch.answered = ch.queued;
                 ch.backlog.clear();
+                ch.batch.clear();
+                ch.batched = 0;
                 ch.down = Some(e.clone());
                 n += fail_peer(slots, free_slots, counters, p as u32, &e, sink);
             }
@@ -1223,6 +1355,7 @@ impl Rma {
     /// Sleeps until a channel has a response or `timeout` passes (mapped operations never
     /// need it; in manual mode the wait is capped at a millisecond so the engine runs).
     pub fn wait(&mut self, timeout: Option<Duration>) -> std::io::Result<()> {
+        self.ship_all();
         let probes: Vec<Arc<dyn ReadyProbe>> = self
             .peers
             .iter_mut()
@@ -1259,6 +1392,7 @@ fn send_error_text(e: &SendError) -> &'static str {
 
 impl Drop for Rma {
     fn drop(&mut self) {
+        self.ship_all();
         for peer in &mut self.peers {
             if let Some(ch) = peer.channel.as_mut() {
                 ch.transport.close();

@@ -20,7 +20,7 @@ use std::sync::Arc;
 /// Counters of a node's target side, as [`crate::rma::Rma::target_counters`] reports them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TargetCounters {
-    /// Messages received on RMA channels.
+    /// Requests received on RMA channels (several may share a message).
     pub requests: u64,
     /// Gets applied.
     pub gets: u64,
@@ -200,8 +200,24 @@ impl Target {
         }
     }
 
-    /// Handles one whole message from a channel whose importer is `importer` (`None` until
-    /// it says Hello; this sets it). `data_max` is the most data one response may carry.
+    /// Handles every request of one whole message, in order, giving `answer` the reply to
+    /// each: each is checked on its own, so a bad one is refused and counted while the good
+    /// ones around it are applied (see [`wire::split_requests`]).
+    pub(crate) fn handle_message(
+        &mut self,
+        msg: &[u8],
+        importer: &mut Option<NodeId>,
+        data_max: usize,
+        answer: &mut dyn FnMut(Reply<'_>),
+    ) {
+        for request in wire::split_requests(msg) {
+            answer(self.handle(request, importer, data_max));
+        }
+    }
+
+    /// Handles one request, alone in `msg`, from a channel whose importer is `importer`
+    /// (`None` until it says Hello; this sets it). `data_max` is the most data one
+    /// response may carry.
     pub(crate) fn handle(&mut self, msg: &[u8], importer: &mut Option<NodeId>, data_max: usize) -> Reply<'_> {
         bump(&self.cells.requests, 1);
         let req = match wire::decode_request(msg) {
@@ -218,11 +234,12 @@ impl Target {
         let token = req.token;
         if let Op::Hello { node, version } = req.op {
             return match *importer {
-                _ if version != VERSION => self.refuse(token, *importer, AccessError::Malformed),
+                _ if !(1..=VERSION).contains(&version) => self.refuse(token, *importer, AccessError::Malformed),
                 Some(n) if n != node => self.refuse(token, *importer, AccessError::Malformed),
                 _ => {
                     *importer = Some(node);
-                    Reply::Header(wire::encode_response(&Response::HelloAck { node: self.table.node }))
+                    let ack = Response::HelloAck { node: self.table.node, version: version.min(VERSION) };
+                    Reply::Header(wire::encode_response(&ack))
                 }
             };
         }
@@ -348,13 +365,37 @@ mod tests {
         )
     }
 
+    /// Does to the model of the segment's memory what an accepted request does.
+    fn apply(op: Op<'_>, offset: u64, model: &mut [u8]) {
+        let at = offset as usize;
+        match op {
+            Op::Put { data, .. } => model[at..at + data.len()].copy_from_slice(data),
+            Op::CompareSwap { expected, desired, .. } => {
+                let w = u64::from_ne_bytes(model[at..at + 8].try_into().unwrap());
+                if w == expected {
+                    model[at..at + 8].copy_from_slice(&desired.to_ne_bytes());
+                }
+            }
+            Op::FetchAdd { addend, .. } => {
+                let w = u64::from_ne_bytes(model[at..at + 8].try_into().unwrap());
+                model[at..at + 8].copy_from_slice(&w.wrapping_add(addend).to_ne_bytes());
+            }
+            _ => {}
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]
         /// Whatever arrives, the target answers in protocol, and memory changes exactly as
-        /// the accepted puts and atomics say: refusals change nothing.
+        /// the accepted puts and atomics say: refusals change nothing. Requests go several
+        /// to a message (cut where `cuts` says); spoiled ones (a reserved byte set) and a
+        /// stray tail are refused and counted while the good ones beside them are applied.
         #[test]
         fn target_applies_exactly_what_it_accepts(
             reqs in proptest::collection::vec(request(), 1..24),
+            cuts in proptest::collection::vec(any::<bool>(), 24),
+            spoil in proptest::collection::vec(0u8..8, 24),
+            tails in proptest::collection::vec(any::<bool>(), 24),
             noise in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..8),
             rights in 0u8..8,
         ) {
@@ -363,17 +404,22 @@ mod tests {
             let grant = Rights::from_bits_truncate(rights);
             let seg = table.export("s", LEN, &Access::none().grant(NodeId(2), grant), NotifyMode::Never, None).unwrap();
             let mut model = vec![0u8; LEN];
-            let mut target = Target::new(table.clone(), Arc::new(TargetCells::default()));
+            let cells = Arc::new(TargetCells::default());
+            let mut target = Target::new(table.clone(), cells.clone());
             let mut importer = None;
             for junk in &noise {
-                let _ = target.handle(junk, &mut importer, 1024);
+                target.handle_message(junk, &mut importer, 1024, &mut |_| {});
             }
             prop_assert_eq!(importer, None, "noise never introduces anyone");
+            let malformed_before = cells.malformed.load(Ordering::Relaxed);
             let hello = [Request { token: 0, notify: false, op: Op::Hello { node: NodeId(2), version: VERSION } }];
             let mut head = [0u8; wire::HEADER_LEN + 16];
             let msg = hello[0].encode_head(&mut head).to_vec();
             prop_assert!(matches!(target.handle(&msg, &mut importer, 1024), Reply::Header(_)));
-            for (kind, right_seg, right_gen, offset, len, operand, data, token) in reqs {
+            let (mut message, mut expected) = (Vec::new(), Vec::new());
+            let mut spoiled = 0u64;
+            for (i, (kind, right_seg, right_gen, offset, len, operand, data, token)) in reqs.iter().enumerate() {
+                let (kind, right_seg, right_gen, offset, len, operand, token) = (*kind, *right_seg, *right_gen, *offset, *len, *operand, *token);
                 let place = Place {
                     segment: if right_seg { seg.id() } else { SegmentId(seg.id().0 + 1) },
                     generation: if right_gen { seg.generation() } else { Generation(seg.generation().0 + 1) },
@@ -381,15 +427,16 @@ mod tests {
                 };
                 let op = match kind {
                     0 => Op::Get { place, len },
-                    1 => Op::Put { place, data: &data },
+                    1 => Op::Put { place, data },
                     2 => Op::CompareSwap { place, expected: operand & 1, desired: operand },
                     3 => Op::FetchAdd { place, addend: operand },
                     4 => Op::Lookup { name: b"s" },
                     _ => Op::Hello { node: NodeId(3), version: VERSION },
                 };
                 let req = Request { token, notify: false, op };
-                let mut msg = req.encode_head(&mut head).to_vec();
-                msg.extend_from_slice(req.body_tail());
+                let at = message.len();
+                message.extend_from_slice(req.encode_head(&mut head));
+                message.extend_from_slice(req.body_tail());
                 // The model: the checks in the target's order.
                 let (need, n, atomic) = match op {
                     Op::Get { len, .. } => (Rights::READ, u64::from(len), false),
@@ -397,7 +444,11 @@ mod tests {
                     Op::CompareSwap { .. } | Op::FetchAdd { .. } => (Rights::ATOMIC, 8, true),
                     _ => (Rights::NONE, 0, false),
                 };
-                let expect = if matches!(op, Op::Hello { .. }) {
+                let expect = if spoil[i] == 0 {
+                    message[at + 3] = 1; // a reserved byte: framing holds, the request does not
+                    spoiled += 1;
+                    Err(AccessError::Malformed)
+                } else if matches!(op, Op::Hello { .. }) {
                     Err(AccessError::Malformed)
                 } else if matches!(op, Op::Lookup { .. }) {
                     Ok(())
@@ -414,41 +465,47 @@ mod tests {
                 } else {
                     Ok(())
                 };
-                let reply = match target.handle(&msg, &mut importer, 1024) {
-                    Reply::Header(h) => decode_response(&h).map(|r| format!("{r:?}")).map_err(|e| e.to_string()),
-                    Reply::WithData(h, d) => {
-                        let mut all = h.to_vec();
-                        all.extend_from_slice(d);
-                        decode_response(&all).map(|r| format!("{r:?}")).map_err(|e| e.to_string())
-                    }
-                    Reply::Nothing => Err("no reply".into()),
-                };
-                let reply = reply.map_err(TestCaseError::fail)?;
-                match expect {
-                    Err(e) => prop_assert!(reply.contains(&format!("{e:?}")), "{:?} -> {} (wanted {:?})", op, reply, e),
-                    Ok(()) => {
-                        prop_assert!(!reply.contains("Refused"), "{:?} -> {}", op, reply);
-                        let at = offset as usize;
-                        match op {
-                            Op::Put { data, .. } => model[at..at + data.len()].copy_from_slice(data),
-                            Op::CompareSwap { expected, desired, .. } => {
-                                let w = u64::from_ne_bytes(model[at..at + 8].try_into().unwrap());
-                                if w == expected {
-                                    model[at..at + 8].copy_from_slice(&desired.to_ne_bytes());
-                                }
-                            }
-                            Op::FetchAdd { addend, .. } => {
-                                let w = u64::from_ne_bytes(model[at..at + 8].try_into().unwrap());
-                                model[at..at + 8].copy_from_slice(&w.wrapping_add(addend).to_ne_bytes());
-                            }
-                            _ => {}
+                expected.push((op, expect, offset));
+                if !cuts[i] && i + 1 < reqs.len() {
+                    continue;
+                }
+                if tails[i] {
+                    // Bytes that frame no request: the rest of the message is one malformed request.
+                    message.extend_from_slice(&[0xee; 5]);
+                    spoiled += 1;
+                }
+                let mut replies = Vec::new();
+                target.handle_message(&message, &mut importer, 1024, &mut |reply| {
+                    replies.push(match reply {
+                        Reply::Header(h) => decode_response(&h).map(|r| format!("{r:?}")).map_err(|e| e.to_string()),
+                        Reply::WithData(h, d) => {
+                            let mut all = h.to_vec();
+                            all.extend_from_slice(d);
+                            decode_response(&all).map(|r| format!("{r:?}")).map_err(|e| e.to_string())
+                        }
+                        Reply::Nothing => Err("no reply".into()),
+                    })
+                });
+                if tails[i] {
+                    prop_assert_eq!(replies.pop(), Some(Err("no reply".to_string())), "a 5-byte tail has no token");
+                }
+                prop_assert_eq!(replies.len(), expected.len(), "one reply per request");
+                for (reply, (op, expect, offset)) in replies.into_iter().zip(expected.drain(..)) {
+                    let reply = reply.map_err(TestCaseError::fail)?;
+                    match expect {
+                        Err(e) => prop_assert!(reply.contains(&format!("{e:?}")), "{:?} -> {} (wanted {:?})", op, reply, e),
+                        Ok(()) => {
+                            prop_assert!(!reply.contains("Refused"), "{:?} -> {}", op, reply);
+                            apply(op, offset, &mut model);
                         }
                     }
                 }
                 let mut now = vec![0u8; LEN];
                 seg.read(0, &mut now);
-                prop_assert_eq!(&now, &model, "memory after {:?}", op);
+                prop_assert_eq!(&now, &model, "memory after a message ending with {:?}", op);
+                message.clear();
             }
+            prop_assert_eq!(cells.malformed.load(Ordering::Relaxed) - malformed_before, spoiled);
         }
     }
 }

@@ -33,9 +33,20 @@
 //!  body: GetData: length bytes
 //! ```
 //!
-//! A message is exactly a header and its body: any other length, an unknown kind, a set
+//! A request is exactly a header and its body: any other length, an unknown kind, a set
 //! flag or reserved bit is malformed. Kinds and flags are wire format: never renumber,
-//! only append. History: version 1 — this layout.
+//! only append.
+//!
+//! A request message carries one or more requests back to back (each finds its end from
+//! its own header, [`request_len`]), so an initiator gathers the requests it posts to one
+//! target into one datagram or write (doorbell batching). The target checks and answers
+//! each on its own, in order; when the bytes stop framing requests, the rest of the
+//! message is one malformed request. Responses go one per message.
+//!
+//! History: version 1 — one request per message. Version 2 — several requests per
+//! message; HelloAck's value carries the version spoken on the channel (the lower of the
+//! two ends') in its high 32 bits (0 there, from a version 1 target or to a version 1
+//! initiator, means 1), and an initiator batches only when that is 2 or more.
 
 use super::error::AccessError;
 use super::rights::{Generation, NodeId, NotifyMode, Rights, SegmentId};
@@ -44,8 +55,8 @@ use super::rights::{Generation, NodeId, NotifyMode, Rights, SegmentId};
 pub const HEADER_LEN: usize = 32;
 /// "ULNETRMA": opens the Hello body.
 pub const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"ULNETRMA");
-/// The protocol version this code speaks.
-pub const VERSION: u32 = 1;
+/// The protocol version this code speaks (and the newest it accepts in a Hello).
+pub const VERSION: u32 = 2;
 /// Longest segment name.
 pub const NAME_MAX: usize = 64;
 
@@ -195,6 +206,46 @@ pub fn peek_token(msg: &[u8]) -> Option<u64> {
     (msg.len() >= HEADER_LEN).then(|| u64_at(msg, 24))
 }
 
+/// Bytes of the request that opens `msg` (header and body), found from its header alone,
+/// or `None` when no whole request can be framed there (too short, unknown kind, body
+/// longer than what is left). Says nothing about the request's validity: that is
+/// [`decode_request`]'s, on exactly these bytes.
+pub fn request_len(msg: &[u8]) -> Option<usize> {
+    if msg.len() < HEADER_LEN {
+        return None;
+    }
+    let length = u32_at(msg, 12) as usize;
+    let body = match msg[0] {
+        KIND_HELLO | KIND_COMPARE_SWAP => 16,
+        KIND_FETCH_ADD => 8,
+        KIND_GET => 0,
+        KIND_PUT | KIND_LOOKUP => length,
+        _ => return None,
+    };
+    let total = HEADER_LEN.checked_add(body)?;
+    (total <= msg.len()).then_some(total)
+}
+
+/// The requests of one message, in order: each item is the bytes of one request, for
+/// [`decode_request`]. When the bytes stop framing requests, the last item is the whole
+/// rest of the message (which then fails to decode). An empty message is one empty item.
+pub fn split_requests(msg: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = Some(msg);
+    std::iter::from_fn(move || {
+        let now = rest?;
+        match request_len(now) {
+            Some(n) if n < now.len() => {
+                rest = Some(&now[n..]);
+                Some(&now[..n])
+            }
+            _ => {
+                rest = None;
+                Some(now)
+            }
+        }
+    })
+}
+
 impl Request<'_> {
     /// Encodes the header and the fixed part of the body into `out`; returns the slice to
     /// send before any variable part (a put's data or a lookup's name), which follows as a
@@ -342,6 +393,8 @@ pub enum Response<'a> {
     HelloAck {
         /// The target's node.
         node: NodeId,
+        /// The protocol version spoken on this channel: the lower of the two (1 or more).
+        version: u32,
     },
     /// Data of a get.
     GetData {
@@ -382,7 +435,10 @@ pub enum Response<'a> {
 /// gather buffer of `data_len` bytes.
 pub fn encode_response(r: &Response<'_>) -> [u8; HEADER_LEN] {
     match *r {
-        Response::HelloAck { node } => header(KIND_HELLO_ACK, 0, [0; 2], 0, 0, 0, u64::from(node.0), 0),
+        Response::HelloAck { node, version } => {
+            let version = if version <= 1 { 0 } else { u64::from(version) << 32 };
+            header(KIND_HELLO_ACK, 0, [0; 2], 0, 0, 0, version | u64::from(node.0), 0)
+        }
         Response::GetData { token, data } => header(KIND_GET_DATA, 0, [0; 2], 0, 0, data.len() as u32, 0, token),
         Response::PutDone { token } => header(KIND_PUT_DONE, 0, [0; 2], 0, 0, 0, 0, token),
         Response::AtomicResult { token, old } => header(KIND_ATOMIC_RESULT, 0, [0; 2], 0, 0, 0, old, token),
@@ -413,8 +469,9 @@ pub fn decode_response(msg: &[u8]) -> Result<Response<'_>, DecodeError> {
     let plain = msg[1] == 0 && msg[2] == 0 && msg[3] == 0 && u32_at(msg, 4) == 0 && u32_at(msg, 8) == 0;
     let empty = body.is_empty() && length == 0;
     let r = match kind {
-        KIND_HELLO_ACK if plain && empty && token == 0 && word >> 32 == 0 => {
-            Response::HelloAck { node: NodeId(word as u32) }
+        // Version 1 is written as 0 (what version 1 targets send), so 1 there is not canonical.
+        KIND_HELLO_ACK if plain && empty && token == 0 && word >> 32 != 1 => {
+            Response::HelloAck { node: NodeId(word as u32), version: ((word >> 32) as u32).max(1) }
         }
         KIND_GET_DATA if plain && word == 0 => {
             if body.len() != length {
@@ -493,12 +550,12 @@ mod tests {
         }
 
         #[test]
-        fn responses_round_trip(token: u64, old: u64, node: u32, seg: u32, gen: u32, len: u64, rights in 0u8..8,
+        fn responses_round_trip(token: u64, old: u64, node: u32, version: u32, seg: u32, gen: u32, len: u64, rights in 0u8..8,
                                 data in proptest::collection::vec(any::<u8>(), 0..300), which in 0..6u8, code in 1u8..=11) {
             let answer = LookupAnswer { segment: SegmentId(seg), generation: Generation(gen), len,
                 rights: Rights::from_bits_truncate(rights), notify: NotifyMode::Conditional };
             let r = match which {
-                0 => Response::HelloAck { node: NodeId(node) },
+                0 => Response::HelloAck { node: NodeId(node), version: version.max(1) },
                 1 => Response::GetData { token, data: &data },
                 2 => Response::PutDone { token },
                 3 => Response::AtomicResult { token, old },
@@ -538,6 +595,66 @@ mod tests {
             bytes[at] ^= 1 << bit;
             if let Ok(r) = decode_request(&bytes) {
                 prop_assert_eq!(encode(&r), bytes);
+            }
+        }
+    }
+
+    /// A request of each kind, drawn from `which`.
+    fn any_request(which: u8, token: u64, notify: bool, place: Place, a: u64, b: u64, bytes: &[u8]) -> Request<'_> {
+        let op = match which % 6 {
+            0 => Op::Hello { node: NodeId(a as u32), version: b as u32 },
+            1 => Op::Get { place, len: a as u32 },
+            2 => Op::Put { place, data: bytes },
+            3 => Op::CompareSwap { place, expected: a, desired: b },
+            4 => Op::FetchAdd { place, addend: a },
+            _ => Op::Lookup { name: &bytes[..bytes.len().clamp(1, NAME_MAX)] },
+        };
+        Request { token, notify, op }
+    }
+
+    proptest! {
+        /// Requests sent back to back in one message come apart into exactly those
+        /// requests, in order.
+        #[test]
+        fn multi_request_messages_round_trip(
+            reqs in proptest::collection::vec((0u8..6, any::<u64>(), any::<bool>(), place(), any::<u64>(), any::<u64>(),
+                                               proptest::collection::vec(any::<u8>(), 1..80)), 1..20),
+        ) {
+            let reqs: Vec<Request<'_>> = reqs.iter().map(|(w, t, n, p, a, b, d)| any_request(*w, *t, *n, *p, *a, *b, d)).collect();
+            let msg: Vec<u8> = reqs.iter().flat_map(encode).collect();
+            let parts: Vec<&[u8]> = split_requests(&msg).collect();
+            prop_assert_eq!(parts.len(), reqs.len());
+            for (part, r) in parts.iter().zip(&reqs) {
+                prop_assert_eq!(decode_request(part), Ok(*r));
+            }
+        }
+
+        /// Random bytes, alone or after valid requests, never crash the splitter: its
+        /// pieces tile the message exactly, every piece but the last is one whole framed
+        /// request, and whatever decodes re-encodes to its bytes.
+        #[test]
+        fn random_multi_request_bytes_split_safely(
+            prefix in proptest::collection::vec((0u8..6, place(), any::<u64>(), proptest::collection::vec(any::<u8>(), 1..40)), 0..6),
+            noise in proptest::collection::vec(any::<u8>(), 0..200),
+        ) {
+            let mut msg: Vec<u8> =
+                prefix.iter().flat_map(|(w, p, a, d)| encode(&any_request(*w, 1, false, *p, *a, *a, d))).collect();
+            msg.extend_from_slice(&noise);
+            let parts: Vec<&[u8]> = split_requests(&msg).collect();
+            prop_assert!(!parts.is_empty());
+            prop_assert_eq!(parts.concat(), msg.clone());
+            prop_assert!(parts.len() >= prefix.len() + usize::from(!noise.is_empty()));
+            for (i, part) in parts.iter().enumerate() {
+                if i + 1 < parts.len() {
+                    prop_assert_eq!(request_len(part), Some(part.len()));
+                }
+                if let Ok(r) = decode_request(part) {
+                    prop_assert_eq!(encode(&r), part.to_vec());
+                }
+            }
+            // The valid prefix always comes out whole, request by request.
+            for (i, (w, p, a, d)) in prefix.iter().enumerate() {
+                prop_assert_eq!(decode_request(parts[i]), Ok(any_request(*w, 1, false, *p, *a, *a, d)));
             }
         }
     }

@@ -177,6 +177,10 @@ pub struct BenchArgs {
     /// `ucx_perftest -t ucp_add` reports its "overhead".
     #[arg(long, conflicts_with = "whole_op")]
     overhead: bool,
+    /// RMA tests over udp and tcp: send every request in a message of its own
+    /// (`RmaConfig::batch_max` 0, as before wire version 2), to compare with batching.
+    #[arg(long)]
+    no_batch: bool,
     /// file-service: how long both servers keep polling after their last request before
     /// they sleep in the kernel (0: sleep at once, as an interrupt-driven server would).
     #[arg(long, default_value_t = 0)]

@@ -14,6 +14,7 @@ impl Rma {
     /// finishes, keeping every other completion for the user's next poll. A get's data is
     /// copied into `dst`.
     fn wait_internal(&mut self, token: u64, deadline: Instant, dst: &mut [u8]) -> Result<Captured, RmaError> {
+        self.ship_all();
         let spin_until = Instant::now() + Duration::from_micros(50);
         loop {
             if let EngineRunner::Inline(engine) = &mut self.engine {
@@ -176,6 +177,7 @@ impl Rma {
     /// for [`Rma::poll`].
     pub fn flush_blocking(&mut self, timeout: Duration) -> Result<(), RmaError> {
         let deadline = Instant::now() + timeout;
+        self.ship_all();
         let marks = self.in_flight_marks();
         loop {
             let done = marks.iter().all(|&(p, mark)| {

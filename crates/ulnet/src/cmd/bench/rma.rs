@@ -15,6 +15,8 @@
 //!   same for one fetching atomic at a time (`ucx_perftest -t ucp_fadd`).
 //! - `faa-lat --overhead`: the time to post each fetch-and-add of a back-to-back stream
 //!   (`ucx_perftest -t ucp_add`, whose latency column is this "overhead").
+//! - `--no-batch`: every request in a message of its own (no doorbell batching), to set
+//!   beside the default, where requests posted to one peer share datagrams and writes.
 //! - `put-bw`, `get-bw`: operations of `--size` bytes posted back to back (as many in flight
 //!   as the node allows), then a flush; MB/s.
 
@@ -60,8 +62,11 @@ fn is_whole_op(args: &BenchArgs, t: Test) -> bool {
     t == Test::GetLat || (args.whole_op && matches!(t, Test::FaaLat | Test::CasLat))
 }
 
-fn node(manual: bool, id: u32) -> Result<Rma> {
-    let config = if manual { RmaConfig::manual(NodeId(id)) } else { RmaConfig::new(NodeId(id)) };
+fn node(args: &BenchArgs, id: u32) -> Result<Rma> {
+    let mut config = RmaConfig::manual(NodeId(id));
+    if args.no_batch {
+        config.batch_max = 0;
+    }
     Ok(Rma::new(config)?)
 }
 
@@ -126,6 +131,7 @@ fn spawn_server(args: &BenchArgs, listen: &str, p: &Params) -> Result<(Child, St
         .args(args.no_map.then_some("--no-map"))
         .args(args.whole_op.then_some("--whole-op"))
         .args(args.overhead.then_some("--overhead"))
+        .args(args.no_batch.then_some("--no-batch"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -192,7 +198,7 @@ fn wait_word(
 
 /// The passive side: exports the segment and serves; in ping-pong tests, answers.
 fn serve(args: &BenchArgs, p: &Params, addr: &str) -> Result<()> {
-    let mut rma = node(true, 1)?;
+    let mut rma = node(args, 1)?;
     let bound = listen(&mut rma, p.transport, addr)?;
     let seg = rma.export("bench", segment_len(p.size), Access::everyone(Rights::ALL), NotifyMode::Never)?;
     println!("listening {bound}");
@@ -244,7 +250,7 @@ fn ping(rma: &mut Rma, p: &Params, theirs: &RemoteSegment, w: u64, i: u64, data:
 }
 
 fn client(args: &BenchArgs, p: &Params, server: &str) -> Result<Report> {
-    let mut rma = node(true, 2)?;
+    let mut rma = node(args, 2)?;
     let (peer, mode) = connect(&mut rma, p.transport, server, args.no_map)?;
     let theirs = rma.import_with(peer, "bench", mode)?;
     let mb = mailbox(p.size) as u64;
