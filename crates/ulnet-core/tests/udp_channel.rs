@@ -208,6 +208,61 @@ fn a_stall_before_a_hole_fills_does_not_inflate_the_retransmission_timeout() {
     assert!(timeout < Duration::from_millis(50), "retransmission timeout {timeout:?}");
 }
 
+/// Sends `chunk`-sized messages and carries datagrams both ways until nothing moves (the
+/// sender out of slots or credit); the receiver consumes nothing.
+fn pump(client: &mut Connection, server: &mut Connection, t: &mut Instant, chunk: &[u8]) {
+    let mut buf = vec![0u8; wire::DATAGRAM_LIMIT];
+    for _ in 0..10_000 {
+        let mut moved = false;
+        while client.send(&[chunk]).unwrap() == SendOutcome::Done {
+            moved = true;
+        }
+        client.flush();
+        while let Some(n) = client.poll_transmit(*t, &mut buf) {
+            server.handle_datagram(*t, &buf[..n]);
+            moved = true;
+        }
+        while let Some(n) = server.poll_transmit(*t, &mut buf) {
+            client.handle_datagram(*t, &buf[..n]);
+            moved = true;
+        }
+        if !moved {
+            return;
+        }
+        *t += Duration::from_micros(50);
+    }
+    panic!("the pump never settled");
+}
+
+/// A receiver sharing its budget among four channels grants each a quarter: once the
+/// handshake's whole credit is used up, the sender stops at its share.
+#[test]
+fn a_shared_receive_budget_holds_each_sender_to_its_share() {
+    let (mut client, server) = handshake_in_memory(|_| {});
+    let mut server = server.expect("the server answers");
+    let whole = u64::from(UdpConfig::lan().credit_bytes);
+    server.share_receive_budget(4);
+    assert_eq!(server.receive_capacity(), whole / 4);
+    let chunk = vec![7u8; client.fragment_max()];
+    let mut t = Instant::now();
+    pump(&mut client, &mut server, &mut t, &chunk);
+    let first = server.receive_buffered();
+    assert!(first > whole / 2, "the handshake's credit is the whole budget: {first} buffered");
+    let mut consumed = 0u64;
+    server.poll_recv(usize::MAX, &mut |d, _| consumed += d.data.len() as u64).unwrap();
+    assert!(consumed > whole / 2 && server.receive_buffered() == 0, "{consumed} consumed, all of it");
+    pump(&mut client, &mut server, &mut t, &chunk);
+    let second = server.receive_buffered();
+    assert!(second <= whole / 4, "{second} buffered, more than the share {}", whole / 4);
+    assert!(second + 2 * chunk.len() as u64 > whole / 4, "the share is used: {second} buffered");
+    assert!(client.counters().credit_stalls >= 1, "the sender waited for credit");
+    // Alone again, the receiver grants its whole budget.
+    server.share_receive_budget(1);
+    server.poll_recv(usize::MAX, &mut |_, _| {}).unwrap();
+    pump(&mut client, &mut server, &mut t, &chunk);
+    assert!(server.receive_buffered() > whole / 2, "{} buffered", server.receive_buffered());
+}
+
 #[test]
 fn a_forged_proof_is_counted_as_wrong_secret() {
     let mut server = Endpoint::new(config(b"right"));

@@ -31,6 +31,18 @@ const _: () = assert!(
     "control packets fit their buffers"
 );
 
+/// Bytes one `recvmmsg` takes at most (with 64 KiB datagrams, 4 of them; with
+/// 1,472-byte ones the whole batch). The checksum pass reads each datagram right after the
+/// kernel copied it in: a batch of 32 × 64 KiB is all of a 2 MiB second-level cache, so the
+/// first datagrams were evicted before they were checked; 256 KiB stays there with the
+/// rest of the working set. The system calls saved by larger batches are nothing at this
+/// size (one per 256 KiB).
+const RECEIVE_BATCH_BYTES: usize = 256 << 10;
+
+/// Datagrams the receive loop takes per poll of a channel, over several batches (so one
+/// busy channel cannot starve the others of an endpoint).
+const RECEIVE_PER_POLL: usize = 4 * BATCH_MAX;
+
 /// A datagram waiting for `sendmmsg`.
 #[derive(Clone, Copy)]
 enum Queued {
@@ -40,13 +52,21 @@ enum Queued {
     Slot(u64),
 }
 
-/// Drop and activity counters shared by an endpoint's UDP listener and channels.
+/// Drop and activity counters shared by an endpoint's UDP listener and channels, and the
+/// number of its open channels, which share its receive budget.
 #[derive(Debug, Default)]
 pub struct UdpStats {
     fields: [AtomicU64; 15],
+    open_channels: AtomicU64,
 }
 
 impl UdpStats {
+    /// UDP channels of the endpoint that are neither failed nor closed: each grants its
+    /// peer `credit_bytes / open_channels`.
+    pub fn open_channels(&self) -> u64 {
+        self.open_channels.load(Ordering::Relaxed)
+    }
+
     fn as_array(c: &UdpCounters) -> [u64; 15] {
         [
             c.truncated,
@@ -190,6 +210,8 @@ pub struct UdpChannel {
     tx_end: usize,
     stats: Arc<UdpStats>,
     reported: UdpCounters,
+    /// Whether this channel counts in `stats.open_channels` (until it fails or closes).
+    counted_open: bool,
     linger: Duration,
     receive_datagram_max: usize,
 }
@@ -224,13 +246,22 @@ impl UdpChannel {
             tx_end: 0,
             stats,
             reported: *conn.counters(),
+            counted_open: true,
             conn,
             linger,
             receive_datagram_max,
         };
+        channel.stats.open_channels.fetch_add(1, Ordering::Relaxed);
         channel.transmit(Instant::now());
         channel.update_probe();
         Ok(channel)
+    }
+
+    /// Leaves the endpoint's receive budget to its other channels, once.
+    fn stop_counting_open(&mut self) {
+        if std::mem::take(&mut self.counted_open) {
+            self.stats.open_channels.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// What this channel's protocol machine dropped and did.
@@ -302,13 +333,14 @@ impl UdpChannel {
     /// Takes what the socket has (a few batches at most, so one channel cannot starve the
     /// others of an endpoint).
     fn receive(&mut self, now: Instant) {
-        for _ in 0..4 {
-            for b in &mut self.rx_batch {
+        let batch = (RECEIVE_BATCH_BYTES / self.receive_datagram_max).clamp(1, BATCH_MAX);
+        for _ in 0..RECEIVE_PER_POLL.div_ceil(batch) {
+            for b in &mut self.rx_batch[..batch] {
                 if b.capacity() < self.receive_datagram_max {
                     b.reserve_exact(self.receive_datagram_max);
                 }
             }
-            let n = match recv_batch(&self.socket, &mut self.rx_batch, &mut self.truncated) {
+            let n = match recv_batch(&self.socket, &mut self.rx_batch[..batch], &mut self.truncated) {
                 Ok(n) => n,
                 Err(e) => {
                     tracing::debug!("udp: recvmmsg failed: {e}");
@@ -322,7 +354,7 @@ impl UdpChannel {
                 }
                 self.conn.handle_datagram_owned(now, &mut self.rx_batch[i]);
             }
-            if n < BATCH_MAX {
+            if n < batch {
                 return;
             }
         }
@@ -404,7 +436,11 @@ impl Transport for UdpChannel {
         let now = Instant::now();
         self.conn.flush();
         self.progress(now);
+        self.conn.share_receive_budget(self.stats.open_channels() as usize);
         let result = self.conn.poll_recv(max, deliver);
+        if result.is_err() {
+            self.stop_counting_open();
+        }
         // Replies sent from the handlers, and acks or window updates, go out together.
         self.conn.flush();
         self.transmit(now);
@@ -436,6 +472,7 @@ impl Transport for UdpChannel {
     }
 
     fn close(&mut self) {
+        self.stop_counting_open();
         if self.conn.failure().is_some() {
             return;
         }
@@ -465,5 +502,6 @@ impl Transport for UdpChannel {
 impl Drop for UdpChannel {
     fn drop(&mut self) {
         self.close();
+        self.stop_counting_open();
     }
 }

@@ -23,7 +23,10 @@ pub struct UdpConfig {
     /// consumed. 16 MiB: on a busy host either process may be descheduled for
     /// milliseconds, and the pipe must stay full meanwhile (4 MiB measured 40% less
     /// bulk throughput on loopback); a slow receiver holds at most this much per sender.
-    /// It matches the socket receive buffer the driver asks for.
+    /// It matches the socket receive buffer the driver asks for. It is a budget per
+    /// endpoint, shared by its open channels (each grants `credit_bytes / channels`, at
+    /// least four datagrams): eight senders into one receiver then queue 16 MiB there, not
+    /// 128 MiB that the receiver would copy out of memory long evicted from its caches.
     pub credit_bytes: u32,
     /// Whether this side obeys its peer's credit when sending. `true` keeps a slow
     /// receiver's problem with its own senders; `false` exists to measure what that is worth

@@ -785,7 +785,20 @@ impl Connection {
         self.rx.buffered
     }
 
-    /// Capacity behind [`Connection::receive_buffered`].
+    /// Shares this receiver's buffer budget (`credit_bytes`) with the other connections of
+    /// the same receiver, `sharers` in all: from the next grant on, the peer may have at
+    /// most `credit_bytes / sharers` (never under four datagrams) buffered here, so that a
+    /// receiver with N senders buffers about what it does with one instead of N times it.
+    /// Credit already granted is not taken back, so the bound applies once the peer used it.
+    pub fn share_receive_budget(&mut self, sharers: usize) {
+        let whole = u64::from(self.config.credit_bytes);
+        let floor = 4 * self.rx.datagram_max as u64;
+        self.rx.credit_bytes = (whole / sharers.max(1) as u64).max(floor).min(whole);
+    }
+
+    /// Capacity behind [`Connection::receive_buffered`] (the credit this receiver grants,
+    /// shared by [`Connection::share_receive_budget`]; a peer may hold more until it has
+    /// used what was granted before a share shrank it).
     pub fn receive_capacity(&self) -> u64 {
         self.rx.credit_bytes
     }
