@@ -36,6 +36,12 @@ pub(super) struct LockerState {
     /// Lock requests waiting for the next grant, and since when the first waits.
     queued: Vec<Part>,
     pub(super) queued_since: Option<Instant>,
+    /// Since when the queued requests could be granted (`grants_in_flight_max` allowed it);
+    /// the grant hold ([`crate::gup::GupConfig::grant_hold_max`]) counts from here.
+    pub(super) grantable_since: Option<Instant>,
+    /// Senders seen recently: when each last asked for the lock and the last position it was
+    /// granted. Bounded by the members (entries idle for `sender_idle_after` are dropped).
+    senders: HashMap<NodeId, SenderSeen>,
     /// Combined positions whose senders are told when they are committed.
     notify: BTreeMap<u64, Vec<NodeId>>,
     /// When each uncommitted position was granted or last transmitted by me.
@@ -49,6 +55,14 @@ pub(super) struct LockerState {
     last_heartbeat: Instant,
     /// Read-index requests: (asker, id, index, round that must be confirmed).
     pub(super) reads: Vec<(NodeId, u64, u64, u64)>,
+}
+
+/// What the locker remembers of a sender, to hold a grant for it (see
+/// [`LockerState::awaits_sender`]).
+#[derive(Clone, Copy, Debug)]
+struct SenderSeen {
+    last_request: Instant,
+    last_granted: u64,
 }
 
 /// A peer's answer to a sync request.
@@ -72,6 +86,32 @@ pub(super) struct SyncCollect {
 }
 
 impl LockerState {
+    /// Whether a recently active sender has neither a request queued nor a position in
+    /// flight: its clients were answered and are likely sending their next updates, which
+    /// are worth waiting for (briefly) so that they share the next position.
+    pub(super) fn awaits_sender(&self, now: Instant, commit: u64, idle_after: std::time::Duration) -> bool {
+        self.senders.iter().any(|(origin, seen)| {
+            now < seen.last_request + idle_after
+                && seen.last_granted <= commit
+                && !self.queued.iter().any(|q| q.origin == *origin)
+        })
+    }
+
+    /// When the queued requests are granted, if nothing else stops them first.
+    pub(super) fn grant_at(&self, now: Instant, commit: u64, config: &super::GupConfig) -> Option<Instant> {
+        let queued_since = self.queued_since?;
+        if self.granted >= commit + config.grants_in_flight_max.max(1) {
+            return None;
+        }
+        let mut at = queued_since + config.grant_delay;
+        if let Some(since) = self.grantable_since {
+            if self.awaits_sender(now, commit, config.sender_idle_after) {
+                at = at.max(since + config.grant_hold_max);
+            }
+        }
+        Some(at)
+    }
+
     /// Whether anything waits for the tick: requests, uncommitted positions, reads.
     pub(super) fn busy(&self, commit: u64) -> bool {
         !self.queued.is_empty() || self.granted > commit || !self.notify.is_empty() || !self.reads.is_empty()
@@ -236,6 +276,8 @@ impl Gup {
             grants: HashMap::new(),
             queued: Vec::new(),
             queued_since: None,
+            grantable_since: None,
+            senders: HashMap::new(),
             notify: BTreeMap::new(),
             pending: BTreeMap::new(),
             synced: vec![self.me],
@@ -310,6 +352,8 @@ impl Gup {
         }
         locker.queued.push(Part { origin, batch, updates });
         locker.queued_since.get_or_insert(now);
+        let seen = locker.senders.entry(origin).or_insert(SenderSeen { last_request: now, last_granted: 0 });
+        seen.last_request = now;
     }
 
     fn answer_grant(&mut self, now: Instant, origin: NodeId, batch: BatchId, seq: u64, combined: bool) {
@@ -332,17 +376,24 @@ impl Gup {
             return;
         }
         let now = self.last_now;
-        let delay = self.config.grant_delay;
         let commit = self.commit;
         let in_flight_max = self.config.grants_in_flight_max.max(1);
+        let idle_after = self.config.sender_idle_after;
         let locker = self.locker.as_mut().expect("locker");
-        if locker.queued.is_empty()
-            || locker.queued_since.is_some_and(|t| now < t + delay)
-            || locker.granted >= commit + in_flight_max
-        {
+        if locker.queued.is_empty() {
+            return;
+        }
+        if locker.granted >= commit + in_flight_max {
+            locker.grantable_since = None;
+            return;
+        }
+        locker.grantable_since.get_or_insert(now);
+        locker.senders.retain(|_, seen| now < seen.last_request + idle_after);
+        if locker.grant_at(now, commit, &self.config).is_some_and(|at| now < at) {
             return;
         }
         locker.queued_since = None;
+        locker.grantable_since = None;
         let queued = std::mem::take(&mut locker.queued);
         let mut fresh = Vec::with_capacity(queued.len());
         for part in queued {
@@ -361,6 +412,9 @@ impl Gup {
             locker.granted += 1;
             let seq = locker.granted;
             for p in chunk {
+                if let Some(seen) = locker.senders.get_mut(&p.origin) {
+                    seen.last_granted = seq;
+                }
                 let recent = locker.grants.entry((p.origin, p.batch.incarnation)).or_default();
                 recent.insert(p.batch.counter, (seq, combined));
                 while recent.len() as u64 > GRANT_MEMORY {
@@ -379,7 +433,9 @@ impl Gup {
             if combined {
                 self.transmit(epoch, seq, entry, None);
             }
-            for p in chunk {
+            // The delivery of a combined entry is its senders' grant (see `on_batch`).
+            let me = self.me;
+            for p in chunk.iter().filter(|p| !combined || p.origin == me) {
                 self.answer_grant(now, p.origin, p.batch, seq, combined);
             }
         }

@@ -669,13 +669,7 @@ impl Gup {
     /// next heartbeat — an idle node sleeps.
     pub fn poll_timeout(&self) -> Option<Instant> {
         // Requests held back by `grants_in_flight_max` wait for a commit (input), not a timer.
-        let in_flight_max = self.config.grants_in_flight_max.max(1);
-        let grant_at = self
-            .locker
-            .as_ref()
-            .filter(|l| l.granted < self.commit + in_flight_max)
-            .and_then(|l| l.queued_since)
-            .map(|t| t + self.config.grant_delay);
+        let grant_at = self.locker.as_ref().and_then(|l| l.grant_at(self.last_now, self.commit, &self.config));
         let tick = if self.busy() {
             self.next_tick
         } else if let Some(l) = self.locker.as_ref().filter(|_| self.normal) {
