@@ -29,7 +29,7 @@ $BIN registry load --connect "$addrs" --clients 16 --value-bytes 64 --seconds 2 
 a=$(sample)
 out=$($BIN registry load --connect "$addrs" --clients 16 --value-bytes 64 --seconds 5 --warmup 0 --json 2>/dev/null)
 b=$(sample)
-for p in "${pids[@]}"; do kill $p; done; wait 2>/dev/null
+for p in "${pids[@]}"; do kill "$p"; done; wait 2>/dev/null || true
 python3 - "$a" "$b" "$out" <<'PY'
 import sys, json
 a=list(map(int,sys.argv[1].split())); b=list(map(int,sys.argv[2].split())); r=json.loads(sys.argv[3])
