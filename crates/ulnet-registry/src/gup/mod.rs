@@ -12,8 +12,11 @@
 //! - **Pipelined and batched.** A sender keeps up to `window` lock requests outstanding and
 //!   puts every update its clients submitted meanwhile under one lock grant; lock requests
 //!   of several senders that reach the locker together are granted as one combined entry,
-//!   which the locker delivers itself ([`Msg::GrantCombined`], [`Msg::Committed`]). The lock
-//!   is a sequencer: receivers take positions in any order and apply them in log order.
+//!   which the locker delivers itself ([`Msg::GrantCombined`], [`Msg::Committed`]); the
+//!   locker briefly holds a grant for the next updates of senders whose clients it just
+//!   answered (`grant_hold_max`), so that many senders of one update each share a position.
+//!   The lock is a sequencer: receivers take positions in any order and apply them in log
+//!   order.
 //! - **No blocking RPC.** Every step is a one-way message answered by a one-way message;
 //!   losses are repaired by retransmission after `retransmit_after`, and every client wait
 //!   is bounded (`update_timeout`).
