@@ -9,7 +9,8 @@ ulnet times come from the nodes' --events-json files (each view event has ts_ms)
 figure is "the last survivor installed the view", not a polling artefact. memberlist runs
 in one Go process (bench/peers/memberlist) and reports the same three figures.
 
-usage: bench/membership.py [--soak SECONDS] [--markdown FILE]
+usage: bench/membership.py [--profiles local,lan] [--soak SECONDS] [--markdown FILE]
+  --profiles: which profiles to compare (default local,lan; "" for none, e.g. a soak alone).
   --soak: additionally run 32 ulnet nodes (local profile) for SECONDS with 5% of
           loopback UDP datagrams to their ports dropped by iptables (statistic match),
           and count deaths (must be zero).
@@ -161,7 +162,7 @@ def main():
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="ulnet-membership-")
     rows = []
-    for k, profile in enumerate(a.profiles.split(",")):
+    for k, profile in enumerate(p for p in a.profiles.split(",") if p):
         ours = run_ulnet(profile, 21000 + 1000 * k, work)
         print(json.dumps(ours), flush=True)
         peer = run_memberlist(profile, 27000 + 100 * k)

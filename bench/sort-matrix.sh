@@ -3,7 +3,8 @@
 # skewed keys, binary and ASCII records, 1, 2 and 4 nodes, in memory and external
 # (--memory 128MiB per node); every output checked with `ulnet valsort` (order, count) and
 # its checksum compared with gensort's checksum of the input. Writes
-# bench/results/sort-matrix.md; SORT_BENCH_DIR (default target/sort-bench) holds the files.
+# bench/results/sort-matrix.md (MATRIX_OUT to change; RECORDS, default 10^7, sets the input
+# size); SORT_BENCH_DIR (default target/sort-bench) holds the files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --locked -p ulnet >/dev/null 2>&1
@@ -11,9 +12,9 @@ U=target/release/ulnet
 D=${SORT_BENCH_DIR:-target/sort-bench}
 N=${RECORDS:-10000000}
 mkdir -p "$D"
-OUT=bench/results/sort-matrix.md
+OUT=${MATRIX_OUT:-bench/results/sort-matrix.md}
 {
-  echo "# ulnet sort: the 10^7-record matrix"
+  echo "# ulnet sort: the $N-record matrix"
   echo
   echo "Run: \`bench/sort-matrix.sh\` on $(date -u +%Y-%m-%d) ($N records per input; load average $(cut -d' ' -f1-3 /proc/loadavg))."
   echo

@@ -16,6 +16,7 @@ python3 bench/compare.py --rounds "$ROUNDS" --markdown "$out" \
   "msg-rate 8 B, udp (UCX tag_bw)|msg-rate --transport udp --size 8 --iters 2000000|$UCX am-bw tcp 8 200000|msgs_per_s|>=2.0" \
   "am-bw 1 MiB, udp|am-bw --transport udp --size 1048576 --iters 5000|bench/peers/iperf3-ref 5|mb_per_s|>=0.7" \
   "am-bw 1 MiB, udp, blocking mode|am-bw --transport udp --size 1048576 --iters 5000 --blocking|bench/peers/iperf3-ref 5|mb_per_s|>=0.7" \
+  "am-bw 1 MiB, udp, adaptive mode|am-bw --transport udp --size 1048576 --iters 5000 --adaptive|bench/peers/iperf3-ref 5|mb_per_s|>=0.7" \
   "am-bw 1 MiB, udp vs kernel UDP goodput (context)|am-bw --transport udp --size 1048576 --iters 5000|bench/peers/iperf3-udp-ref 5|mb_per_s|>=0.7" \
   "rpc-lat 128 B, udp|rpc-lat --transport udp --size 128 --iters 50000|$UCX rpc-lat tcp 128 50000|p50_us|<=1.0" || true
 python3 - "$ROUNDS" "$out" <<'PY'

@@ -20,7 +20,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use ulnet_core::{ChannelId, Endpoint, EndpointConfig};
+use ulnet_core::trace::{self, Direction};
+use ulnet_core::{ChannelId, Endpoint, EndpointConfig, NodeId};
 use ulnet_msg::rpc::{Rpc, RpcConfig};
 
 /// Control-plane method: cluster status as JSON (the `cluster status --json` shape).
@@ -303,6 +304,7 @@ fn membership_loop(
         let _ = to_control.send(ToControl::View(v.clone(), false));
         control_waker.wake();
     }
+    let own_port = socket.local_addr()?.port();
     machine.start(Instant::now());
     while !shared.stop.load(Ordering::Relaxed) {
         // Durable state first: nothing a promise produced leaves before it is on disk.
@@ -313,8 +315,9 @@ fn membership_loop(
             }
         }
         while let Some(t) = machine.poll_transmit() {
-            if let Err(e) = socket.send_to(&t.payload, t.dst) {
-                tracing::debug!(dst = %t.dst, "send failed: {e}");
+            match socket.send_to(&t.payload, t.dst) {
+                Ok(n) => trace_datagram(Direction::Send, (own_port, t.dst.port()), n),
+                Err(e) => tracing::debug!(dst = %t.dst, "send failed: {e}"),
             }
         }
         let mut changed = false;
@@ -341,7 +344,10 @@ fn membership_loop(
         let wait = machine.poll_timeout().map_or(Duration::from_millis(100), |t| t.saturating_duration_since(now));
         socket.set_read_timeout(Some(wait.clamp(Duration::from_micros(200), Duration::from_millis(100))))?;
         match socket.recv_from(&mut buf) {
-            Ok((n, from)) => machine.handle_datagram(Instant::now(), from, &buf[..n]),
+            Ok((n, from)) => {
+                trace_datagram(Direction::Receive, (from.port(), own_port), n);
+                machine.handle_datagram(Instant::now(), from, &buf[..n])
+            }
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
             Err(e) => tracing::debug!("receive failed: {e}"),
         }
@@ -352,6 +358,20 @@ fn membership_loop(
     }
     Ok(())
 }
+
+/// Records a membership datagram in the process's trace (`ULNET_TRACE`), on channel
+/// [`TRACE_CHANNEL`]. Nodes are named by their UDP port, the one identity both ends of a
+/// datagram know; traces of several nodes join up when each runs with `ULNET_NODE_ID`
+/// equal to its port (the node id written in its trace file).
+fn trace_datagram(direction: Direction, (src, dst): (u16, u16), len: usize) {
+    if trace::enabled() {
+        let nodes = (NodeId(u32::from(src)), NodeId(u32::from(dst)));
+        trace::record_datagram(direction, nodes, TRACE_CHANNEL, len as u64);
+    }
+}
+
+/// The channel number of membership datagrams in traces: above any endpoint's channels.
+const TRACE_CHANNEL: u32 = u32::MAX;
 
 type Inbox = Arc<Mutex<Vec<(MemberId, u16, Vec<u8>)>>>;
 /// Requests for services' `request_methods`: (service, method, payload, answer).
@@ -479,6 +499,19 @@ fn control_loop(
             ServiceContext { me: &me, view: None, quorum, service: s.id(), outbox: &mut outbox, replies: &mut replies };
         s.on_start(waker.clone(), &mut ctx);
     }
+    // A service's view of the node for one callback (the borrows end with the callback).
+    macro_rules! context {
+        ($service:expr) => {
+            ServiceContext {
+                me: &me,
+                view: view.as_ref(),
+                quorum,
+                service: $service,
+                outbox: &mut outbox,
+                replies: &mut replies,
+            }
+        };
+    }
     let mut accept_at = Instant::now();
     while !shared.stop.load(Ordering::Relaxed) {
         if Instant::now() >= accept_at {
@@ -516,14 +549,7 @@ fn control_loop(
         }
         for msg in from_membership.try_iter() {
             for s in &mut services {
-                let mut ctx = ServiceContext {
-                    me: &me,
-                    view: view.as_ref(),
-                    quorum,
-                    service: s.id(),
-                    outbox: &mut outbox,
-                    replies: &mut replies,
-                };
+                let mut ctx = context!(s.id());
                 match &msg {
                     ToControl::View(v, q) => {
                         ctx.view = Some(v);
@@ -548,14 +574,7 @@ fn control_loop(
         let arrived = std::mem::take(&mut *inbox.lock().expect("inbox lock"));
         for (from, service, data) in arrived {
             if let Some(s) = services.iter_mut().find(|s| s.id() == service) {
-                let mut ctx = ServiceContext {
-                    me: &me,
-                    view: view.as_ref(),
-                    quorum,
-                    service,
-                    outbox: &mut outbox,
-                    replies: &mut replies,
-                };
+                let mut ctx = context!(service);
                 s.on_message(from, &data, &mut ctx);
             }
         }
@@ -567,40 +586,19 @@ fn control_loop(
                 pending.insert(token, (service, d));
             }
             if let Some(s) = services.iter_mut().find(|s| s.id() == service) {
-                let mut ctx = ServiceContext {
-                    me: &me,
-                    view: view.as_ref(),
-                    quorum,
-                    service,
-                    outbox: &mut outbox,
-                    replies: &mut replies,
-                };
+                let mut ctx = context!(service);
                 s.on_request(method, &payload, crate::service::ReplyToken(token), &mut ctx);
             }
         }
         let now = Instant::now();
         for s in &mut services {
-            let mut ctx = ServiceContext {
-                me: &me,
-                view: view.as_ref(),
-                quorum,
-                service: s.id(),
-                outbox: &mut outbox,
-                replies: &mut replies,
-            };
+            let mut ctx = context!(s.id());
             s.on_tick(now, &mut ctx);
         }
         send_out(&mut rpc, &me, view.as_ref(), &mut peers, &connect_tx, &mut outbox, &mut replies, &mut pending);
         let now = Instant::now();
         for s in &mut services {
-            let mut ctx = ServiceContext {
-                me: &me,
-                view: view.as_ref(),
-                quorum,
-                service: s.id(),
-                outbox: &mut outbox,
-                replies: &mut replies,
-            };
+            let mut ctx = context!(s.id());
             s.on_sent(now, &mut ctx);
         }
         if !outbox.is_empty() || !replies.is_empty() {

@@ -3,7 +3,7 @@
 use crate::cq::{CompletionKind, CompletionQueue};
 use crate::error::{ChannelError, ConnectError, SendError};
 use crate::node::NodeId;
-use crate::trace::{self, MessageKind};
+use crate::trace::{self, MessageKind, PendingReceive, Recorder};
 use crate::transport::shm::{self, ShmConfig, ShmListener};
 use crate::transport::tcp::{self, TcpChannelListener, TcpConfig};
 use crate::transport::udp::{self, UdpChannelListener, UdpConfig, UdpCounters, UdpStats};
@@ -13,6 +13,11 @@ use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Channels with a readiness descriptor (TCP sockets) from which an endpoint watches them
+/// through one epoll set: a cluster node with dozens of members pays a system call or two
+/// per poll; a point-to-point endpoint keeps the direct probe (one `recv` per look).
+const WATCH_MIN_CHANNELS: usize = 4;
 
 /// Identifies an endpoint within its process (reported in completions).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -95,6 +100,9 @@ pub struct ReplyTo<'a> {
     channel: ChannelId,
     /// (this node, the peer), for traces.
     nodes: (NodeId, NodeId),
+    /// For traces: the message being delivered, whole.
+    message_len: u64,
+    recorder: &'a mut Recorder,
 }
 
 impl ReplyTo<'_> {
@@ -111,10 +119,43 @@ impl ReplyTo<'_> {
     pub fn send_as(&mut self, gather: &[&[u8]], kind: MessageKind, request_id: u64) -> Result<SendOutcome, SendError> {
         let outcome = self.responder.send(gather)?;
         count_send(self.counters, outcome, gather);
-        if trace::enabled() && outcome == SendOutcome::Done {
-            trace::record_send(self.nodes, self.channel.0, gather, kind, request_id, 0);
+        let session = trace::active();
+        if session != 0 && outcome == SendOutcome::Done {
+            self.recorder.send(session, self.nodes, self.channel.0, gather, kind, request_id);
         }
         Ok(outcome)
+    }
+
+    /// Tells a trace what the message being delivered is (see [`Endpoint::send_as`]); its
+    /// request id decides whether its times are exact ([`trace::TraceConfig::sample`]).
+    /// Does nothing while tracing is off.
+    #[inline]
+    pub fn trace_describe(&mut self, kind: MessageKind, request_id: u64) {
+        let session = trace::active();
+        if session != 0 {
+            let (local, peer) = self.nodes;
+            let message = ((peer, local), self.channel.0, self.message_len);
+            self.recorder.describe_receive(session, message, kind, request_id);
+        }
+    }
+
+    /// Marks, in a trace, the start of the handler of the message being delivered.
+    #[inline]
+    pub fn trace_handler_start(&mut self) {
+        self.recorder.handler_start();
+    }
+
+    /// Marks, in a trace, the end of the handler of the message being delivered.
+    #[inline]
+    pub fn trace_handler_end(&mut self) {
+        self.recorder.handler_end();
+    }
+
+    /// Takes the trace record of the message being delivered, for a handler that runs
+    /// after the delivery (on a worker): set its handler times and give it to
+    /// [`Endpoint::trace_put`]. `None` while tracing is off.
+    pub fn trace_take(&mut self) -> Option<PendingReceive> {
+        self.recorder.take_receive()
     }
 }
 
@@ -216,6 +257,8 @@ pub struct Endpoint {
     /// Scratch list of ready watched channels.
     ready: Vec<usize>,
     counters: EndpointCounters,
+    /// What this endpoint records while tracing is on.
+    recorder: Recorder,
 }
 
 impl Endpoint {
@@ -243,6 +286,7 @@ impl Endpoint {
             watch: None,
             ready: Vec::new(),
             counters: EndpointCounters::default(),
+            recorder: Recorder::new(),
         }
     }
 
@@ -272,6 +316,15 @@ impl Endpoint {
     /// The node at the other end of `channel`, if known.
     pub fn peer_node(&self, channel: ChannelId) -> Option<NodeId> {
         self.slot(channel).map(|s| s.peer_node).filter(|n| *n != NodeId::UNKNOWN)
+    }
+
+    /// Does this process's one-time set-up of shared-memory channels now: registering for
+    /// `membarrier`. In a process of one thread that costs nothing; once the process has
+    /// more, the kernel waits for an RCU grace period (about 15 ms here), which otherwise
+    /// falls on the first channel made and on every peer waiting to connect to it. Call it
+    /// first thing, before starting threads; later calls return at once.
+    pub fn prepare_shm() {
+        crate::sys::barrier::membarrier_registered();
     }
 
     /// Lets shared-memory peers on this host connect under `name`.
@@ -306,7 +359,7 @@ impl Endpoint {
     /// Opens a UDP channel to the endpoint listening at `addr`, repeating the handshake
     /// until `timeout`.
     pub fn connect_udp(&mut self, addr: &str, timeout: Duration) -> Result<ChannelId, ConnectError> {
-        let channel = udp::connect(addr, &self.config.udp, timeout, self.udp_stats.clone())?;
+        let channel = udp::connect(addr, &self.config.udp, self.config.node_id, timeout, self.udp_stats.clone())?;
         Ok(self.add_channel(Box::new(channel)))
     }
 
@@ -358,7 +411,7 @@ impl Endpoint {
             }
         }
         let udp = match &mut self.udp_listener {
-            Some(l) => l.try_accept(&self.config.udp)?,
+            Some(l) => l.try_accept(&self.config.udp, self.config.node_id)?,
             None => None,
         };
         if let Some(c) = udp {
@@ -376,6 +429,8 @@ impl Endpoint {
 
     /// Adds a channel made by any transport.
     pub fn add_channel(&mut self, transport: Box<dyn Transport>) -> ChannelId {
+        // A trace run names its channel, not its peer: a reused channel index ends it.
+        self.recorder.close_run();
         let probe = transport.probe();
         let peer_node = transport.peer_node().unwrap_or(NodeId::UNKNOWN);
         let slot = ChannelSlot { transport, probe: probe.clone(), posted: VecDeque::new(), down: false, peer_node };
@@ -391,22 +446,44 @@ impl Endpoint {
         };
         let channel = ChannelId(index as u32);
         if let Some(fd) = probe.readiness_fd() {
-            if self.watch.is_none() {
-                match crate::watch::Watch::new() {
-                    Ok(w) => self.watch = Some(w),
-                    Err(e) => tracing::debug!("no epoll set, channels probed one by one: {e}"),
-                }
-            }
             if let Some(w) = &mut self.watch {
                 if let Err(e) = w.add(index, fd) {
                     tracing::debug!("channel not watched, probed on every poll: {e}");
                 }
+            } else {
+                self.watch_when_many();
             }
         }
         if let Some(cq) = &self.cq {
             cq.register(self.id, channel, probe);
         }
         channel
+    }
+
+    /// Moves the channels with a readiness descriptor into one epoll set once there are
+    /// [`WATCH_MIN_CHANNELS`] of them: below that, probing each directly costs fewer system
+    /// calls per poll than asking the set first (one `recv` instead of `epoll_wait` + `recv`
+    /// on a point-to-point TCP channel).
+    fn watch_when_many(&mut self) {
+        let live = |s: &Option<ChannelSlot>| s.as_ref().is_some_and(|s| !s.down && s.probe.readiness_fd().is_some());
+        if self.channels.iter().filter(|s| live(s)).count() < WATCH_MIN_CHANNELS {
+            return;
+        }
+        let mut w = match crate::watch::Watch::new() {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::debug!("no epoll set, channels probed one by one: {e}");
+                return;
+            }
+        };
+        for (i, slot) in self.channels.iter().enumerate() {
+            if let Some(fd) = slot.as_ref().filter(|s| !s.down).and_then(|s| s.probe.readiness_fd()) {
+                if let Err(e) = w.add(i, fd) {
+                    tracing::debug!("channel not watched, probed on every poll: {e}");
+                }
+            }
+        }
+        self.watch = Some(w);
     }
 
     fn is_watched(&self, index: usize) -> bool {
@@ -474,10 +551,20 @@ impl Endpoint {
         let outcome = slot.transport.send(gather)?;
         let peer = slot.peer_node;
         count_send(&mut self.counters, outcome, gather);
-        if trace::enabled() && outcome == SendOutcome::Done {
-            trace::record_send((self.config.node_id, peer), channel.0, gather, kind, request_id, 0);
+        let session = trace::active();
+        if session != 0 && outcome == SendOutcome::Done {
+            self.recorder.send(session, (self.config.node_id, peer), channel.0, gather, kind, request_id);
         }
         Ok(outcome)
+    }
+
+    /// Writes a trace record taken with [`ReplyTo::trace_take`] (dropped if the tracing
+    /// session it belongs to has ended).
+    pub fn trace_put(&mut self, pending: PendingReceive) {
+        let session = trace::active();
+        if session != 0 {
+            self.recorder.put(session, pending);
+        }
     }
 
     /// Queues a message of any size (up to the transport's `message_max`) on the channel's
@@ -524,9 +611,11 @@ impl Endpoint {
                 let done = slot.posted.pop_front().expect("front exists");
                 self.posted_total -= 1;
                 self.counters.messages_sent += 1;
-                if trace::enabled() {
+                let session = trace::active();
+                if session != 0 {
                     let nodes = (self.config.node_id, slot.peer_node);
-                    trace::record_send(nodes, i as u32, &[&done.data], MessageKind::Message, 0, done.enqueued);
+                    let data: &[&[u8]] = &[&done.data];
+                    self.recorder.send_slow(session, nodes, i as u32, data, MessageKind::Message, 0, done.enqueued);
                 }
                 self.completed.push_back((ChannelId(i as u32), done.token));
                 if let Some(cq) = &self.cq {
@@ -561,20 +650,24 @@ impl Endpoint {
         }
         let channel = ChannelId(i as u32);
         let counters = &mut self.counters;
+        let recorder = &mut self.recorder;
         let nodes = (self.config.node_id, slot.peer_node);
-        let tracing = trace::enabled();
+        let session = trace::active();
+        let exact = session != 0 && trace::exact_mode();
         let result = slot.transport.poll_recv(max, &mut |d, responder| {
             counters.deliveries_received += 1;
             counters.bytes_received += d.data.len() as u64;
             // One record per message, when it is whole (its last fragment).
-            let traced = tracing && d.is_last();
+            let traced = session != 0 && d.is_last();
             if traced {
-                trace::open_receive((nodes.1, nodes.0), channel.0, d.message_len);
+                recorder.open_receive(exact);
             }
-            let reply = ReplyTo { responder, counters: &mut *counters, channel, nodes };
-            handle(Event::Message { channel, data: d.data, message_len: d.message_len, offset: d.offset, reply });
+            let message_len = d.message_len;
+            let reply =
+                ReplyTo { responder, counters: &mut *counters, channel, nodes, message_len, recorder: &mut *recorder };
+            handle(Event::Message { channel, data: d.data, message_len, offset: d.offset, reply });
             if traced {
-                trace::close_receive();
+                recorder.close_receive(session, (nodes.1, nodes.0), channel.0, message_len);
             }
         });
         match result {
@@ -792,6 +885,7 @@ impl Endpoint {
 
     /// Closes a channel cleanly: the peer gets everything sent so far, then `Closed`.
     pub fn close(&mut self, channel: ChannelId) {
+        self.recorder.close_run();
         if let Some(slot) = self.channels.get_mut(channel.0 as usize).and_then(Option::take) {
             let mut slot = slot;
             if let Some(w) = &mut self.watch {
@@ -824,6 +918,8 @@ impl Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
+        // A run still open goes to the file with the rest.
+        self.recorder.close_run();
         if let Some(cq) = &self.cq {
             for (i, slot) in self.channels.iter().enumerate() {
                 if slot.is_some() {

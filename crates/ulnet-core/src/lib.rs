@@ -46,7 +46,7 @@ pub use cq::{Completion, CompletionKind, CompletionQueue};
 pub use endpoint::{ChannelId, Endpoint, EndpointConfig, EndpointCounters, EndpointId, Event, ReplyTo, Upcall};
 pub use error::{ChannelError, ConnectError, SendError};
 pub use node::NodeId;
-pub use transport::{Capabilities, Responder, SendOutcome, Transport, TransportKind};
+pub use transport::{Capabilities, Responder, RmaCapabilities, SendOutcome, Transport, TransportKind};
 pub use waker::Waker;
 
 /// Most buffers in one gather list.

@@ -62,6 +62,7 @@ fn node_main() {
     let mut rma = Rma::new(RmaConfig::new(me_node)).unwrap();
     rma.listen_shm(&format!("{base}-{i}")).unwrap();
     let tcp = rma.listen_tcp("127.0.0.1:0").unwrap();
+    let udp = rma.listen_udp("127.0.0.1:0").unwrap();
     let mut clerk = NameClerk::new(&mut rma, ClerkConfig::default()).unwrap();
     let mut segments = Vec::with_capacity(PER_NODE);
     for k in 0..PER_NODE {
@@ -70,11 +71,12 @@ fn node_main() {
         segments.push(seg);
     }
     assert!(matches!(clerk.add_name(&name_of(i, 0), segments[0].descriptor()), Err(NameError::Taken)));
-    mark(&dir, "ready", i, &tcp.to_string());
+    mark(&dir, "ready", i, &format!("{tcp} {udp}"));
     barrier(&dir, "ready");
     for j in (0..NODES).filter(|&j| j != i) {
-        let tcp_j = std::fs::read_to_string(dir.join(format!("ready-{j}"))).unwrap();
-        let (peer, _) = connect(&mut rma, &format!("{base}-{j}"), &tcp_j, mode);
+        let addrs = std::fs::read_to_string(dir.join(format!("ready-{j}"))).unwrap();
+        let (tcp_j, udp_j) = addrs.split_once(' ').unwrap();
+        let (peer, _) = connect(&mut rma, &format!("{base}-{j}"), tcp_j, udp_j, mode);
         clerk.add_peer(&mut rma, NodeId(j as u32 + 1), peer).unwrap();
     }
     let t0 = Instant::now();

@@ -65,7 +65,7 @@ fn hammer_as_child() {
     let n: u64 = env("RMA_N").parse().unwrap();
     let node: u32 = env("RMA_NODE").parse().unwrap();
     let mut me = Rma::new(RmaConfig::new(NodeId(node))).unwrap();
-    let (peer, import_mode) = connect(&mut me, &env("RMA_SHM"), &env("RMA_TCP"), mode);
+    let (peer, import_mode) = connect(&mut me, &env("RMA_SHM"), &env("RMA_TCP"), &env("RMA_UDP"), mode);
     let seg = me.import_with(peer, "counter", import_mode).unwrap();
     for _ in 0..n {
         me.fetch_and_add_blocking(&seg, 0, 1, T).unwrap();
@@ -93,6 +93,7 @@ fn concurrent_atomics_from_several_processes_sum_exactly(mode: Mode) {
                     ("RMA_NODE", (10 + i).to_string()),
                     ("RMA_SHM", t.shm.clone()),
                     ("RMA_TCP", t.tcp.clone()),
+                    ("RMA_UDP", t.udp.clone()),
                 ],
             )
         })

@@ -15,6 +15,7 @@ use ulnet_core::rma::{
     Access, AccessError, ExportedSegment, Generation, ImportError, NodeId, NotifyMode, RemoteSegment, Rights, Rma,
     RmaConfig, RmaError, SegmentId,
 };
+use ulnet_core::transport::udp::wire as udp_wire;
 use ulnet_core::{ChannelId, Endpoint, Event, SendOutcome};
 
 const LEN: usize = 4096;
@@ -75,7 +76,7 @@ fn setup(what: &str, access: Access) -> (Target, ExportedSegment) {
 fn rejects_wrong_segment_id(mode: Mode) {
     let (t, seg) = setup("wrong-seg", Access::everyone(Rights::ALL));
     let mut me = Rma::new(RmaConfig::new(NodeId(2))).unwrap();
-    let (peer, import_mode) = connect(&mut me, &t.shm, &t.tcp, mode);
+    let (peer, import_mode) = connect(&mut me, &t.shm, &t.tcp, &t.udp, mode);
     let before = snapshot(&seg);
     for wrong in [SegmentId(seg.id().0 + 1), SegmentId(4095), SegmentId(u32::MAX)] {
         let forged = ulnet_core::rma::SegmentDescriptor { segment: wrong, ..seg.descriptor() };
@@ -171,7 +172,7 @@ fn rejects_missing_rights(mode: Mode) {
     // A node with no rights at all cannot even map it; through a channel every request is
     // refused.
     let mut me = Rma::new(RmaConfig::new(NodeId(9))).unwrap();
-    let (peer, import_mode) = connect(&mut me, &t.shm, &t.tcp, mode);
+    let (peer, import_mode) = connect(&mut me, &t.shm, &t.tcp, &t.udp, mode);
     match mode {
         Mode::ShmMapped => {
             let e = me.import_with(peer, "s", import_mode).unwrap_err();
@@ -221,42 +222,52 @@ fn rejects_misaligned_atomics(mode: Mode) {
     assert_eq!(run(&mut me, &r, Case::Get(5, 8)), Ok(()));
 }
 
-/// Sends raw bytes on a channel and collects the responses by token.
+/// Sends raw bytes on a channel and collects the responses by token (also those that
+/// arrive while a send waits for room: a UDP channel's window fills long before 2,000
+/// requests are out).
 struct Raw {
     ep: Endpoint,
     ch: ChannelId,
+    got: Vec<(u64, Option<AccessError>)>,
 }
 
 impl Raw {
+    fn new((ep, ch): (Endpoint, ChannelId)) -> Self {
+        Raw { ep, ch, got: Vec::new() }
+    }
+
     fn send(&mut self, msg: &[&[u8]]) {
         let deadline = Instant::now() + T;
         while self.ep.send(self.ch, msg).unwrap() != SendOutcome::Done {
-            self.ep.poll(16, |_| {});
+            self.collect();
             assert!(Instant::now() < deadline);
         }
         self.ep.flush_sends();
     }
 
-    /// Waits for `n` responses.
+    fn collect(&mut self) {
+        let got = &mut self.got;
+        self.ep.poll(64, |e| match e {
+            Event::Message { data, .. } => match wire::decode_response(data).expect("the target answers in protocol") {
+                Response::Refused { token, error } => got.push((token, Some(error))),
+                Response::PutDone { token } | Response::AtomicResult { token, .. } => got.push((token, None)),
+                Response::GetData { token, .. } | Response::LookupResult { token, .. } => got.push((token, None)),
+                Response::HelloAck { .. } => got.push((0, None)),
+            },
+            Event::ChannelDown { error, .. } => panic!("target dropped the channel: {error}"),
+            Event::SendComplete { .. } => {}
+        });
+    }
+
+    /// Waits for `n` responses (counting those collected during sends).
     fn responses(&mut self, n: usize) -> Vec<(u64, Option<AccessError>)> {
-        let mut got = Vec::new();
         let deadline = Instant::now() + T;
-        while got.len() < n {
-            self.ep.poll(64, |e| match e {
-                Event::Message { data, .. } => match wire::decode_response(data)
-                    .expect("the target answers in protocol")
-                {
-                    Response::Refused { token, error } => got.push((token, Some(error))),
-                    Response::PutDone { token } | Response::AtomicResult { token, .. } => got.push((token, None)),
-                    Response::GetData { token, .. } | Response::LookupResult { token, .. } => got.push((token, None)),
-                    Response::HelloAck { .. } => got.push((0, None)),
-                },
-                Event::ChannelDown { error, .. } => panic!("target dropped the channel: {error}"),
-                Event::SendComplete { .. } => {}
-            });
-            assert!(Instant::now() < deadline, "only {} of {n} responses", got.len());
+        while self.got.len() < n {
+            self.collect();
+            assert!(Instant::now() < deadline, "only {} of {n} responses", self.got.len());
         }
-        got
+        assert_eq!(self.got.len(), n, "no more responses than requests with a readable token");
+        std::mem::take(&mut self.got)
     }
 }
 
@@ -273,8 +284,7 @@ fn forged_raw_requests_are_rejected_and_counted(mode: Mode) {
     if mode == Mode::ShmMapped {
         return forged_rendezvous_requests(&t, &seg, &before);
     }
-    let (ep, ch) = raw_channel(&t, mode);
-    let mut raw = Raw { ep, ch };
+    let mut raw = Raw::new(raw_channel(&t, mode));
     let place = Place { segment: seg.id(), generation: seg.generation(), offset: 0 };
     // A well-formed put before the importer introduced itself.
     raw.send(&[&encode(&Request { token: 11, notify: false, op: Op::Put { place, data: &[1; 8] } })]);
@@ -442,3 +452,50 @@ for_every_transport!(
     rejects_misaligned_atomics,
     forged_raw_requests_are_rejected_and_counted,
 );
+
+/// UDP only: datagrams no ulnet peer would send, thrown at the RMA listener's port from a
+/// plain socket, are each dropped and counted once (by the listener's checks: length,
+/// magic, version, checksum, kind); none opens a channel or changes a byte, and the target
+/// keeps serving.
+#[test]
+fn udp_forged_datagrams_at_the_listener_are_dropped_and_counted() {
+    let (t, seg) = setup("udp-raw", Access::everyone(Rights::ALL));
+    let before = snapshot(&seg);
+    let dropped = |r: &Rma| {
+        let c = r.udp_counters();
+        c.truncated + c.malformed + c.wrong_version + c.bad_checksum + c.stranger + c.wrong_secret + c.replayed
+    };
+    let (d0, accepted0) = (dropped(&t.rma), t.rma.target_counters().channels_accepted);
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    socket.connect(&t.udp).unwrap();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0xda7a);
+    const SENT: u64 = 500;
+    for i in 0..SENT {
+        let mut m = vec![0u8; rng.gen_range(0..1400)];
+        rng.fill(&mut m[..]);
+        if i % 2 == 0 && m.len() >= udp_wire::HEADER_LEN + 64 {
+            // Half carry a well-formed header (a HELLO or a packet of some connection), so
+            // the checksum and connection checks are reached too.
+            m[..2].copy_from_slice(&udp_wire::MAGIC);
+            m[2] = udp_wire::VERSION;
+            m[3] = if i % 4 == 0 { udp_wire::Kind::Hello as u8 } else { udp_wire::Kind::Ack as u8 };
+            let body = (m.len() - udp_wire::HEADER_LEN) as u32;
+            m[12..16].copy_from_slice(&body.to_le_bytes());
+        }
+        socket.send(&m).unwrap();
+        if i % 64 == 63 {
+            std::thread::sleep(Duration::from_millis(2)); // within the socket's buffer
+        }
+    }
+    let deadline = Instant::now() + T;
+    while dropped(&t.rma) - d0 < SENT {
+        assert!(Instant::now() < deadline, "only {} of {SENT} datagrams counted", dropped(&t.rma) - d0);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(dropped(&t.rma) - d0, SENT, "each counted once");
+    assert_eq!(t.rma.target_counters().channels_accepted, accepted0, "no channel from forged datagrams");
+    assert_eq!(snapshot(&seg), before);
+    let (mut me, _, r) = importer(2, &t, "s", Mode::Udp);
+    me.put_blocking(&r, 0, &[9; 8], T).unwrap();
+    assert_eq!(seg.load_u64(0), u64::from_ne_bytes([9; 8]));
+}

@@ -151,8 +151,8 @@ fn fence_orders_operations_across_targets(mode: Mode) {
     let seg_a = patterned(&mut a, "s", 1 << 20, Access::everyone(Rights::ALL), NotifyMode::Never);
     let seg_b = patterned(&mut b, "s", 4096, Access::everyone(Rights::ALL), NotifyMode::Never);
     let mut me = Rma::new(ulnet_core::rma::RmaConfig::new(NodeId(2))).unwrap();
-    let (pa, ma) = connect(&mut me, &a.shm, &a.tcp, mode);
-    let (pb, mb) = connect(&mut me, &b.shm, &b.tcp, mode);
+    let (pa, ma) = connect(&mut me, &a.shm, &a.tcp, &a.udp, mode);
+    let (pb, mb) = connect(&mut me, &b.shm, &b.tcp, &b.udp, mode);
     let ra = me.import_with(pa, "s", ma).unwrap();
     let rb = me.import_with(pb, "s", mb).unwrap();
     let big = vec![0xabu8; 1 << 20];
@@ -183,7 +183,7 @@ fn notifications_follow_the_notify_mode(mode: Mode) {
         .collect();
     let notes = t.rma.notifications();
     let mut me = Rma::new(ulnet_core::rma::RmaConfig::new(NodeId(2))).unwrap();
-    let (peer, import_mode) = connect(&mut me, &t.shm, &t.tcp, mode);
+    let (peer, import_mode) = connect(&mut me, &t.shm, &t.tcp, &t.udp, mode);
     let mut expected: Vec<Vec<Notification>> = vec![Vec::new(); 3];
     for (i, seg) in segs.iter().enumerate() {
         let plain = me.import_with(peer, &format!("s{i}"), import_mode).unwrap();
@@ -264,7 +264,7 @@ fn import_by_descriptor_reaches_the_same_segment(mode: Mode) {
     let mut t = target(1, "by-descriptor");
     let seg = patterned(&mut t, "s", 4096, Access::everyone(Rights::ALL), NotifyMode::Never);
     let mut me = Rma::new(ulnet_core::rma::RmaConfig::new(NodeId(2))).unwrap();
-    let (peer, import_mode) = connect(&mut me, &t.shm, &t.tcp, mode);
+    let (peer, import_mode) = connect(&mut me, &t.shm, &t.tcp, &t.udp, mode);
     let r = me.import_descriptor(peer, seg.descriptor(), import_mode).unwrap();
     assert_eq!((r.descriptor(), r.is_mapped()), (seg.descriptor(), mode == Mode::ShmMapped));
     me.put_blocking(&r, 16, &[7; 16], T).unwrap();

@@ -126,3 +126,39 @@ fn forged_frames_fail_the_channel_and_strangers_never_connect() {
     raw.write_all(&[0xAB; 64]).unwrap();
     assert!(server.accept(Duration::from_secs(5)).is_err());
 }
+
+/// A receiver that closes while its peer is still streaming to it: the peer sees a clean
+/// `Closed`, not a reset (the closed socket keeps draining until the peer closes too).
+#[test]
+fn closing_while_the_peer_streams_is_a_clean_close_for_the_peer() {
+    let mut receiver = Endpoint::new(config(b"s3cret"));
+    let addr = receiver.listen_tcp("127.0.0.1:0").unwrap().to_string();
+    let streamer = std::thread::spawn(move || {
+        let mut ep = Endpoint::new(config(b"s3cret"));
+        let ch = ep.connect_tcp(&addr, Duration::from_secs(5)).unwrap();
+        let msg = vec![0x5au8; 8 * 1024];
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut down = None;
+        while down.is_none() && Instant::now() < deadline {
+            match ep.send(ch, &[&msg]) {
+                Ok(SendOutcome::Done) => {}
+                Ok(_) => {
+                    ep.poll(64, |e| {
+                        if let Event::ChannelDown { error, .. } = e {
+                            down = Some(error);
+                        }
+                    });
+                }
+                Err(ulnet_core::SendError::ChannelDown(e)) => down = Some(e),
+                Err(e) => panic!("send: {e}"),
+            }
+        }
+        down
+    });
+    let ch = receiver.accept(Duration::from_secs(5)).unwrap();
+    // Read at full speed (the streamer never waits for room), then close with input unread.
+    let (got, down) = receive(&mut receiver, 2000);
+    assert!(got.len() >= 2000 && down.is_none(), "{} messages, {down:?}", got.len());
+    receiver.close(ch);
+    assert_eq!(streamer.join().unwrap(), Some(ChannelError::Closed));
+}

@@ -93,11 +93,13 @@ fn trace_records_match_counters_and_name_both_nodes() {
     let sent_msgs = (after.0.messages_sent - before.0.messages_sent) + (after.1.messages_sent - before.1.messages_sent);
     let sent_bytes = (after.0.bytes_sent - before.0.bytes_sent) + (after.1.bytes_sent - before.1.bytes_sent);
     let paused = 5;
-    assert_eq!(sends.len() as u64, sent_msgs - paused, "one send record per counted message");
-    assert_eq!(sends.iter().map(|r| r.size).sum::<u64>(), sent_bytes - paused * 10);
+    // A run record counts identical messages: weigh records by their count.
+    let messages = |rs: &[&trace::Record]| rs.iter().map(|r| u64::from(r.count)).sum::<u64>();
+    assert_eq!(messages(&sends), sent_msgs - paused, "every counted message is in a send record");
+    assert_eq!(sends.iter().map(|r| r.size * u64::from(r.count)).sum::<u64>(), sent_bytes - paused * 10);
     let recv_msgs = (after.0.deliveries_received - before.0.deliveries_received)
         + (after.1.deliveries_received - before.1.deliveries_received);
-    assert_eq!(recvs.len() as u64, recv_msgs - paused, "messages here are single fragments");
+    assert_eq!(messages(&recvs), recv_msgs - paused, "messages here are single fragments");
     let data_sends: Vec<_> = sends.iter().filter(|r| r.message_kind() == MessageKind::Message).collect();
     assert!(data_sends.iter().all(|r| (r.src_node, r.dst_node) == (9, 5) && r.buffers == 3));
     assert!(data_sends.iter().all(|r| r.buffer_len.iter().map(|&l| u64::from(l)).sum::<u64>() == r.size));
@@ -136,14 +138,17 @@ fn trace_records_match_counters_and_name_both_nodes() {
     trace::stop().unwrap();
     let file2 = trace::decode_file(&std::fs::read(&path2).unwrap()).unwrap();
     let sends2: Vec<_> = file2.records.iter().filter(|r| r.direction() == Direction::Send).collect();
-    assert_eq!(sends2.len(), 5, "3 small, 1 posted, 1 RMA");
+    assert_eq!(messages(&sends2), 5, "3 small, 1 posted, 1 RMA");
+    let run = sends2.iter().find(|r| r.size == 200).unwrap();
+    assert_eq!(run.count, 3, "three identical sends make one run record");
+    assert!(run.last_ticks >= run.ticks);
     let posted = sends2.iter().find(|r| r.size == 1 << 20).unwrap();
     assert!(posted.enqueued > 0 && posted.enqueued <= posted.sent, "a posted send has its queueing stage");
     assert_eq!((posted.buffers, posted.buffer_len[0]), (1, 1 << 20));
     let rma = sends2.iter().find(|r| r.message_kind() == MessageKind::RmaWrite).unwrap();
     assert_eq!((rma.size, rma.src_node, rma.dst_node), (4096, 9, 5));
     let recvs2: Vec<_> = file2.records.iter().filter(|r| r.direction() == Direction::Receive).collect();
-    assert_eq!(recvs2.len(), 4, "one receive record for the fragmented message");
+    assert_eq!(messages(&recvs2), 4, "one receive record for the fragmented message");
     assert_eq!(recvs2.iter().filter(|r| r.size == 1 << 20).count(), 1);
     std::fs::remove_dir_all(&dir).unwrap();
 }

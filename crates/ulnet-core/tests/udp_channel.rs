@@ -8,7 +8,7 @@ mod util;
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 use ulnet_core::transport::udp::{wire, Connection, UdpConfig};
-use ulnet_core::{ChannelError, ConnectError, Endpoint, EndpointConfig, Event, SendOutcome};
+use ulnet_core::{ChannelError, ConnectError, Endpoint, EndpointConfig, Event, NodeId, SendOutcome};
 
 fn config(secret: &[u8]) -> EndpointConfig {
     EndpointConfig { udp: UdpConfig { secret: secret.to_vec(), ..UdpConfig::lan() }, ..Default::default() }
@@ -96,6 +96,119 @@ fn wrong_secret_cannot_connect_and_is_counted() {
 }
 
 #[test]
+fn node_ids_are_exchanged_in_the_handshake() {
+    let mut server = Endpoint::new(EndpointConfig { node_id: NodeId(7), ..config(b"k") });
+    let addr = server.listen_udp("127.0.0.1:0").unwrap().to_string();
+    let t = std::thread::spawn(move || {
+        let mut client = Endpoint::new(EndpointConfig { node_id: NodeId(3), ..config(b"k") });
+        let ch = client.connect_udp(&addr, Duration::from_secs(5)).unwrap();
+        let peer = client.peer_node(ch);
+        client.close(ch);
+        peer
+    });
+    let ch = server.accept(Duration::from_secs(5)).unwrap();
+    assert_eq!(server.peer_node(ch), Some(NodeId(3)));
+    assert_eq!(t.join().unwrap(), Some(NodeId(7)));
+}
+
+/// Runs a handshake between two protocol machines in memory; `tamper` may change each
+/// datagram on its way. Returns both sides.
+fn handshake_in_memory(tamper: impl Fn(&mut Vec<u8>)) -> (Connection, Option<Connection>) {
+    let now = Instant::now();
+    let config = UdpConfig { secret: b"k".to_vec(), ..UdpConfig::lan() };
+    let mut client = Connection::client(config.clone(), now, 0x11, [1; 16], NodeId(3));
+    let mut buf = vec![0u8; wire::DATAGRAM_LIMIT];
+    let n = client.poll_transmit(now, &mut buf).expect("a hello");
+    let mut hello = buf[..n].to_vec();
+    tamper(&mut hello);
+    let Ok(mut server) = Connection::server(config, now, 0x22, [2; 16], NodeId(7), &hello) else {
+        return (client, None);
+    };
+    for _ in 0..4 {
+        while let Some(n) = server.poll_transmit(now, &mut buf) {
+            let mut d = buf[..n].to_vec();
+            tamper(&mut d);
+            client.handle_datagram(now, &d);
+        }
+        while let Some(n) = client.poll_transmit(now, &mut buf) {
+            let mut d = buf[..n].to_vec();
+            tamper(&mut d);
+            server.handle_datagram(now, &d);
+        }
+    }
+    (client, Some(server))
+}
+
+#[test]
+fn node_ids_are_bound_by_the_handshake_macs() {
+    let (client, server) = handshake_in_memory(|_| {});
+    let server = server.expect("the server answers");
+    assert!(client.is_established() && server.is_established());
+    assert_eq!((client.peer_node(), server.peer_node()), (NodeId(7), NodeId(3)));
+    // A HELLO whose node id was changed on the way (checksum redone: a forger can) makes
+    // the server's MAC disagree with what the client sent: the client refuses it.
+    let (client, server) = handshake_in_memory(|d| {
+        if wire::parse_header(d).is_ok_and(|h| h.kind == wire::Kind::Hello) {
+            let at = wire::HEADER_LEN + wire::HELLO_FIELDS_LEN;
+            d[at..at + 4].copy_from_slice(&4u32.to_le_bytes());
+            wire::finish(d, wire::Kind::Hello, 0, 0);
+        }
+    });
+    assert!(!client.is_established() && !server.expect("the server answers").is_established());
+    assert_eq!(client.counters().wrong_secret, 1);
+}
+
+/// A packet selectively acked early and covered by the cumulative ack only after a long
+/// stall (its predecessor lost and resent on a timeout) must not count the stall as its
+/// round trip: the timeout would grow to `rto_max` for every later loss.
+#[test]
+fn a_stall_before_a_hole_fills_does_not_inflate_the_retransmission_timeout() {
+    let (mut client, server) = handshake_in_memory(|_| {});
+    let mut server = server.expect("the server answers");
+    let t0 = Instant::now();
+    let mut buf = vec![0u8; wire::DATAGRAM_LIMIT];
+    let mut packets = Vec::new();
+    for i in 0..5u8 {
+        assert_eq!(client.send(&[&[i; 100]]).unwrap(), SendOutcome::Done);
+        client.flush();
+        while let Some(n) = client.poll_transmit(t0, &mut buf) {
+            packets.push(buf[..n].to_vec());
+        }
+    }
+    assert_eq!(packets.len(), 5);
+    // The first is lost; the others arrive and are selectively acked 200 µs later.
+    let t1 = t0 + Duration::from_micros(100);
+    for p in &packets[1..] {
+        server.handle_datagram(t1, p);
+    }
+    let deliver_acks = |server: &mut Connection, client: &mut Connection, at: Instant, buf: &mut Vec<u8>| {
+        while let Some(n) = server.poll_transmit(at, buf) {
+            let d = buf[..n].to_vec();
+            client.handle_datagram(at + Duration::from_micros(100), &d);
+        }
+    };
+    deliver_acks(&mut server, &mut client, t1, &mut buf);
+    // A long stall (the sender descheduled, say), then the timeout resends the first.
+    let t2 = t0 + Duration::from_secs(1);
+    client.handle_timeout(t2);
+    let mut resent = 0;
+    while let Some(n) = client.poll_transmit(t2, &mut buf) {
+        server.handle_datagram(t2 + Duration::from_micros(100), &buf[..n]);
+        resent += 1;
+    }
+    assert!(resent >= 1, "the timeout resends the lost packet");
+    deliver_acks(&mut server, &mut client, t2 + Duration::from_micros(100), &mut buf);
+    assert_eq!(client.send_backlog(), (0, 0), "everything acknowledged");
+    // The next packet's timeout reflects the 200 µs round trips, not the 1 s stall.
+    let t3 = t2 + Duration::from_millis(1);
+    assert_eq!(client.send(&[b"next"]).unwrap(), SendOutcome::Done);
+    client.flush();
+    assert!(client.poll_transmit(t3, &mut buf).is_some());
+    let timeout = client.poll_timeout().expect("a timer runs").saturating_duration_since(t3);
+    assert!(timeout < Duration::from_millis(50), "retransmission timeout {timeout:?}");
+}
+
+#[test]
 fn a_forged_proof_is_counted_as_wrong_secret() {
     let mut server = Endpoint::new(config(b"right"));
     let addr = server.listen_udp("127.0.0.1:0").unwrap();
@@ -104,8 +217,8 @@ fn a_forged_proof_is_counted_as_wrong_secret() {
     raw.connect(addr).unwrap();
     raw.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
     let mut hello = vec![0u8; wire::HEADER_LEN + wire::HELLO_BODY_LEN];
-    wire::Hello { nonce: [7; 16], conn_id: 5, window: 64, datagram_max: 1400, flags: 1, credit: 1 << 20 }
-        .write(&mut hello, wire::HEADER_LEN);
+    wire::Hello { nonce: [7; 16], conn_id: 5, window: 64, datagram_max: 1400, flags: 1, credit: 1 << 20, node: 9 }
+        .write_body(wire::Kind::Hello, &mut hello, wire::HEADER_LEN);
     wire::finish(&mut hello, wire::Kind::Hello, 0, 0);
     raw.send(&hello).unwrap();
     let t0 = Instant::now();
@@ -117,8 +230,8 @@ fn a_forged_proof_is_counted_as_wrong_secret() {
         }
         assert!(t0.elapsed() < Duration::from_secs(5), "no challenge");
     };
-    let server_id =
-        wire::parse_header(&challenge).map(|_| wire::Hello::read(&challenge, wire::HEADER_LEN).unwrap().conn_id);
+    let server_id = wire::parse_header(&challenge)
+        .map(|_| wire::Hello::read_body(wire::Kind::Challenge, &challenge, wire::HEADER_LEN).unwrap().conn_id);
     let mut proof = vec![0u8; wire::HEADER_LEN + wire::PROOF_BODY_LEN];
     proof[wire::HEADER_LEN..].copy_from_slice(&[0x42; 32]);
     wire::finish(&mut proof, wire::Kind::Proof, server_id.unwrap(), 0);
@@ -145,7 +258,7 @@ impl RawClient {
         socket.connect(addr).unwrap();
         socket.set_nonblocking(true).unwrap();
         let config = UdpConfig { secret: secret.to_vec(), ..UdpConfig::lan() };
-        let conn = Connection::client(config, Instant::now(), 0x77, [9; 16]);
+        let conn = Connection::client(config, Instant::now(), 0x77, [9; 16], NodeId::UNKNOWN);
         let mut c = Self { socket, conn, buf: vec![0; wire::DATAGRAM_LIMIT], sent: Vec::new() };
         let deadline = Instant::now() + Duration::from_secs(5);
         while !c.conn.is_established() {

@@ -90,7 +90,7 @@ impl Peer {
     /// Opens a client connection to `peer` that will send `count` messages.
     fn connect(&mut self, now: Instant, peer: NodeId, count: u64) {
         let id = (self.me + 1) * 1000 + peer.0 + 1;
-        let conn = Connection::client(self.config.clone(), now, id, self.nonce_rng.gen());
+        let conn = Connection::client(self.config.clone(), now, id, self.nonce_rng.gen(), ulnet_core::NodeId::UNKNOWN);
         self.links[peer.0 as usize] = Some(Link::new(conn, peer, count));
         self.step(now);
     }
@@ -222,7 +222,14 @@ impl Node for Peer {
             if let Ok(h) = wire::parse_header(&msg) {
                 if h.kind == wire::Kind::Hello {
                     let id = (self.me + 1) * 1000 + from.0 + 1;
-                    if let Ok(conn) = Connection::server(self.config.clone(), now, id, self.nonce_rng.gen(), &msg) {
+                    if let Ok(conn) = Connection::server(
+                        self.config.clone(),
+                        now,
+                        id,
+                        self.nonce_rng.gen(),
+                        ulnet_core::NodeId::UNKNOWN,
+                        &msg,
+                    ) {
                         let count = self.server_count();
                         self.links[slot] = Some(Link::new(conn, from, count));
                     }

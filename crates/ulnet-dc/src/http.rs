@@ -131,6 +131,22 @@ impl Conn {
         Ok(body)
     }
 
+    /// Reads the next request, waiting through read timeouts until `stop` is set (then
+    /// `Ok(None)`, as for a closed connection): servers set a read timeout so that a
+    /// stopped server lets its idle clients go.
+    pub fn next_request(&mut self, stop: &std::sync::atomic::AtomicBool) -> Result<Option<Request>, HttpError> {
+        loop {
+            match self.read_request() {
+                Err(HttpError::Io(e)) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                    if stop.load(std::sync::atomic::Ordering::Acquire) {
+                        return Ok(None);
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Reads the next request head (request bodies are read and dropped); `None` when the
     /// client closed the connection.
     pub fn read_request(&mut self) -> Result<Option<Request>, HttpError> {

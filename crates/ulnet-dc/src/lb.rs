@@ -5,10 +5,10 @@
 //! reads the role word every [`BalancerConfig::table_interval`] and the nodes' addresses
 //! from their load records.
 
-use crate::http::{Conn, HttpError};
+use crate::http::Conn;
 use crate::load::{ClusterKey, RecordValidator};
 use crate::node::parse_path;
-use crate::role::{Role, Tier};
+use crate::role::{NodeIndex, Role, Tier};
 use crate::state::SharedState;
 use crate::upstream::Directory;
 use std::net::{SocketAddr, TcpListener};
@@ -115,6 +115,11 @@ impl Balancer {
         self.addr
     }
 
+    /// Requests relayed to `node` so far (tries included).
+    pub fn sent_to(&self, node: NodeIndex) -> u64 {
+        self.inner.directory.sent_to(node)
+    }
+
     /// Stops and reports.
     pub fn stop(self) -> BalancerReport {
         self.inner.stop.store(true, Ordering::Release);
@@ -169,17 +174,9 @@ impl Inner {
     fn serve_connection(&self, mut conn: Conn) {
         conn.stream().set_read_timeout(Some(Duration::from_secs(1))).ok();
         loop {
-            let req = match conn.read_request() {
+            let req = match conn.next_request(&self.stop) {
                 Ok(Some(r)) => r,
                 Ok(None) => return,
-                Err(HttpError::Io(e))
-                    if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
-                {
-                    if self.stop.load(Ordering::Acquire) {
-                        return;
-                    }
-                    continue;
-                }
                 Err(_) => {
                     conn.write_response(400, None, b"", false).ok();
                     return;

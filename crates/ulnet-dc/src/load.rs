@@ -63,6 +63,15 @@ impl ClusterKey {
         bytes.map(ClusterKey)
     }
 
+    /// A secret for one purpose, derived from this key (HMAC-SHA256 of `label`), so the
+    /// membership and remote-memory handshakes of a center never share a secret with the
+    /// load records' MAC.
+    pub fn derive(&self, label: &str) -> Vec<u8> {
+        let mut m = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key length");
+        m.update(label.as_bytes());
+        m.finalize().into_bytes().to_vec()
+    }
+
     fn mac(&self, words: &[u64]) -> u64 {
         let mut m = Hmac::<Sha256>::new_from_slice(&self.0).expect("HMAC takes any key length");
         for w in words {
@@ -277,6 +286,11 @@ impl RecordValidator {
     /// Counts a copy that stayed torn after the reader's retries.
     pub fn note_torn(&mut self) {
         self.counters.torn += 1;
+    }
+
+    /// How long a record may keep its version and still be accepted.
+    pub fn stale_after(&self) -> Duration {
+        self.stale_after
     }
 
     /// Judges one copy of `slot`'s record taken at `now`.

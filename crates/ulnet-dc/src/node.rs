@@ -7,11 +7,15 @@
 //!   `X-Ulnet-Tier: app` is application work (a dynamic page, or a static document for a
 //!   proxy's miss); any other request is proxy work (cache, or forward to the application
 //!   tier of its site).
-//! - *housekeeping* (every [`NodeConfig::tick`]): applies the newest announced role table;
-//!   publishes the load record every [`NodeConfig::publish_interval`]; refreshes addresses.
-//! - *helper* (every S, only under the `reconf` policy): reads the role word and every
-//!   node's load record, decides ([`crate::policy::Helper`]), compare-and-swaps, and if it
-//!   won, announces the new table to every node.
+//! - *housekeeping* (every [`NodeConfig::tick`]): applies the newest table announced to it
+//!   (a local read of its inbox), and the role word itself every
+//!   [`NodeConfig::role_poll_interval`] in case an announcement never came (its winner
+//!   died between its compare-and-swap and its announcements); publishes the load record
+//!   every [`NodeConfig::publish_interval`]; refreshes addresses.
+//! - *helper* (every S, only under the `reconf` policy): reads the role word and the load
+//!   record of every node in it, takes nodes that membership says died out of the table
+//!   ([`crate::membership`]), else decides ([`crate::policy::Helper`]); compare-and-swaps,
+//!   and if it won, announces the new table to every node in it.
 //!
 //! A role change never drops a request: the node serves new requests by the request's own
 //! tier header, so a request routed on a stale view is still answered; it finishes the
@@ -21,9 +25,10 @@ use crate::cache::{DocumentCache, CACHE_BYTES_DEFAULT};
 use crate::capacity::{Capacity, CapacityConfig, CapacitySample, Class};
 use crate::http::{Conn, HttpError};
 use crate::load::{ClusterKey, LoadRecord, RecordValidator, ValidatorCounters};
-use crate::policy::{Helper, HelperConfig, HelperCounters, NodeLoad};
+use crate::membership::Watch;
+use crate::policy::{Helper, HelperConfig, HelperCounters, NodeLoad, Proposal};
 use crate::role::{NodeIndex, Role, RoleTable, Tier};
-use crate::state::{epoch_after, CasOutcome, SharedState};
+use crate::state::{epoch_after, CasOutcome, SharedState, StateCounters};
 use crate::trace::{document_size, DYNAMIC_PAGE_BYTES};
 use crate::upstream::Directory;
 use serde::Serialize;
@@ -62,6 +67,9 @@ pub struct NodeConfig {
     pub load_window: Duration,
     /// How often addresses are refreshed from the load records. 100 ms.
     pub address_interval: Duration,
+    /// How often the role word itself is read, besides the announcements. 100 ms: a change
+    /// whose announcement was lost reaches the node within it, at ten remote reads a second.
+    pub role_poll_interval: Duration,
 }
 
 impl NodeConfig {
@@ -77,6 +85,7 @@ impl NodeConfig {
             publish_interval: Duration::from_millis(50),
             load_window: Duration::from_millis(250),
             address_interval: Duration::from_millis(100),
+            role_poll_interval: Duration::from_millis(100),
         }
     }
 }
@@ -106,6 +115,9 @@ pub struct NodeReport {
     pub helper: Option<HelperCounters>,
     /// Load records the helper accepted or ignored.
     pub records: Option<ValidatorCounters>,
+    /// What the node's shared-state handle did (remote reads, CAS, path taken).
+    #[serde(default)]
+    pub state: StateCounters,
 }
 
 struct Counters {
@@ -138,6 +150,8 @@ struct Inner {
     applied_epoch: AtomicU32,
     counters: Counters,
     helper_counters: Mutex<Option<(HelperCounters, ValidatorCounters)>>,
+    /// What membership says (`None`: no membership; the helper never sees a departure).
+    watch: Option<Arc<Watch>>,
     stop: AtomicBool,
 }
 
@@ -149,12 +163,13 @@ pub struct NodeHandle {
 }
 
 /// Starts a node serving on `listener` (bound by the caller), working on `state` (a handle
-/// opened as this node).
+/// opened as this node), told of deaths by `watch`.
 pub fn start(
     config: NodeConfig,
     state: Arc<dyn SharedState>,
     key: ClusterKey,
     listener: TcpListener,
+    watch: Option<Arc<Watch>>,
 ) -> std::io::Result<NodeHandle> {
     let addr = match listener.local_addr()? {
         SocketAddr::V4(a) => a,
@@ -185,11 +200,12 @@ pub fn start(
             drained_requests: AtomicU64::new(0),
         },
         helper_counters: Mutex::new(None),
+        watch,
         stop: AtomicBool::new(false),
         config,
     });
     // Take the first role and publish before taking requests, so peers can route here.
-    inner.apply_roles();
+    inner.apply_roles(true);
     let mut threads = Vec::new();
     {
         let inner = inner.clone();
@@ -249,6 +265,7 @@ impl Inner {
             drained_requests: c.drained_requests.load(Ordering::Relaxed),
             helper: helper.map(|h| h.0),
             records: helper.map(|h| h.1),
+            state: self.state.counters(),
         }
     }
 
@@ -289,17 +306,9 @@ impl Inner {
         // A stopped node lets its clients notice within a second.
         conn.stream().set_read_timeout(Some(Duration::from_secs(1))).ok();
         loop {
-            let req = match conn.read_request() {
+            let req = match conn.next_request(&self.stop) {
                 Ok(Some(r)) => r,
                 Ok(None) => return,
-                Err(HttpError::Io(e))
-                    if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) =>
-                {
-                    if self.stop.load(Ordering::Acquire) {
-                        return;
-                    }
-                    continue;
-                }
                 Err(HttpError::TooLarge) => {
                     conn.write_response(431, None, b"", false).ok();
                     return;
@@ -379,14 +388,16 @@ impl Inner {
         Role::from_code(self.serving.load(Ordering::Acquire)).map(|r| r.tier)
     }
 
-    /// Takes the newest table announced to this node (or found in the role word) and, if
-    /// this node's role changed, switches: new work by the new role at once, the old
-    /// role's requests drained before its cache is dropped.
-    fn apply_roles(&self) {
+    /// Takes the newest table announced to this node (or, with `read_word`, found in the
+    /// role word) and, if this node's role changed, switches: new work by the new role at
+    /// once, the old role's requests drained before its cache is dropped.
+    fn apply_roles(&self, read_word: bool) {
         let mut table = self.state.announced().unwrap_or(RoleTable::EMPTY);
-        if let Ok(word) = self.state.read_roles() {
-            if table == RoleTable::EMPTY || epoch_after(word.epoch(), table.epoch()) {
-                table = word;
+        if read_word || table == RoleTable::EMPTY {
+            if let Ok(word) = self.state.read_roles() {
+                if table == RoleTable::EMPTY || epoch_after(word.epoch(), table.epoch()) {
+                    table = word;
+                }
             }
         }
         if table == RoleTable::EMPTY {
@@ -422,9 +433,14 @@ impl Inner {
         let mut window: VecDeque<(Instant, CapacitySample, [u64; 4], f64)> = VecDeque::new();
         let mut next_publish = Instant::now();
         let mut next_addresses = Instant::now();
+        let mut next_word = Instant::now();
         while !self.stop.load(Ordering::Acquire) {
             let now = Instant::now();
-            self.apply_roles();
+            let read_word = now >= next_word;
+            if read_word {
+                next_word = now + self.config.role_poll_interval;
+            }
+            self.apply_roles(read_word);
             if now >= next_addresses {
                 self.directory.refresh_addresses(now);
                 next_addresses = now + self.config.address_interval;
@@ -494,31 +510,66 @@ impl Inner {
         while !self.stop.load(Ordering::Acquire) {
             let now = Instant::now();
             if let Ok(table) = self.state.read_roles() {
+                // Only members are read: a node out of the table (one that died) costs nothing.
                 let loads: Vec<Option<NodeLoad>> = (0..self.state.slots())
                     .map(|i| {
                         let node = NodeIndex(i as u8);
+                        table.role(node)?;
                         let words = self.state.read_load(node).ok()?;
                         validator.accept(now, node, &words).ok().map(|r| NodeLoad::from(&r))
                     })
                     .collect();
-                if let Some(p) = helper.handle_observation(now, table, &loads) {
-                    match self.state.cas_roles(p.expected, p.proposed) {
-                        Ok(outcome) => {
-                            helper.handle_cas(Instant::now(), &p, outcome);
-                            if outcome == CasOutcome::Swapped {
-                                tracing::info!(node = %self.config.index, table = ?p.proposed, to = %p.to, moved = p.moved, "reconfigured");
-                                for n in 0..self.state.slots() {
-                                    self.state.announce(NodeIndex(n as u8), p.proposed).ok();
-                                }
-                            }
-                        }
-                        Err(e) => tracing::warn!("compare-and-swap of the role word: {e}"),
-                    }
+                let acting = self.watch.as_ref().is_none_or(|w| w.acting());
+                let departed = self.watch.as_ref().map(|w| w.dead()).unwrap_or_default();
+                // Out of the table but not dead to membership, and publishing: taken back
+                // into the cluster after an exclusion. (Without membership none returns.)
+                let returned: Vec<NodeIndex> = (0..self.state.slots())
+                    .map(|i| NodeIndex(i as u8))
+                    .filter(|n| self.watch.is_some() && table.role(*n).is_none() && !departed.contains(n))
+                    .filter(|n| {
+                        let words = self.state.read_load(*n);
+                        words.is_ok_and(|w| validator.accept(now, *n, &w).is_ok())
+                    })
+                    .collect();
+                let proposal = if !acting {
+                    None
+                } else if let Some(p) = helper.handle_departures(now, table, &departed, &loads) {
+                    Some(p)
+                } else if let Some(p) = helper.handle_returns(now, table, &returned, &loads) {
+                    Some(p)
+                } else {
+                    helper.handle_observation(now, table, &loads)
+                };
+                if let Some(p) = proposal {
+                    self.propose(&mut helper, &p);
                 }
             }
             *self.helper_counters.lock().expect("helper counters lock") =
                 Some((helper.counters(), validator.counters()));
             std::thread::sleep(cfg.sensitivity.saturating_sub(now.elapsed()));
+        }
+    }
+
+    /// Compare-and-swaps the role word at its home to `p.proposed`; the winner announces
+    /// the new table to every node in it (itself included), the loser adopts the table it
+    /// found.
+    fn propose(&self, helper: &mut Helper, p: &Proposal) {
+        match self.state.cas_roles(p.expected, p.proposed) {
+            Ok(outcome) => {
+                helper.handle_cas(Instant::now(), p, outcome);
+                if outcome == CasOutcome::Swapped {
+                    tracing::info!(
+                        node = %self.config.index, table = ?p.proposed, to = %p.to, moved = p.moved, removed = p.removed,
+                        "reconfigured"
+                    );
+                    for (n, _) in p.proposed.members() {
+                        if let Err(e) = self.state.announce(n, p.proposed) {
+                            tracing::debug!(to = %n, "announce: {e}");
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("compare-and-swap of the role word: {e}"),
         }
     }
 }

@@ -26,11 +26,19 @@
 //!   site's load (as many as one change may move); a lower-priority site gets a node back
 //!   from a higher one, one per change, only when the higher one stays under
 //!   [`HelperConfig::release_utilization_max`] without it and has no overloaded tier.
+//! - *Shares.* Each site is entitled to a number of nodes ([`HelperConfig::shares`]: its
+//!   starting split). A site below its share has lent nodes to lower-priority sites while it
+//!   did not need them; as soon as one of its tiers is overloaded it takes back all it lent
+//!   that the lower sites can give, in one change and without waiting for the history
+//!   window. T filters bursts too short to pay for a move; a node the site lent is one its
+//!   guarantee already counts on, and every second spent on the floor is a snapshot missed
+//!   (thesis chapter 6: resources flow out of and back into the higher-priority cluster
+//!   with its load). Beyond its share a site pulls by the rules above.
 //! - *Floor.* No proposal leaves a site's tier with fewer than
 //!   [`crate::role::TIER_NODES_MIN`] nodes; every proposal passes [`RoleTable::validate`].
 
 use crate::load::LoadRecord;
-use crate::role::{NodeIndex, Role, RoleTable, Tier, SITES_MAX, TIER_NODES_MIN};
+use crate::role::{NodeIndex, Role, RoleTable, SiteId, Tier, SITES_MAX, TIER_NODES_MIN};
 use crate::state::CasOutcome;
 use serde::{Deserialize, Serialize};
 use std::time::{Duration, Instant};
@@ -62,6 +70,10 @@ pub struct HelperConfig {
     pub nodes_per_change_max: usize,
     /// A record whose version has not moved for this long is stale (its node stopped).
     pub stale_after: Duration,
+    /// Nodes each website is entitled to, site 0 first (a center sets its sites' starting
+    /// splits). All zero, the default: no site reclaims without the history window.
+    #[serde(default)]
+    pub shares: [u8; SITES_MAX],
 }
 
 impl HelperConfig {
@@ -76,6 +88,7 @@ impl HelperConfig {
             settle: Duration::from_millis(300),
             nodes_per_change_max: 3,
             stale_after: Duration::from_millis(1000),
+            shares: [0; SITES_MAX],
         }
     }
 
@@ -127,10 +140,13 @@ pub struct Proposal {
     pub expected: RoleTable,
     /// The new table: the CAS's swap value.
     pub proposed: RoleTable,
-    /// The role the moved nodes take.
+    /// The role the moved nodes take (for a departure: the role the first departed node
+    /// served).
     pub to: Role,
     /// How many nodes move.
     pub moved: usize,
+    /// How many departed nodes the change takes out of the table.
+    pub removed: usize,
 }
 
 /// What a helper counted.
@@ -144,6 +160,8 @@ pub struct HelperCounters {
     pub cas_won: u64,
     /// Compare-and-swaps lost (another helper changed the table first).
     pub cas_lost: u64,
+    /// Departed nodes this helper's won compare-and-swaps took out of the table.
+    pub departures: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -249,6 +267,7 @@ impl Helper {
         match outcome {
             CasOutcome::Swapped => {
                 self.counters.cas_won += 1;
+                self.counters.departures += proposal.removed as u64;
                 self.adopt(now, proposal.proposed);
             }
             CasOutcome::Failed(actual) => {
@@ -256,6 +275,108 @@ impl Helper {
                 self.adopt(now, actual);
             }
         }
+    }
+
+    /// Membership says the nodes of `departed` died: a proposal that takes those still in
+    /// the table out of it, in one change, with no history window or settle time (a dead
+    /// node gets requests until it is out). A tier the departure leaves empty gets a node in
+    /// the same change: the least busy node of the site's other tier if it has two or more,
+    /// else one from another site (lowest priority first) that keeps its own floor (a site
+    /// all of whose nodes died gets one node per tier that way too). `None`
+    /// when no departed node is in the table, or when no valid table without them exists (a
+    /// site left with one live node and no other site to lend it one): they then stay in
+    /// the word, and get no requests once their records go stale.
+    pub fn handle_departures(
+        &mut self,
+        now: Instant,
+        table: RoleTable,
+        departed: &[NodeIndex],
+        loads: &[Option<NodeLoad>],
+    ) -> Option<Proposal> {
+        self.adopt(now, table);
+        let gone: Vec<NodeIndex> = departed.iter().copied().filter(|n| self.view.role(*n).is_some()).collect();
+        let first = self.view.role(*gone.first()?)?;
+        let mut changes: Vec<(NodeIndex, Option<Role>)> = gone.iter().map(|n| (*n, None)).collect();
+        let mut moved = 0;
+        for site in 0..SITES_MAX as u8 {
+            for tier in Tier::ALL {
+                let t = self.view.with_changes(&changes);
+                let role = Role::new(site, tier);
+                if self.view.site_nodes(role.site) == 0 || t.count(role) >= TIER_NODES_MIN {
+                    continue;
+                }
+                let Some(donor) = Self::refill_donor(t, role, loads) else {
+                    tracing::error!(table = ?t, %role, "a departure leaves a tier empty and no node can fill it");
+                    return None;
+                };
+                changes.push((donor, Some(role)));
+                moved += 1;
+            }
+        }
+        let proposed = self.view.with_changes(&changes);
+        if proposed.validate().is_err() {
+            tracing::error!(table = ?proposed, "no valid table without the departed nodes");
+            return None;
+        }
+        self.counters.proposals += 1;
+        Some(Proposal { expected: self.view, proposed, to: first, moved, removed: gone.len() })
+    }
+
+    /// Nodes of `returned` are out of the table but alive again (membership excluded them,
+    /// say a busy host starved them past the failure detector, and then took them back) and
+    /// publishing fresh records: a proposal that gives the first of them back to its home
+    /// site (the site whose share, counted in node order as the starting table assigns
+    /// nodes, holds it; site 0 without shares), in that site's tier under the most
+    /// pressure. No history window: a live node out of the table is capacity nobody uses.
+    /// `None` when none of them is out of the table.
+    pub fn handle_returns(
+        &mut self,
+        now: Instant,
+        table: RoleTable,
+        returned: &[NodeIndex],
+        loads: &[Option<NodeLoad>],
+    ) -> Option<Proposal> {
+        self.adopt(now, table);
+        let node = returned.iter().copied().find(|n| self.view.role(*n).is_none())?;
+        let site = self.home_site(node);
+        let tiers = self.tier_loads(loads);
+        let pressure = |t: Tier| tiers[usize::from(site)][t as usize].pressure();
+        let tier = if pressure(Tier::App) > pressure(Tier::Proxy) { Tier::App } else { Tier::Proxy };
+        let to = Role::new(site, tier);
+        let proposed = self.view.with_changes(&[(node, Some(to))]);
+        if proposed.validate().is_err() {
+            return None;
+        }
+        self.counters.proposals += 1;
+        Some(Proposal { expected: self.view, proposed, to, moved: 1, removed: 0 })
+    }
+
+    /// The site whose share holds `node`, counting shares in node order.
+    fn home_site(&self, node: NodeIndex) -> u8 {
+        let mut end = 0;
+        for (site, share) in self.config.shares.iter().enumerate() {
+            end += usize::from(*share);
+            if node.get() < end {
+                return site as u8;
+            }
+        }
+        0
+    }
+
+    /// A node of `t` that can move into the empty `role`: from the same site's other tier,
+    /// else from the other sites, lowest priority first; from a tier that keeps its floor;
+    /// least busy first (a node of unknown load last).
+    fn refill_donor(t: RoleTable, role: Role, loads: &[Option<NodeLoad>]) -> Option<NodeIndex> {
+        let mut donors = vec![Role::new(role.site.0, role.tier.other())];
+        for site in (0..SITES_MAX as u8).rev().filter(|s| *s != role.site.0) {
+            donors.extend(Tier::ALL.map(|tier| Role::new(site, tier)));
+        }
+        donors.into_iter().filter(|d| t.count(*d) > TIER_NODES_MIN).find_map(|d| {
+            t.nodes_in(d).min_by(|a, b| {
+                let busy = |n: &NodeIndex| loads.get(n.get()).copied().flatten().map_or(f64::INFINITY, |l| l.busy);
+                busy(a).total_cmp(&busy(b))
+            })
+        })
     }
 
     fn tier_loads(&self, loads: &[Option<NodeLoad>]) -> [[TierLoad; 2]; SITES_MAX] {
@@ -271,6 +392,15 @@ impl Helper {
             }
         }
         out
+    }
+
+    fn overloaded(&self, role: Role) -> bool {
+        self.overloaded_since[usize::from(role.site.0)][role.tier as usize].is_some()
+    }
+
+    /// Nodes `site` lent out: how far it is below its share.
+    fn lent(&self, site: u8) -> usize {
+        usize::from(self.config.shares[usize::from(site)]).saturating_sub(self.view.site_nodes(SiteId(site)))
     }
 
     fn overloaded_long_enough(&self, now: Instant, role: Role) -> bool {
@@ -321,35 +451,54 @@ impl Helper {
     fn decide(&self, now: Instant, tiers: &[[TierLoad; 2]; SITES_MAX], loads: &[Option<NodeLoad>]) -> Option<Proposal> {
         let limit = self.config.nodes_per_change_max.max(1);
         for site in 0..SITES_MAX as u8 {
-            let mut wanting: Vec<Tier> =
-                Tier::ALL.into_iter().filter(|t| self.overloaded_long_enough(now, Role::new(site, *t))).collect();
+            let lent = self.lent(site);
+            let mut wanting: Vec<Tier> = Tier::ALL
+                .into_iter()
+                .filter(|t| {
+                    let role = Role::new(site, *t);
+                    self.overloaded_long_enough(now, role) || (lent > 0 && self.overloaded(role))
+                })
+                .collect();
             wanting.sort_by(|a, b| {
                 let p = |t: &Tier| tiers[usize::from(site)][*t as usize].pressure();
                 p(b).total_cmp(&p(a))
             });
             for tier in wanting {
                 let to = Role::new(site, tier);
-                // 1. The other tier of the same site.
+                let waited = self.overloaded_long_enough(now, to);
+                // 1. The other tier of the same site (after the history window).
                 let own = Role::new(site, tier.other());
-                let spare = self.spare(
-                    own,
-                    tiers[usize::from(site)][tier.other() as usize],
-                    loads,
-                    Some(self.config.donor_utilization_max),
-                    limit,
-                );
+                let spare = if waited {
+                    self.spare(
+                        own,
+                        tiers[usize::from(site)][tier.other() as usize],
+                        loads,
+                        Some(self.config.donor_utilization_max),
+                        limit,
+                    )
+                } else {
+                    Vec::new()
+                };
                 if !spare.is_empty() {
                     return Some(self.propose(to, &spare));
                 }
-                // 2. Lower-priority sites, lowest first, whatever their load.
+                // 2. Lower-priority sites, lowest first, whatever their load: what this site
+                // lent at once and in one change, more after the history window.
+                let pull = if waited { limit.max(lent) } else { lent };
+                let mut taken = Vec::new();
                 for low in (site + 1..SITES_MAX as u8).rev() {
                     for donor_tier in self.by_utilization(tiers, low) {
                         let donor = Role::new(low, donor_tier);
-                        let spare = self.spare(donor, tiers[usize::from(low)][donor_tier as usize], loads, None, limit);
-                        if !spare.is_empty() {
-                            return Some(self.propose(to, &spare));
+                        let left = pull - taken.len();
+                        if left == 0 {
+                            break;
                         }
+                        let t = tiers[usize::from(low)][donor_tier as usize];
+                        taken.extend(self.spare(donor, t, loads, None, left));
                     }
+                }
+                if !taken.is_empty() {
+                    return Some(self.propose(to, &taken));
                 }
                 // 3. Higher-priority sites, only what they do not need.
                 for high in 0..site {
@@ -387,6 +536,12 @@ impl Helper {
     }
 
     fn propose(&self, to: Role, nodes: &[NodeIndex]) -> Proposal {
-        Proposal { expected: self.view, proposed: self.view.with_roles(nodes, Some(to)), to, moved: nodes.len() }
+        Proposal {
+            expected: self.view,
+            proposed: self.view.with_roles(nodes, Some(to)),
+            to,
+            moved: nodes.len(),
+            removed: 0,
+        }
     }
 }

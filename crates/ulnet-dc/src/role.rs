@@ -214,8 +214,15 @@ impl RoleTable {
     /// The same table with every node of `nodes` serving `role` and the epoch bumped once:
     /// one change, however many nodes it moves.
     pub fn with_roles(self, nodes: &[NodeIndex], role: Option<Role>) -> RoleTable {
+        let changes: Vec<(NodeIndex, Option<Role>)> = nodes.iter().map(|n| (*n, role)).collect();
+        self.with_changes(&changes)
+    }
+
+    /// The same table with each `(node, role)` of `changes` applied in order and the epoch
+    /// bumped once: one change, however many nodes and roles it touches.
+    pub fn with_changes(self, changes: &[(NodeIndex, Option<Role>)]) -> RoleTable {
         let mut t = self;
-        for node in nodes {
+        for (node, role) in changes {
             assert!(node.get() < NODES_MAX, "node index out of range");
             t = t.with_code(node.get(), role.map_or(0, Role::code));
         }

@@ -1,25 +1,35 @@
 //! Runs a data center and a load against it, and reports: the engine of `ulnet dc run`,
 //! the demo, the benchmarks and the end-to-end tests.
 //!
-//! The nodes run as one process each ([`Launch::Processes`], what `ulnet dc run` does) or
-//! as threads of this process ([`Launch::Threads`], for tests). The front load balancer and
-//! the clients run in this process. While the load runs, the role word is sampled every
-//! [`TIER_SAMPLE_INTERVAL`] for the tier-size plot.
+//! A [`Center`] is the front (this process: the home of the role word in remote memory,
+//! the load balancer, and the clients of a run) and its nodes, one process each
+//! ([`Launch::Processes`], what `ulnet dc run` does) or threads of this process
+//! ([`Launch::Threads`], for tests). Starting one:
+//!
+//! 1. the front exports the role word and listens for remote memory;
+//! 2. each node starts (exports its load record and inbox, joins the membership cluster
+//!    through node 0, takes HTTP requests) and says where it listens ([`Ready`]);
+//! 3. the front tells every node where all the others listen ([`Peers`]), and starts the
+//!    balancer.
+//!
+//! While a run's load runs, the role word is sampled every [`TIER_SAMPLE_INTERVAL`] for the
+//! tier-size plot.
 
 use crate::capacity::CapacityConfig;
 use crate::lb::{Balancer, BalancerConfig, BalancerReport};
 use crate::load::ClusterKey;
 use crate::loadgen;
+use crate::membership::{JoinError, Member};
 use crate::node::{self, NodeConfig, NodeHandle, NodeReport};
 use crate::policy::HelperConfig;
 use crate::report::{site_report, SiteReport};
 use crate::role::{initial_table, NodeIndex, RoleTable, SiteId, NODES_MAX};
-use crate::state::shm::ShmState;
-use crate::state::SharedState;
+use crate::state::rma::{OpenError, RmaEndpoint, RmaPath, RmaState, RmaStateConfig};
+use crate::state::{SharedState, StateCounters};
 use crate::trace::Trace;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
+use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::AtomicBool;
@@ -53,7 +63,9 @@ impl std::fmt::Display for Policy {
 /// One website of a run.
 #[derive(Clone, Copy, Debug)]
 pub struct SiteSpec {
-    /// Starting split: (proxy nodes, application nodes).
+    /// Starting split: (proxy nodes, application nodes). Its total is the site's share of
+    /// the center ([`HelperConfig::shares`]): nodes it lends while it does not need them
+    /// and takes back as soon as it does.
     pub split: (usize, usize),
     /// Throughput guarantee for the QoS figure.
     pub guarantee_tps: Option<f64>,
@@ -94,6 +106,8 @@ pub struct RunConfig {
     pub snapshot: Duration,
     /// How nodes start.
     pub launch: Launch,
+    /// How the processes reach each other's remote memory.
+    pub path: RmaPath,
 }
 
 /// Tier sizes at one instant: per site (proxies, apps).
@@ -142,6 +156,12 @@ pub struct RunResult {
     pub node_reports: Vec<NodeReport>,
     /// What the balancer did.
     pub balancer: BalancerReportData,
+    /// How the processes reached each other's remote memory.
+    #[serde(default)]
+    pub path: RmaPath,
+    /// What the front's shared-state handle did.
+    #[serde(default)]
+    pub front: StateCounters,
 }
 
 /// [`BalancerReport`] in a result.
@@ -167,9 +187,12 @@ pub enum RunError {
     /// Bad settings.
     #[error("{0}")]
     Config(String),
-    /// Shared state.
+    /// Shared state in remote memory.
     #[error(transparent)]
-    State(#[from] crate::state::shm::ShmOpenError),
+    State(#[from] OpenError),
+    /// Membership.
+    #[error(transparent)]
+    Join(#[from] JoinError),
     /// A socket or process.
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
@@ -181,10 +204,18 @@ pub enum RunError {
 /// What `ulnet dc node` is given (as JSON on its command line).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct NodeSpec {
-    /// The state file.
-    pub state: PathBuf,
     /// The node's index.
     pub index: u8,
+    /// Nodes in the center.
+    pub slots: usize,
+    /// The center's name (its shared-memory endpoints are named after it).
+    pub center: String,
+    /// How processes reach each other's remote memory.
+    pub path: RmaPath,
+    /// Where the front (home of the role word) takes remote-memory requests.
+    pub front: RmaEndpoint,
+    /// Members to join the membership cluster through (none: this node forms it).
+    pub seeds: Vec<SocketAddr>,
     /// Capacity.
     pub capacity: CapacityConfig,
     /// Helper settings.
@@ -193,9 +224,44 @@ pub struct NodeSpec {
     pub reconfigure: bool,
 }
 
+/// A node's first line: where it listens.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Ready {
+    /// HTTP port (on 127.0.0.1).
+    pub http: u16,
+    /// Remote memory.
+    pub rma: RmaEndpoint,
+    /// Its membership member (UDP and TCP).
+    pub member: SocketAddr,
+}
+
+/// What the front tells every node once all have started: where each takes remote-memory
+/// requests, by node index.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Peers {
+    /// Endpoints by node index.
+    pub endpoints: Vec<Option<RmaEndpoint>>,
+}
+
+/// A node running in this process.
+struct Booted {
+    handle: NodeHandle,
+    state: Arc<RmaState>,
+    member: Member,
+}
+
+impl Booted {
+    fn stop(self) -> NodeReport {
+        let report = self.handle.stop();
+        self.member.stop();
+        report
+    }
+}
+
 enum Running {
-    Thread(NodeHandle),
+    Thread(Booted),
     Process(Child, BufReader<std::process::ChildStdout>),
+    Killed,
 }
 
 fn node_config(spec: &NodeSpec) -> NodeConfig {
@@ -207,80 +273,172 @@ fn node_config(spec: &NodeSpec) -> NodeConfig {
     }
 }
 
-/// The body of a node process (`ulnet dc node`): start the node, print `{"ready":PORT}`,
-/// serve until standard input closes, print the node's report as one JSON line.
+/// Starts node `spec` in this process: its shared state, its membership member, its HTTP
+/// server.
+fn boot(spec: &NodeSpec, key: &ClusterKey) -> Result<(Booted, Ready), RunError> {
+    let index = NodeIndex(spec.index);
+    let config = RmaStateConfig::new(&spec.center, spec.slots, spec.path);
+    let state = Arc::new(RmaState::node(config, index, spec.front.clone(), key.clone())?);
+    let member = Member::join(index, SocketAddr::from(([127, 0, 0, 1], 0)), spec.seeds.clone(), key)?;
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let handle = node::start(node_config(spec), state.clone(), key.clone(), listener, Some(member.watch()))?;
+    let ready = Ready { http: handle.addr().port(), rma: state.endpoint().clone(), member: member.addr() };
+    Ok((Booted { handle, state, member }, ready))
+}
+
+fn json_line<T: Serialize>(value: &T) -> Result<String, RunError> {
+    serde_json::to_string(value).map_err(|e| RunError::Config(e.to_string()))
+}
+
+/// The body of a node process (`ulnet dc node`): start the node and print [`Ready`]; read
+/// [`Peers`] and answer `{"peers":true}`; serve until standard input closes; print the
+/// node's report as one JSON line.
 pub fn node_process(spec: &NodeSpec) -> Result<(), RunError> {
     let key = std::env::var(KEY_ENV)
         .ok()
         .and_then(|k| ClusterKey::from_hex(&k))
         .ok_or_else(|| RunError::Config(format!("{KEY_ENV} must hold the cluster key in hex")))?;
-    let state: Arc<dyn SharedState> = Arc::new(ShmState::open(&spec.state, Some(NodeIndex(spec.index)), key.clone())?);
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let handle = node::start(node_config(spec), state, key, listener)?;
-    println!("{{\"ready\":{}}}", handle.addr().port());
+    let (booted, ready) = boot(spec, &key)?;
+    println!("{}", json_line(&ready)?);
     std::io::stdout().flush()?;
     let mut line = String::new();
+    std::io::stdin().read_line(&mut line)?;
+    let peers: Peers = serde_json::from_str(&line).map_err(|e| RunError::Config(format!("peers line: {e}")))?;
+    booted.state.set_endpoints(&peers.endpoints);
+    println!("{{\"peers\":true}}");
+    std::io::stdout().flush()?;
+    line.clear();
     while std::io::stdin().read_line(&mut line)? > 0 {
         line.clear();
     }
-    let report = handle.stop();
-    println!("{}", serde_json::to_string(&report).map_err(|e| RunError::Config(e.to_string()))?);
+    let report = booted.stop();
+    println!("{}", json_line(&report)?);
     Ok(())
+}
+
+/// A running center: its front (role word, balancer) and its nodes.
+pub struct Center {
+    front: Arc<RmaState>,
+    balancer: Balancer,
+    nodes: Vec<Running>,
+    table: RoleTable,
+    splits: Vec<(usize, usize)>,
+}
+
+impl Center {
+    /// Starts the center `config` describes (its sites, policy, capacity, helper, launch
+    /// and path; the load settings are for [`run`]).
+    pub fn start(config: &RunConfig) -> Result<Center, RunError> {
+        let splits: Vec<(usize, usize)> = config.sites.iter().map(|s| s.split).collect();
+        let nodes: usize = splits.iter().map(|(p, a)| p + a).sum();
+        if nodes > NODES_MAX || config.sites.is_empty() || splits.iter().any(|(p, a)| *p == 0 || *a == 0) {
+            return Err(RunError::Config(format!(
+                "each site needs at least one proxy and one application node, and at most {NODES_MAX} nodes in all"
+            )));
+        }
+        let table = initial_table(&splits);
+        table.validate().map_err(|e| RunError::Config(e.to_string()))?;
+        let mut helper = config.helper;
+        for (share, (p, a)) in helper.shares.iter_mut().zip(&splits) {
+            *share = (p + a) as u8;
+        }
+        let key = ClusterKey::random();
+        let center = format!("dc{}-{:08x}", std::process::id(), rand::random::<u32>());
+        let front = Arc::new(RmaState::front(RmaStateConfig::new(&center, nodes, config.path), table, key.clone())?);
+        let mut running: Vec<Running> = Vec::new();
+        let started = (|| -> Result<Vec<Ready>, RunError> {
+            let mut ready: Vec<Ready> = Vec::new();
+            for i in 0..nodes {
+                let spec = NodeSpec {
+                    index: i as u8,
+                    slots: nodes,
+                    center: center.clone(),
+                    path: config.path,
+                    front: front.endpoint().clone(),
+                    seeds: ready.first().map(|r| r.member).into_iter().collect(),
+                    capacity: config.capacity,
+                    helper,
+                    reconfigure: config.policy == Policy::Reconf,
+                };
+                let (r, node) = launch(&config.launch, &spec, &key)?;
+                ready.push(r);
+                running.push(node);
+            }
+            let peers = Peers { endpoints: ready.iter().map(|r| Some(r.rma.clone())).collect() };
+            front.set_endpoints(&peers.endpoints);
+            for (i, node) in running.iter_mut().enumerate() {
+                tell_peers(node, &peers).map_err(|e| RunError::Node(i, format!("peers: {e}")))?;
+            }
+            Ok(ready)
+        })();
+        if let Err(e) = started {
+            for (i, r) in running.into_iter().enumerate() {
+                stop_node(r, i).ok();
+            }
+            return Err(e);
+        }
+        let balancer =
+            Balancer::start(BalancerConfig::default(), front.clone(), key, TcpListener::bind("127.0.0.1:0")?)?;
+        // Every node published its record before it said it was ready; let the balancer read them.
+        std::thread::sleep(Duration::from_millis(150));
+        Ok(Center { front, balancer, nodes: running, table, splits })
+    }
+
+    /// The front's handle on the shared state (an observer: it reads, it may compare-and-
+    /// swap the role word it holds, it never announces).
+    pub fn front(&self) -> Arc<RmaState> {
+        self.front.clone()
+    }
+
+    /// The front load balancer.
+    pub fn balancer(&self) -> &Balancer {
+        &self.balancer
+    }
+
+    /// The table the center started with.
+    pub fn initial_table(&self) -> RoleTable {
+        self.table
+    }
+
+    /// Kills node `node`'s process with SIGKILL, as a crash would (processes only).
+    pub fn kill(&mut self, node: NodeIndex) -> Result<(), RunError> {
+        let slot = self.nodes.get_mut(node.get()).ok_or(RunError::Config(format!("no node {node}")))?;
+        match std::mem::replace(slot, Running::Killed) {
+            Running::Process(mut child, _) => {
+                child.kill()?;
+                child.wait()?;
+                Ok(())
+            }
+            other => {
+                *slot = other;
+                Err(RunError::Config("only node processes can be killed".into()))
+            }
+        }
+    }
+
+    /// Stops the balancer and every node; their reports (`None` for a killed node).
+    pub fn stop(self) -> Result<(Vec<Option<NodeReport>>, BalancerReport), RunError> {
+        let balancer = self.balancer.stop();
+        // Tell every process first, so they stop together rather than watch each other go.
+        let mut nodes = self.nodes;
+        for n in &mut nodes {
+            if let Running::Process(child, _) = n {
+                drop(child.stdin.take());
+            }
+        }
+        let mut reports = Vec::new();
+        for (i, r) in nodes.into_iter().enumerate() {
+            reports.push(stop_node(r, i)?);
+        }
+        Ok((reports, balancer))
+    }
 }
 
 /// Runs the center described by `config` and measures it.
 pub fn run(config: &RunConfig) -> Result<RunResult, RunError> {
-    let splits: Vec<(usize, usize)> = config.sites.iter().map(|s| s.split).collect();
-    let nodes: usize = splits.iter().map(|(p, a)| p + a).sum();
-    if nodes > NODES_MAX || config.sites.is_empty() || splits.iter().any(|(p, a)| *p == 0 || *a == 0) {
-        return Err(RunError::Config(format!(
-            "each site needs at least one proxy and one application node, and at most {NODES_MAX} nodes in all"
-        )));
-    }
-    let table = initial_table(&splits);
-    table.validate().map_err(|e| RunError::Config(e.to_string()))?;
-    let key = ClusterKey::random();
-    let state_path = std::env::temp_dir().join(format!("ulnet-dc-{}-{}", std::process::id(), rand::random::<u32>()));
-    let observer: Arc<dyn SharedState> = Arc::new(ShmState::create(&state_path, nodes, table, key.clone())?);
-    let result = run_on(config, &state_path, observer, key, table, nodes, splits);
-    std::fs::remove_file(&state_path).ok();
-    result
-}
-
-fn run_on(
-    config: &RunConfig,
-    state_path: &std::path::Path,
-    observer: Arc<dyn SharedState>,
-    key: ClusterKey,
-    table: RoleTable,
-    nodes: usize,
-    splits: Vec<(usize, usize)>,
-) -> Result<RunResult, RunError> {
-    let mut running = Vec::new();
-    let launched = (|| -> Result<(), RunError> {
-        for i in 0..nodes {
-            let spec = NodeSpec {
-                state: state_path.to_path_buf(),
-                index: i as u8,
-                capacity: config.capacity,
-                helper: config.helper,
-                reconfigure: config.policy == Policy::Reconf,
-            };
-            running.push(launch(&config.launch, &spec, &key)?);
-        }
-        Ok(())
-    })();
-    if let Err(e) = launched {
-        for r in running {
-            stop_node(r, 0).ok();
-        }
-        return Err(e);
-    }
-    let balancer =
-        Balancer::start(BalancerConfig::default(), observer.clone(), key, TcpListener::bind("127.0.0.1:0")?)?;
-    // Every node has published its address once it printed "ready"; let the balancer read them.
-    std::thread::sleep(Duration::from_millis(150));
-
+    let center = Center::start(config)?;
+    let observer = center.front();
+    let (table, splits) = (center.table, center.splits.clone());
     let stop = AtomicBool::new(false);
     let start = Instant::now();
     let (samples, tiers) = std::thread::scope(|scope| {
@@ -297,17 +455,16 @@ fn run_on(
             }
             tiers
         });
-        let samples = loadgen::run(balancer.addr(), config.clients, &config.trace, start, config.duration, &stop);
+        let samples =
+            loadgen::run(center.balancer().addr(), config.clients, &config.trace, start, config.duration, &stop);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         (samples, sampler.join().expect("sampler thread"))
     });
     let elapsed_s = samples.iter().map(|s| s.done_us).max().unwrap_or(0) as f64 / 1e6;
     let end_table = observer.read_roles().unwrap_or(table);
-    let balancer_report = balancer.stop();
-    let mut node_reports = Vec::new();
-    for (i, r) in running.into_iter().enumerate() {
-        node_reports.push(stop_node(r, i)?);
-    }
+    let front = observer.counters();
+    let nodes = center.nodes.len();
+    let (node_reports, balancer_report) = center.stop()?;
     let snapshot_s = config.snapshot.as_secs_f64();
     let sites: Vec<SiteReport> = config
         .sites
@@ -333,21 +490,22 @@ fn run_on(
         snapshot_s,
         sites,
         tiers,
-        node_reports,
+        node_reports: node_reports.into_iter().flatten().collect(),
         balancer: balancer_report.into(),
+        path: config.path,
+        front,
     })
 }
 
-fn launch(how: &Launch, spec: &NodeSpec, key: &ClusterKey) -> Result<Running, RunError> {
+fn launch(how: &Launch, spec: &NodeSpec, key: &ClusterKey) -> Result<(Ready, Running), RunError> {
+    let index = usize::from(spec.index);
     match how {
         Launch::Threads => {
-            let state: Arc<dyn SharedState> =
-                Arc::new(ShmState::open(&spec.state, Some(NodeIndex(spec.index)), key.clone())?);
-            let handle = node::start(node_config(spec), state, key.clone(), TcpListener::bind("127.0.0.1:0")?)?;
-            Ok(Running::Thread(handle))
+            let (booted, ready) = boot(spec, key)?;
+            Ok((ready, Running::Thread(booted)))
         }
         Launch::Processes { exe } => {
-            let json = serde_json::to_string(spec).map_err(|e| RunError::Config(e.to_string()))?;
+            let json = json_line(spec)?;
             let mut child = Command::new(exe)
                 .args(["dc", "node", "--spec", &json])
                 .env(KEY_ENV, key.to_hex())
@@ -358,19 +516,40 @@ fn launch(how: &Launch, spec: &NodeSpec, key: &ClusterKey) -> Result<Running, Ru
             let mut out = BufReader::new(child.stdout.take().expect("piped stdout"));
             let mut line = String::new();
             out.read_line(&mut line)?;
-            if !line.contains("\"ready\"") {
-                child.kill().ok();
-                child.wait().ok();
-                return Err(RunError::Node(usize::from(spec.index), format!("did not start: {}", line.trim())));
+            match serde_json::from_str::<Ready>(&line) {
+                Ok(ready) => Ok((ready, Running::Process(child, out))),
+                Err(_) => {
+                    child.kill().ok();
+                    child.wait().ok();
+                    Err(RunError::Node(index, format!("did not start: {}", line.trim())))
+                }
             }
-            Ok(Running::Process(child, out))
         }
     }
 }
 
-fn stop_node(r: Running, index: usize) -> Result<NodeReport, RunError> {
+fn tell_peers(node: &mut Running, peers: &Peers) -> Result<(), RunError> {
+    match node {
+        Running::Thread(b) => b.state.set_endpoints(&peers.endpoints),
+        Running::Process(child, out) => {
+            let stdin = child.stdin.as_mut().expect("piped stdin");
+            writeln!(stdin, "{}", json_line(peers)?)?;
+            stdin.flush()?;
+            let mut line = String::new();
+            out.read_line(&mut line)?;
+            if line.trim() != "{\"peers\":true}" {
+                return Err(RunError::Config(format!("unexpected answer {:?}", line.trim())));
+            }
+        }
+        Running::Killed => {}
+    }
+    Ok(())
+}
+
+fn stop_node(r: Running, index: usize) -> Result<Option<NodeReport>, RunError> {
     match r {
-        Running::Thread(h) => Ok(h.stop()),
+        Running::Thread(b) => Ok(Some(b.stop())),
+        Running::Killed => Ok(None),
         Running::Process(mut child, mut out) => {
             drop(child.stdin.take());
             let mut line = String::new();
@@ -379,7 +558,7 @@ fn stop_node(r: Running, index: usize) -> Result<NodeReport, RunError> {
             if !status.success() {
                 return Err(RunError::Node(index, format!("exited with {status}")));
             }
-            serde_json::from_str(&line).map_err(|e| RunError::Node(index, format!("bad report: {e}")))
+            serde_json::from_str(&line).map(Some).map_err(|e| RunError::Node(index, format!("bad report: {e}")))
         }
     }
 }

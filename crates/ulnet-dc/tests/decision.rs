@@ -132,6 +132,38 @@ fn the_low_priority_site_gets_only_what_the_high_one_does_not_need() {
     assert_eq!(p0 + a0, 4);
 }
 
+#[test]
+fn a_site_below_its_share_takes_back_what_it_lent_at_once_and_in_one_change() {
+    // Site 0 (share 5) lent three nodes to site 1 (share 2) and sits on its floor.
+    let table = initial_table(&[(1, 1), (2, 3)]);
+    let loads = loads_by_role(table, |r| if r.site.0 == 0 && r.tier == Tier::Proxy { BUSY } else { HALF });
+    let shares = HelperConfig { shares: [5, 2, 0], ..config() };
+    let t0 = Instant::now();
+    let p = Helper::new(shares, table).handle_observation(t0, table, &loads).expect("no history window for a reclaim");
+    assert_eq!((p.to, p.moved), (Role::new(0, Tier::Proxy), 3), "all it lent, in one change");
+    assert_eq!(p.proposed.split(SiteId(0)), (4, 1));
+    assert_eq!(p.proposed.split(SiteId(1)), (1, 1), "the low site keeps its floor");
+    // Without shares the pull waits for the history window, and moves what one change may.
+    let mut h = Helper::new(config(), table);
+    assert!(h.handle_observation(t0, table, &loads).is_none());
+    let p = h.handle_observation(t0 + Duration::from_millis(400), table, &loads).unwrap();
+    assert_eq!(p.proposed.split(SiteId(0)), (4, 1));
+    // At its share, a site pulls more only after the history window.
+    let table = initial_table(&[(2, 3), (1, 1), (1, 1)]);
+    let loads = loads_by_role(table, |r| if r.site.0 == 0 && r.tier == Tier::Proxy { BUSY } else { IDLE });
+    let mut h = Helper::new(HelperConfig { shares: [5, 1, 1], ..config() }, table);
+    assert!(h.handle_observation(t0, table, &loads).is_none(), "site 0 holds its share: no reclaim");
+}
+
+/// Each site's share: its starting split, as a center sets it.
+fn shares_of(sites: &[(usize, usize)]) -> [u8; 3] {
+    let mut shares = [0; 3];
+    for (share, (p, a)) in shares.iter_mut().zip(sites) {
+        *share = (p + a) as u8;
+    }
+    shares
+}
+
 /// One helper's step in a random schedule.
 #[derive(Clone, Debug)]
 struct Step {
@@ -182,7 +214,7 @@ proptest! {
         let start = initial_table(&sites);
         let members = start.members().count();
         let mut word = start;
-        let cfg = HelperConfig { nodes_per_change_max: per_change, history_window: Duration::from_millis(100), settle: Duration::from_millis(50), ..HelperConfig::lab() };
+        let cfg = HelperConfig { nodes_per_change_max: per_change, history_window: Duration::from_millis(100), settle: Duration::from_millis(50), shares: shares_of(&sites), ..HelperConfig::lab() };
         let mut helpers: Vec<Helper> = (0..7).map(|_| Helper::new(cfg, start)).collect();
         let mut now = Instant::now();
         for s in steps {
@@ -203,6 +235,131 @@ proptest! {
                 h.handle_cas(now, &p, outcome);
                 check(word, members)?;
             }
+        }
+    }
+}
+
+#[test]
+fn a_departure_takes_the_dead_node_out_and_refills_its_tier() {
+    let table = initial_table(&[(2, 3)]);
+    let loads = loads_by_role(table, |r| if r.tier == Tier::Proxy { HALF } else { IDLE });
+    let mut h = Helper::new(config(), table);
+    let now = Instant::now();
+    // Node 0, a proxy, died: it goes, and the proxy tier keeps node 1.
+    let p = h.handle_departures(now, table, &[NodeIndex(0)], &loads).unwrap();
+    assert_eq!((p.removed, p.moved), (1, 0));
+    assert_eq!(p.proposed.role(NodeIndex(0)), None);
+    assert_eq!(p.proposed.split(SiteId(0)), (1, 3));
+    assert_eq!(p.proposed.epoch(), table.epoch() + 1, "one change");
+    // Both proxies died: an application node moves to the proxy tier in the same change.
+    let p = h.handle_departures(now, table, &[NodeIndex(0), NodeIndex(1)], &loads).unwrap();
+    assert_eq!((p.removed, p.moved), (2, 1));
+    assert_eq!(p.proposed.split(SiteId(0)), (1, 2));
+    assert!(p.proposed.validate().is_ok());
+    // A node already out of the table: nothing to do.
+    h.handle_cas(now, &p, CasOutcome::Swapped);
+    assert_eq!(h.counters().departures, 2);
+    assert!(h.handle_departures(now, p.proposed, &[NodeIndex(0)], &loads).is_none());
+}
+
+#[test]
+fn a_node_membership_took_back_returns_to_its_home_site_and_busier_tier() {
+    // Site 1's application node (node 6) was excluded and is back; site 1's proxy is busy.
+    let start = two_sites();
+    let table = start.with_changes(&[(NodeIndex(6), None), (NodeIndex(4), Some(Role::new(1, Tier::App)))]);
+    assert!(table.validate().is_ok());
+    let loads = loads_by_role(table, |r| if r == Role::new(1, Tier::Proxy) { BUSY } else { IDLE });
+    let mut h = Helper::new(HelperConfig { shares: [5, 2, 0], ..config() }, table);
+    let now = Instant::now();
+    let p = h.handle_returns(now, table, &[NodeIndex(6)], &loads).expect("a live node out of the table comes back");
+    assert_eq!((p.to, p.moved, p.removed), (Role::new(1, Tier::Proxy), 1, 0), "home site 1, its busier tier");
+    assert_eq!(p.proposed.split(SiteId(1)), (2, 1));
+    assert_eq!(p.proposed.epoch(), table.epoch() + 1, "one change");
+    // Without shares a returning node goes to site 0; a node still in the table is no return.
+    let mut h = Helper::new(config(), table);
+    assert_eq!(h.handle_returns(now, table, &[NodeIndex(6)], &loads).unwrap().to.site, SiteId(0));
+    assert!(h.handle_returns(now, table, &[NodeIndex(2)], &loads).is_none());
+}
+
+#[test]
+fn a_low_priority_site_that_loses_a_tier_gets_a_node_from_the_other_site() {
+    let table = two_sites(); // site 1: node 5 proxy, node 6 app
+    let loads = loads_by_role(table, |_| IDLE);
+    let mut h = Helper::new(config(), table);
+    let p = h.handle_departures(Instant::now(), table, &[NodeIndex(6)], &loads).unwrap();
+    assert_eq!(p.proposed.split(SiteId(1)), (1, 1));
+    assert_eq!(p.proposed.split(SiteId(0)).0 + p.proposed.split(SiteId(0)).1, 4);
+    // A site left with one live node and no other site to lend: no valid table, no proposal.
+    let lone = initial_table(&[(1, 1)]);
+    let mut h = Helper::new(config(), lone);
+    assert!(h.handle_departures(Instant::now(), lone, &[NodeIndex(0)], &loads).is_none());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 1000, ..ProptestConfig::default() })]
+
+    /// Nodes die at random moments while the helpers of the living decide on their own
+    /// (often stale) views; a helper that knows of a death proposes its departure first.
+    /// Every table the word ever holds is valid, and once every living helper has looked
+    /// after the last death, no dead node is left in the word.
+    #[test]
+    fn departures_and_decisions_keep_every_tier_populated(
+        sites in prop_oneof![Just(vec![(3usize, 4usize)]), Just(vec![(2, 3), (1, 1)]), Just(vec![(1, 1), (1, 1), (1, 2)])],
+        steps in proptest::collection::vec((step(7), proptest::option::weighted(0.05, 0u8..7)), 1..120),
+    ) {
+        let start = initial_table(&sites);
+        let members = start.members().count();
+        let deaths_max = members - 2 * sites.len();
+        let mut word = start;
+        let cfg = HelperConfig { history_window: Duration::from_millis(100), settle: Duration::from_millis(50), shares: shares_of(&sites), ..HelperConfig::lab() };
+        let mut helpers: Vec<Helper> = (0..7).map(|_| Helper::new(cfg, start)).collect();
+        let mut dead: Vec<NodeIndex> = Vec::new();
+        let mut now = Instant::now();
+        let decide = |h: &mut Helper, seen: RoleTable, loads: &[Option<NodeLoad>], dead: &[NodeIndex], now: Instant, word: &mut RoleTable| -> Result<(), TestCaseError> {
+            let p = h.handle_departures(now, seen, dead, loads).or_else(|| h.handle_observation(now, seen, loads));
+            if let Some(p) = p {
+                prop_assert!(p.proposed.validate().is_ok(), "invalid proposal {:?}", p.proposed);
+                let outcome = if *word == p.expected {
+                    *word = p.proposed;
+                    CasOutcome::Swapped
+                } else {
+                    CasOutcome::Failed(*word)
+                };
+                h.handle_cas(now, &p, outcome);
+                prop_assert!(word.validate().is_ok(), "invalid table {:?}", word);
+                prop_assert!(word.members().count() + dead.len() >= members, "a living node left: {:?}", word);
+            }
+            Ok(())
+        };
+        for (s, kill) in steps {
+            if let Some(k) = kill {
+                if dead.len() < deaths_max && !dead.contains(&NodeIndex(k)) {
+                    dead.push(NodeIndex(k));
+                }
+            }
+            now += Duration::from_millis(s.advance_ms);
+            if dead.contains(&NodeIndex(s.helper as u8)) {
+                continue;
+            }
+            let loads: Vec<Option<NodeLoad>> = s.loads.iter().enumerate().map(|(i, l)| {
+                if dead.contains(&NodeIndex(i as u8)) { return None; }
+                l.map(|(busy, queued)| NodeLoad { workers: 2.0, busy: f64::from(busy), queued: f64::from(queued) })
+            }).collect();
+            let h = &mut helpers[s.helper];
+            let seen = if s.fresh_read { word } else { h.view() };
+            decide(h, seen, &loads, &dead, now, &mut word)?;
+        }
+        // Every living helper looks once more, at the word itself.
+        for (i, h) in helpers.iter_mut().enumerate() {
+            if dead.contains(&NodeIndex(i as u8)) {
+                continue;
+            }
+            now += Duration::from_millis(500);
+            let loads = vec![None; NODES_MAX];
+            decide(h, word, &loads, &dead, now, &mut word)?;
+        }
+        for d in &dead {
+            prop_assert!(word.role(*d).is_none(), "dead {} still in {:?}", d, word);
         }
     }
 }

@@ -15,7 +15,7 @@ use ulnet_dc::load::ClusterKey;
 use ulnet_dc::nginx::{NginxConfig, NginxNode, NginxRole, Sidecar};
 use ulnet_dc::node::document;
 use ulnet_dc::role::{initial_table, NodeIndex, Role, Tier};
-use ulnet_dc::state::shm::ShmState;
+use ulnet_dc::state::rma::{RmaEndpoint, RmaPath, RmaState, RmaStateConfig};
 use ulnet_dc::state::{CasOutcome, SharedState};
 
 fn nginx_binary() -> Option<PathBuf> {
@@ -85,6 +85,8 @@ impl Drop for StopOnDrop<'_> {
     }
 }
 
+/// What a node's helper does to move `node` to `tier`: compare-and-swap at the role word's
+/// home, then announce to every node.
 fn switch(state: &dyn SharedState, node: u8, tier: Tier) {
     let t = state.read_roles().unwrap();
     let next = t.with_role(NodeIndex(node), Some(Role::new(0, tier)));
@@ -92,6 +94,22 @@ fn switch(state: &dyn SharedState, node: u8, tier: Tier) {
     for n in 0..3 {
         state.announce(NodeIndex(n), next).unwrap();
     }
+}
+
+/// The shared state of a three-node center in remote memory: the front (home of the role
+/// word) and one handle per node, mapped on this host.
+fn shared_state(key: &ClusterKey) -> (RmaState, Vec<RmaState>) {
+    let name = format!("t-dc-nginx-{}-{:x}", std::process::id(), rand::random::<u32>());
+    let config = RmaStateConfig::new(&name, 3, RmaPath::Map);
+    let front = RmaState::front(config.clone(), initial_table(&[(1, 2)]), key.clone()).unwrap();
+    let nodes: Vec<RmaState> = (0..3)
+        .map(|i| RmaState::node(config.clone(), NodeIndex(i), front.endpoint().clone(), key.clone()).unwrap())
+        .collect();
+    let endpoints: Vec<Option<RmaEndpoint>> = nodes.iter().map(|n| Some(n.endpoint().clone())).collect();
+    for n in &nodes {
+        n.set_endpoints(&endpoints);
+    }
+    (front, nodes)
 }
 
 fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
@@ -115,8 +133,7 @@ fn nginx_nodes_switch_tier_under_load_without_failing_a_request() {
         std::fs::write(docroot.join("0").join(d.to_string()), &*document(0, d)).unwrap();
     }
     let key = ClusterKey::new(b"nginx-test");
-    let state_path = root.join("state");
-    let observer = ShmState::create(&state_path, 3, initial_table(&[(1, 2)]), key.clone()).unwrap();
+    let (_front, states) = shared_state(&key);
     let addrs: Vec<SocketAddrV4> = (0..3).map(|_| free_port()).collect();
     let addr_of: Vec<Option<SocketAddr>> = addrs.iter().map(|a| Some(SocketAddr::V4(*a))).collect();
     let config = |i: usize| NginxConfig {
@@ -130,14 +147,14 @@ fn nginx_nodes_switch_tier_under_load_without_failing_a_request() {
     let n1 = NginxNode::start(config(1), NginxRole::App).unwrap();
     let n2 = NginxNode::start(config(2), NginxRole::App).unwrap();
     let n0 = NginxNode::start(config(0), NginxRole::Proxy { app_servers: apps }).unwrap();
-    let sidecars: Vec<Mutex<(Sidecar, ShmState)>> = [n0, n1, n2]
+    let sidecars: Vec<Mutex<(Sidecar, RmaState)>> = [n0, n1, n2]
         .into_iter()
+        .zip(states)
         .enumerate()
-        .map(|(i, n)| {
-            let s = ShmState::open(&state_path, Some(NodeIndex(i as u8)), key.clone()).unwrap();
-            Mutex::new((Sidecar::new(n, NodeIndex(i as u8)), s))
-        })
+        .map(|(i, (n, s))| Mutex::new((Sidecar::new(n, NodeIndex(i as u8)), s)))
         .collect();
+    // Node 0's helper decides the switches.
+    let switch = |node: u8, tier: Tier| switch(&sidecars[0].lock().unwrap().1, node, tier);
     let stop = AtomicBool::new(false);
     let (ok, failed) = (AtomicU64::new(0), AtomicU64::new(0));
     let target = addr_of[0].unwrap();
@@ -172,7 +189,7 @@ fn nginx_nodes_switch_tier_under_load_without_failing_a_request() {
         let role_of = |i: usize| sidecars[i].lock().unwrap().0.node().role().clone();
         std::thread::sleep(Duration::from_millis(300));
         // Node 2 joins the proxy tier: it reloads as a caching proxy, node 0 drops it upstream.
-        switch(&observer, 2, Tier::Proxy);
+        switch(2, Tier::Proxy);
         wait_for("node 2 to become a proxy", || matches!(role_of(2), NginxRole::Proxy { .. }));
         wait_for("node 0 to drop node 2 upstream", || {
             role_of(0) == NginxRole::Proxy { app_servers: vec![addr_of[1].unwrap()] }
@@ -191,7 +208,7 @@ fn nginx_nodes_switch_tier_under_load_without_failing_a_request() {
         assert!(statuses.contains(&Some("MISS".to_string())), "a new proxy starts cold: {statuses:?}");
         std::thread::sleep(Duration::from_millis(300));
         // And back to the application tier.
-        switch(&observer, 2, Tier::App);
+        switch(2, Tier::App);
         wait_for("node 2 to serve the application tier", || role_of(2) == NginxRole::App);
         wait_for(
             "node 0 to take node 2 upstream again",

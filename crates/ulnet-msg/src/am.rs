@@ -9,6 +9,11 @@
 //!  | message header (24 B, kind AmRequest/AmReply, method = handler) | 4 x u64 args | payload |
 //! ```
 //!
+//! The header's request id numbers a requester's active messages (ids below 2^32, which
+//! RPC calls, numbered from generation 1 up in the high half, never use) and a reply
+//! carries its request's id back: traces pair them as they pair calls. Handlers do not
+//! see it.
+//!
 //! A reply handler that tries to answer does not compile:
 //!
 //! ```compile_fail
@@ -63,10 +68,12 @@ pub(crate) fn decode_body(body: &[u8]) -> Option<([u64; AM_ARGS], &[u8])> {
     Some((args, &body[AM_ARGS_LEN..]))
 }
 
-/// The gather list of an active message: header, arguments, payload.
+/// The gather list of an active message: header, arguments, payload. `request_id` pairs a
+/// reply with its request in traces (0: none).
 pub(crate) fn frame<'a>(
     kind: Kind,
     handler: u16,
+    request_id: u64,
     header: &'a mut [u8; HEADER_LEN],
     args: &'a [u8; AM_ARGS_LEN],
     payload: &[&'a [u8]],
@@ -75,7 +82,7 @@ pub(crate) fn frame<'a>(
         payload.len() <= AM_PAYLOAD_GATHER_MAX,
         "an active message has at most {AM_PAYLOAD_GATHER_MAX} payload buffers"
     );
-    *header = Header { kind, method: handler, status: None, request_id: 0, deadline_us: 0 }.encode();
+    *header = Header { kind, method: handler, status: None, request_id, deadline_us: 0 }.encode();
     let mut gather: [&[u8]; ulnet_core::GATHER_MAX] = [&[]; ulnet_core::GATHER_MAX];
     gather[0] = header;
     gather[1] = args;
@@ -89,6 +96,8 @@ pub struct AmReplier<'a, 'b> {
     pub(crate) reply: &'a mut ReplyTo<'b>,
     pub(crate) deferred: &'a mut VecDeque<(ChannelId, Vec<u8>)>,
     pub(crate) channel: ChannelId,
+    /// The request's id, echoed by the reply.
+    pub(crate) request_id: u64,
     pub(crate) replied: bool,
 }
 
@@ -101,9 +110,9 @@ impl AmReplier<'_, '_> {
         self.replied = true;
         let mut header = [0u8; HEADER_LEN];
         let args = encode_args(&args);
-        let gather = frame(Kind::AmReply, handler, &mut header, &args, payload);
+        let gather = frame(Kind::AmReply, handler, self.request_id, &mut header, &args, payload);
         let gather = &gather[..2 + payload.len()];
-        match self.reply.send_as(gather, Kind::AmReply.trace_kind(), 0) {
+        match self.reply.send_as(gather, Kind::AmReply.trace_kind(), self.request_id) {
             Ok(SendOutcome::Done) => {}
             Ok(_) => self.deferred.push_back((self.channel, gather.concat())),
             Err(e) => tracing::debug!("active-message reply not sent: {e}"),

@@ -153,7 +153,9 @@ pub struct Request<'a> {
 /// The way an inline handler answers: once, with a gather list, from inside the handler.
 /// One-way requests get a `Replier` that sends nothing.
 pub struct Replier<'a, 'b> {
-    reply: Option<&'a mut ReplyTo<'b>>,
+    reply: &'a mut ReplyTo<'b>,
+    /// The caller waits for an answer (not a one-way call).
+    answer: bool,
     header: Header,
     deferred: &'a mut VecDeque<(ChannelId, Vec<u8>)>,
     channel: ChannelId,
@@ -167,7 +169,10 @@ impl Replier<'_, '_> {
         assert!(payload.len() <= PAYLOAD_GATHER_MAX, "a reply payload has at most {PAYLOAD_GATHER_MAX} buffers");
         assert!(!self.replied, "a request is answered once");
         self.replied = true;
-        let Some(reply) = self.reply.as_deref_mut() else { return };
+        if !self.answer {
+            return;
+        }
+        let reply = &mut *self.reply;
         let header = self.header.encode();
         let mut gather: [&[u8]; ulnet_core::GATHER_MAX] = [&[]; ulnet_core::GATHER_MAX];
         gather[0] = &header;
@@ -193,7 +198,9 @@ impl Replier<'_, '_> {
     pub fn defer(&mut self) -> Option<DeferredReply> {
         assert!(!self.replied, "a request is answered once");
         self.replied = true;
-        self.reply.as_ref()?;
+        if !self.answer {
+            return None;
+        }
         Some(DeferredReply { channel: self.channel, header: self.header })
     }
 }
@@ -228,6 +235,8 @@ struct PooledDone {
     result: Result<Vec<u8>, Status>,
     /// Whether the caller waits for an answer (not for one-way calls).
     answer: bool,
+    /// The request's trace record, with the handler's times (while tracing).
+    trace: Option<trace::PendingReceive>,
 }
 
 struct CallSlot {
@@ -293,6 +302,8 @@ pub struct Rpc {
     /// Pooled requests handed to workers and not yet collected (skips the queue check).
     pooled_in_flight: usize,
     counters: RpcCounters,
+    /// The id of the last active-message request sent (ids stay below 2^32).
+    am_last_id: u32,
 }
 
 impl Rpc {
@@ -317,6 +328,7 @@ impl Rpc {
             done_rx,
             pooled_in_flight: 0,
             counters: RpcCounters::default(),
+            am_last_id: 0,
         }
     }
 
@@ -404,8 +416,13 @@ impl Rpc {
     ) -> Result<SendOutcome, CallError> {
         let mut header = [0u8; HEADER_LEN];
         let args = am::encode_args(&args);
-        let gather = am::frame(Kind::AmRequest, handler, &mut header, &args, payload);
-        self.ep.send_as(channel, &gather[..2 + payload.len()], Kind::AmRequest.trace_kind(), 0).map_err(CallError::from)
+        let id = u64::from(self.am_last_id.checked_add(1).unwrap_or(1));
+        let gather = am::frame(Kind::AmRequest, handler, id, &mut header, &args, payload);
+        let outcome = self.ep.send_as(channel, &gather[..2 + payload.len()], Kind::AmRequest.trace_kind(), id)?;
+        if outcome == SendOutcome::Done {
+            self.am_last_id = id as u32;
+        }
+        Ok(outcome)
     }
 
     /// Sends a request; the reply or failure comes from [`Rpc::poll`]. `payload` is a gather
@@ -545,8 +562,15 @@ impl Rpc {
                         p.skip = is_request && message_len > config.max_request_len + HEADER_LEN as u64;
                         if let (true, Some(h)) = (p.skip, header) {
                             counters.refused += 1;
-                            let reply = (h.kind == Kind::Request).then_some(&mut reply);
-                            let mut r = Replier { reply, header: reply_header(&h), deferred, channel, replied: false };
+                            let answer = h.kind == Kind::Request;
+                            let mut r = Replier {
+                                reply: &mut reply,
+                                answer,
+                                header: reply_header(&h),
+                                deferred,
+                                channel,
+                                replied: false,
+                            };
                             r.fail(Status::PayloadTooLarge);
                         }
                     }
@@ -639,6 +663,9 @@ impl Rpc {
         let mut n = 0;
         while let Ok(done) = self.done_rx.try_recv() {
             self.pooled_in_flight -= 1;
+            if let Some(record) = done.trace {
+                self.ep.trace_put(record);
+            }
             if !done.answer {
                 continue;
             }
@@ -702,7 +729,7 @@ impl Dispatch<'_> {
             }
         };
         if self.tracing {
-            trace::note_receive(header.kind.trace_kind(), header.request_id);
+            reply.trace_describe(header.kind.trace_kind(), header.request_id);
         }
         let payload = &msg[HEADER_LEN..];
         match header.kind {
@@ -722,14 +749,14 @@ impl Dispatch<'_> {
                 let call = CallId(header.request_id);
                 let tracing = self.tracing;
                 if tracing {
-                    trace::handler_start();
+                    reply.trace_handler_start();
                 }
                 match header.status {
                     None => handle(RpcEvent::Reply { call, channel, data: payload }),
                     Some(status) => handle(RpcEvent::Failed { call, channel, error: status.into() }),
                 }
                 if tracing {
-                    trace::handler_end();
+                    reply.trace_handler_end();
                 }
             }
             Kind::Request | Kind::OneWay => self.serve(channel, header, payload, reply),
@@ -747,13 +774,14 @@ impl Dispatch<'_> {
         let id = header.method as usize;
         let tracing = self.tracing;
         if tracing {
-            trace::handler_start();
+            reply.trace_handler_start();
         }
         if header.kind == Kind::AmRequest {
             match self.am.requests.get_mut(id).and_then(Option::as_mut) {
                 Some(h) => {
                     self.counters.served += 1;
-                    h(&msg, &mut AmReplier { reply, deferred: self.deferred, channel, replied: false });
+                    let request_id = header.request_id;
+                    h(&msg, &mut AmReplier { reply, deferred: self.deferred, channel, request_id, replied: false });
                 }
                 None => self.counters.refused += 1,
             }
@@ -767,14 +795,18 @@ impl Dispatch<'_> {
             }
         }
         if tracing {
-            trace::handler_end();
+            reply.trace_handler_end();
         }
     }
 
     fn serve(self, channel: ChannelId, header: Header, payload: &[u8], reply: &mut ReplyTo<'_>) {
         let answer = header.kind == Kind::Request;
+        // A pooled handler runs after this delivery: its record leaves with the job.
+        let pooled = matches!(self.handlers.get(header.method as usize), Some(Some(Handler::Pooled(_))));
+        let trace = if self.tracing && pooled { reply.trace_take() } else { None };
         let mut replier = Replier {
-            reply: answer.then_some(reply),
+            reply,
+            answer,
             header: Header { kind: Kind::Reply, deadline_us: 0, ..header },
             deferred: self.deferred,
             channel,
@@ -792,11 +824,11 @@ impl Dispatch<'_> {
             Some(Handler::Inline(h)) => {
                 self.counters.served += 1;
                 if self.tracing {
-                    trace::handler_start();
+                    replier.reply.trace_handler_start();
                 }
                 h(&Request { channel, method: header.method, payload }, &mut replier);
                 if self.tracing {
-                    trace::handler_end();
+                    replier.reply.trace_handler_end();
                 }
                 if answer && !replier.replied {
                     replier.fail(Status::HandlerFailed);
@@ -810,9 +842,14 @@ impl Dispatch<'_> {
                 let reply_header = replier.header;
                 // Every job reports back (one-way ones too), so the in-flight count stays exact.
                 let job = Box::new(move || {
+                    let mut trace = trace;
+                    let start = trace.map(|_| trace::now());
                     let late = budget.is_some_and(|b| Instant::now() > b);
                     let result = if late { Err(Status::DeadlineExceeded) } else { h(&owned) };
-                    let _ = done_tx.send(PooledDone { channel, header: reply_header, result, answer });
+                    if let (Some(record), Some(start)) = (trace.as_mut(), start) {
+                        record.set_handler_times(start, trace::now());
+                    }
+                    let _ = done_tx.send(PooledDone { channel, header: reply_header, result, answer, trace });
                 });
                 *self.pooled_in_flight += 1;
                 self.pool.as_ref().expect("pooled handlers exist only with a pool").submit(job);

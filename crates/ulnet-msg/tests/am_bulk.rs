@@ -1,6 +1,6 @@
 //! Bulk store and get of active messages on remote memory: a stored block is in the
 //! receiver's segment when its handler runs there; a fetched block arrives whole in a reply
-//! handler here — mapped on the same host, and through the engine over shared memory and TCP.
+//! handler here — mapped on the same host, and through the engine over shared memory, TCP and UDP.
 
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,14 +29,24 @@ enum Mode {
     Mapped,
     ShmChannel,
     Tcp,
+    Udp,
+}
+
+/// Where the receiver listens: (RMA, RPC) over TCP, then over UDP.
+struct Addrs {
+    rma_tcp: String,
+    rpc_tcp: String,
+    rma_udp: String,
+    rpc_udp: String,
 }
 
 /// The receiving node: exports the segment, checks each stored block from its handler and
 /// answers with its checksum.
-fn receiver(name: String, ready: std::sync::mpsc::Sender<(String, String)>) {
+fn receiver(name: String, ready: std::sync::mpsc::Sender<Addrs>) {
     let mut rma = Rma::new(RmaConfig::new(NodeId(1))).unwrap();
     rma.listen_shm(&name).unwrap();
     let rma_tcp = rma.listen_tcp("127.0.0.1:0").unwrap().to_string();
+    let rma_udp = rma.listen_udp("127.0.0.1:0").unwrap().to_string();
     let seg =
         Arc::new(rma.export("bulk", SEG, Access::everyone(Rights::READ | Rights::WRITE), NotifyMode::Never).unwrap());
     let fill: Vec<u8> = (GET_AREA..SEG).map(pattern).collect();
@@ -44,7 +54,8 @@ fn receiver(name: String, ready: std::sync::mpsc::Sender<(String, String)>) {
     let mut ep = Endpoint::new(EndpointConfig::default());
     ep.listen_shm(&format!("{name}-rpc")).unwrap();
     let rpc_tcp = ep.listen_tcp("127.0.0.1:0").unwrap().to_string();
-    ready.send((rma_tcp, rpc_tcp)).unwrap();
+    let rpc_udp = ep.listen_udp("127.0.0.1:0").unwrap().to_string();
+    ready.send(Addrs { rma_tcp, rpc_tcp, rma_udp, rpc_udp }).unwrap();
     ep.accept(T).unwrap();
     let mut rpc = Rpc::new(ep, RpcConfig { workers: 0, ..Default::default() });
     let s = seg.clone();
@@ -65,13 +76,17 @@ fn bulk_store_and_get(mode: Mode) {
     let (tx, rx) = std::sync::mpsc::channel();
     let n = name.clone();
     let server = std::thread::spawn(move || receiver(n, tx));
-    let (rma_tcp, rpc_tcp) = rx.recv().unwrap();
+    let addrs = rx.recv().unwrap();
     let mut rma = Rma::new(RmaConfig::new(NodeId(2))).unwrap();
     let mut ep = Endpoint::new(EndpointConfig::default());
     let (seg, ch) = match mode {
         Mode::Tcp => {
-            let peer = rma.connect_tcp(&rma_tcp, T).unwrap();
-            (rma.import(peer, "bulk").unwrap(), ep.connect_tcp(&rpc_tcp, T).unwrap())
+            let peer = rma.connect_tcp(&addrs.rma_tcp, T).unwrap();
+            (rma.import(peer, "bulk").unwrap(), ep.connect_tcp(&addrs.rpc_tcp, T).unwrap())
+        }
+        Mode::Udp => {
+            let peer = rma.connect_udp(&addrs.rma_udp, T).unwrap();
+            (rma.import(peer, "bulk").unwrap(), ep.connect_udp(&addrs.rpc_udp, T).unwrap())
         }
         _ => {
             let peer = rma.connect_shm(&name);
@@ -154,4 +169,9 @@ fn bulk_store_and_get_shm_channel() {
 #[test]
 fn bulk_store_and_get_tcp() {
     bulk_store_and_get(Mode::Tcp);
+}
+
+#[test]
+fn bulk_store_and_get_udp() {
+    bulk_store_and_get(Mode::Udp);
 }

@@ -22,7 +22,7 @@
 //! ```
 
 use crate::error::RiverError;
-use crate::flow::{Sink, Source};
+use crate::flow::{Sink, Source, SpaceSink};
 use crate::pool::{Buffer, MemPool};
 use crate::Doorbell;
 use std::fs::File;
@@ -44,24 +44,73 @@ pub enum Poll {
     Dry,
 }
 
-/// Reads `range` of a file into pool buffers on its own thread, in file order, each
-/// buffer holding whole records of `record_size` bytes.
+/// Reads `range` of a file into pool buffers in file order, each buffer holding whole
+/// records of `record_size` bytes: ahead of its consumer on a thread of its own
+/// ([`DiskSource::open`]), or in the consumer's thread when it asks
+/// ([`DiskSource::inline`]).
 pub struct DiskSource {
-    rx: Receiver<Result<Buffer, RiverError>>,
-    thread: Option<JoinHandle<()>>,
+    reader: Reader,
     dry: bool,
+}
+
+enum Reader {
+    Ahead { rx: Receiver<Result<Buffer, RiverError>>, thread: Option<JoinHandle<()>> },
+    Inline(ReadRange),
+}
+
+/// What is left to read of a range, and into what.
+struct ReadRange {
+    file: File,
+    name: String,
+    at: u64,
+    end: u64,
+    record_size: usize,
+    pool: MemPool,
+}
+
+impl ReadRange {
+    /// Reads the next buffer (`None` once the range is read).
+    fn read(&mut self, mut buf: Buffer) -> Option<Result<Buffer, RiverError>> {
+        if self.at >= self.end {
+            return None;
+        }
+        let whole = buf.capacity() / self.record_size * self.record_size;
+        let want = (whole as u64).min(self.end - self.at) as usize;
+        Some(match self.file.read_exact_at(&mut buf.spare_mut()[..want], self.at) {
+            Ok(()) => {
+                buf.set_len(want);
+                self.at += want as u64;
+                Ok(buf)
+            }
+            Err(e) => Err(RiverError::io(format!("reading {} at byte {}", self.name, self.at), e)),
+        })
+    }
 }
 
 impl std::fmt::Debug for DiskSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DiskSource").field("dry", &self.dry).finish()
+        let inline = matches!(self.reader, Reader::Inline(_));
+        f.debug_struct("DiskSource").field("inline", &inline).field("dry", &self.dry).finish()
     }
 }
 
 impl DiskSource {
-    /// Starts reading `range` of `path`. The range must hold whole records, and the pool's
-    /// buffers must hold at least one. `doorbell`, when given, is rung after each buffer so
-    /// a consumer can sleep on it together with its network endpoint.
+    fn range(path: &Path, range: Range<u64>, record_size: usize, pool: MemPool) -> Result<ReadRange, RiverError> {
+        let file = File::open(path).map_err(|e| RiverError::io(format!("opening {}", path.display()), e))?;
+        let len = range.end.saturating_sub(range.start);
+        if !len.is_multiple_of(record_size as u64) {
+            return Err(RiverError::PartialRecord { len: len as usize, record_size });
+        }
+        assert!(pool.buffer_size() >= record_size, "pool buffers must hold at least one record");
+        let _ = rustix::fs::fadvise(&file, range.start, len, rustix::fs::Advice::Sequential);
+        let name = path.display().to_string();
+        Ok(ReadRange { file, name, at: range.start, end: range.end, record_size, pool })
+    }
+
+    /// Starts reading `range` of `path` ahead, on a thread. The range must hold whole
+    /// records, and the pool's buffers must hold at least one. `doorbell`, when given, is
+    /// rung after each buffer so a consumer can sleep on it together with its network
+    /// endpoint.
     pub fn open(
         path: &Path,
         range: Range<u64>,
@@ -69,20 +118,23 @@ impl DiskSource {
         pool: MemPool,
         doorbell: Option<Doorbell>,
     ) -> Result<Self, RiverError> {
-        let file = File::open(path).map_err(|e| RiverError::io(format!("opening {}", path.display()), e))?;
-        let len = range.end.saturating_sub(range.start);
-        if len % record_size as u64 != 0 {
-            return Err(RiverError::PartialRecord { len: len as usize, record_size });
-        }
-        assert!(pool.buffer_size() >= record_size, "pool buffers must hold at least one record");
-        let _ = rustix::fs::fadvise(&file, range.start, len, rustix::fs::Advice::Sequential);
-        let (tx, rx) = mpsc::sync_channel(pool.count());
-        let name = path.display().to_string();
+        let r = Self::range(path, range, record_size, pool)?;
+        let (tx, rx) = mpsc::sync_channel(r.pool.count());
         let thread = std::thread::Builder::new()
             .name("river-disk-read".into())
-            .spawn(move || read_loop(file, name, range, record_size, pool, tx, doorbell))
+            .spawn(move || read_loop(r, tx, doorbell))
             .map_err(|e| RiverError::io("starting the disk reader thread", e))?;
-        Ok(DiskSource { rx, thread: Some(thread), dry: false })
+        Ok(DiskSource { reader: Reader::Ahead { rx, thread: Some(thread) }, dry: false })
+    }
+
+    /// Reads `range` of `path` in the caller's thread, a buffer each time one is asked for
+    /// (never [`Poll::Pending`] while the caller hands buffers back). The kernel is asked to
+    /// read the whole range ahead, so a cold file still streams. For a node with no core
+    /// to spare for a reader thread.
+    pub fn inline(path: &Path, range: Range<u64>, record_size: usize, pool: MemPool) -> Result<Self, RiverError> {
+        let r = Self::range(path, range, record_size, pool)?;
+        let _ = rustix::fs::fadvise(&r.file, r.at, r.end - r.at, rustix::fs::Advice::WillNeed);
+        Ok(DiskSource { reader: Reader::Inline(r), dry: false })
     }
 
     /// A buffer if one is ready, without waiting.
@@ -90,16 +142,32 @@ impl DiskSource {
         if self.dry {
             return Ok(Poll::Dry);
         }
-        match self.rx.try_recv() {
-            Ok(Ok(b)) => Ok(Poll::Ready(b)),
-            Ok(Err(e)) => {
-                self.finish();
-                Err(e)
-            }
-            Err(TryRecvError::Empty) => Ok(Poll::Pending),
-            Err(TryRecvError::Disconnected) => {
-                self.finish();
-                Ok(Poll::Dry)
+        match &mut self.reader {
+            Reader::Ahead { rx, .. } => match rx.try_recv() {
+                Ok(Ok(b)) => Ok(Poll::Ready(b)),
+                Ok(Err(e)) => {
+                    self.finish();
+                    Err(e)
+                }
+                Err(TryRecvError::Empty) => Ok(Poll::Pending),
+                Err(TryRecvError::Disconnected) => {
+                    self.finish();
+                    Ok(Poll::Dry)
+                }
+            },
+            Reader::Inline(r) => {
+                let Some(buf) = r.pool.try_get() else { return Ok(Poll::Pending) };
+                match r.read(buf) {
+                    Some(Ok(b)) => Ok(Poll::Ready(b)),
+                    Some(Err(e)) => {
+                        self.finish();
+                        Err(e)
+                    }
+                    None => {
+                        self.finish();
+                        Ok(Poll::Dry)
+                    }
+                }
             }
         }
     }
@@ -111,35 +179,18 @@ impl DiskSource {
 
     fn finish(&mut self) {
         self.dry = true;
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        if let Reader::Ahead { thread, .. } = &mut self.reader {
+            if let Some(t) = thread.take() {
+                let _ = t.join();
+            }
         }
     }
 }
 
-fn read_loop(
-    file: File,
-    name: String,
-    range: Range<u64>,
-    record_size: usize,
-    pool: MemPool,
-    tx: SyncSender<Result<Buffer, RiverError>>,
-    doorbell: Option<Doorbell>,
-) {
-    let mut at = range.start;
-    while at < range.end {
-        let mut buf = pool.get();
-        let whole = buf.capacity() / record_size * record_size;
-        let want = (whole as u64).min(range.end - at) as usize;
-        let result = file.read_exact_at(&mut buf.spare_mut()[..want], at);
-        let item = match result {
-            Ok(()) => {
-                buf.set_len(want);
-                at += want as u64;
-                Ok(buf)
-            }
-            Err(e) => Err(RiverError::io(format!("reading {name} at byte {at}"), e)),
-        };
+fn read_loop(mut r: ReadRange, tx: SyncSender<Result<Buffer, RiverError>>, doorbell: Option<Doorbell>) {
+    loop {
+        let buf = r.pool.get();
+        let Some(item) = r.read(buf) else { break };
         let failed = item.is_err();
         if tx.send(item).is_err() || failed {
             break;
@@ -159,13 +210,20 @@ impl Source for DiskSource {
         if self.dry {
             return Ok(None);
         }
-        match self.rx.recv() {
-            Ok(Ok(b)) => Ok(Some(b)),
-            Ok(Err(e)) => {
+        let item = match &mut self.reader {
+            Reader::Ahead { rx, .. } => rx.recv().ok(),
+            Reader::Inline(r) => {
+                let buf = r.pool.get();
+                r.read(buf)
+            }
+        };
+        match item {
+            Some(Ok(b)) => Ok(Some(b)),
+            Some(Err(e)) => {
                 self.finish();
                 Err(e)
             }
-            Err(_) => {
+            None => {
                 self.finish();
                 Ok(None)
             }
@@ -175,23 +233,30 @@ impl Source for DiskSource {
 
 impl Drop for DiskSource {
     fn drop(&mut self) {
-        // Unblock the reader (its sends fail once the receiver is gone), then join it.
-        let rx = std::mem::replace(&mut self.rx, mpsc::sync_channel(0).1);
-        drop(rx);
+        // Unblock a reader thread (its sends fail once the receiver is gone), then join it.
+        if let Reader::Ahead { rx, .. } = &mut self.reader {
+            drop(std::mem::replace(rx, mpsc::sync_channel(0).1));
+        }
         self.finish();
     }
 }
 
-/// Writes buffers to a file from a byte offset on, sequentially, on its own thread.
-/// Records given one by one are staged in pool buffers first.
+/// Writes buffers to a file sequentially from a byte offset on: behind its producer on a
+/// thread of its own ([`DiskSink::new`]), or in the producer's thread as each buffer is
+/// handed over ([`DiskSink::inline`]). Records given one by one are staged in pool
+/// buffers first.
 pub struct DiskSink {
-    tx: Option<SyncSender<Buffer>>,
-    thread: Option<JoinHandle<Result<u64, RiverError>>>,
+    writer: Writer,
     pool: MemPool,
     staged: Option<Buffer>,
     record_size: usize,
     queued: u64,
     written: u64,
+}
+
+enum Writer {
+    Behind { tx: Option<SyncSender<Buffer>>, thread: Option<JoinHandle<Result<u64, RiverError>>> },
+    Inline { file: Arc<File>, offset: u64, at: u64 },
 }
 
 impl std::fmt::Debug for DiskSink {
@@ -201,7 +266,8 @@ impl std::fmt::Debug for DiskSink {
 }
 
 impl DiskSink {
-    /// Writes to `file` from byte `offset` on; `pool` stages records given one by one.
+    /// Writes to `file` from byte `offset` on, on a thread; `pool` bounds the buffers in
+    /// flight and stages records given one by one.
     pub fn new(file: Arc<File>, offset: u64, pool: MemPool, record_size: usize) -> Self {
         let (tx, rx) = mpsc::sync_channel::<Buffer>(pool.count());
         let thread = std::thread::Builder::new()
@@ -223,7 +289,16 @@ impl DiskSink {
                 }
             })
             .expect("spawn the disk writer thread");
-        DiskSink { tx: Some(tx), thread: Some(thread), pool, staged: None, record_size, queued: 0, written: 0 }
+        let writer = Writer::Behind { tx: Some(tx), thread: Some(thread) };
+        DiskSink { writer, pool, staged: None, record_size, queued: 0, written: 0 }
+    }
+
+    /// Writes to `file` from byte `offset` on, in the caller's thread, each buffer as it
+    /// is handed over: for a writer with no core to spare for a thread (writing into the
+    /// page cache is a copy, which a thread would only move elsewhere).
+    pub fn inline(file: Arc<File>, offset: u64, pool: MemPool, record_size: usize) -> Self {
+        let writer = Writer::Inline { file, offset, at: offset };
+        DiskSink { writer, pool, staged: None, record_size, queued: 0, written: 0 }
     }
 
     /// A buffer from this sink's pool to fill and hand back with [`Sink::sink_buffer`]
@@ -243,32 +318,43 @@ impl DiskSink {
     }
 
     fn send(&mut self, buffer: Buffer) -> Result<(), RiverError> {
-        let tx = self.tx.as_ref().ok_or(RiverError::Closed)?;
         self.queued += buffer.len() as u64;
-        if tx.send(buffer).is_err() {
-            // The writer only stops early by panicking; its join reports it.
-            return self.join().map(|_| ());
+        match &mut self.writer {
+            Writer::Behind { tx, .. } => {
+                let tx = tx.as_ref().ok_or(RiverError::Closed)?;
+                if tx.send(buffer).is_err() {
+                    // The writer only stops early by panicking; its join reports it.
+                    return self.join().map(|_| ());
+                }
+                Ok(())
+            }
+            Writer::Inline { file, at, .. } => {
+                file.write_all_at(buffer.as_slice(), *at)
+                    .map_err(|e| RiverError::io(format!("writing at byte {at}"), e))?;
+                *at += buffer.len() as u64;
+                Ok(())
+            }
         }
-        Ok(())
     }
 
     fn join(&mut self) -> Result<u64, RiverError> {
-        self.tx = None;
-        match self.thread.take() {
-            Some(t) => {
-                let written =
-                    t.join().map_err(|_| RiverError::io("disk writer", std::io::Error::other("panicked")))??;
-                self.written = written;
-                Ok(written)
+        match &mut self.writer {
+            Writer::Behind { tx, thread } => {
+                *tx = None;
+                if let Some(t) = thread.take() {
+                    self.written =
+                        t.join().map_err(|_| RiverError::io("disk writer", std::io::Error::other("panicked")))??;
+                }
             }
-            None => Ok(self.written),
+            Writer::Inline { offset, at, .. } => self.written = *at - *offset,
         }
+        Ok(self.written)
     }
 }
 
 impl Sink for DiskSink {
     fn sink_records(&mut self, mut records: &[u8]) -> Result<(), RiverError> {
-        if records.len() % self.record_size != 0 {
+        if !records.len().is_multiple_of(self.record_size) {
             return Err(RiverError::PartialRecord { len: records.len(), record_size: self.record_size });
         }
         while !records.is_empty() {
@@ -307,6 +393,28 @@ impl Sink for DiskSink {
             }
         }
         self.join().map(|_| ())
+    }
+}
+
+impl SpaceSink for DiskSink {
+    fn space(&mut self) -> Result<&mut [u8], RiverError> {
+        let rs = self.record_size;
+        if self.staged.is_none() {
+            self.staged = Some(self.pool.get());
+        }
+        let staged = self.staged.as_mut().expect("made above");
+        let room = staged.remaining() / rs * rs;
+        Ok(&mut staged.spare_mut()[..room])
+    }
+
+    fn commit(&mut self, bytes: usize) -> Result<(), RiverError> {
+        let staged = self.staged.as_mut().expect("space was lent");
+        staged.set_len(staged.len() + bytes);
+        if staged.remaining() < self.record_size {
+            let full = self.staged.take().expect("checked above");
+            self.send(full)?;
+        }
+        Ok(())
     }
 }
 

@@ -36,7 +36,7 @@ pub mod wire;
 pub use disk::{DiskSink, DiskSource, Poll};
 pub use doorbell::Doorbell;
 pub use error::RiverError;
-pub use flow::{pump, Sink, Source, VecSink};
+pub use flow::{pump, Sink, Source, SpaceSink, StagedSink, VecSink};
 pub use partition::{PartitionSink, Partitioner};
 pub use pool::{Buffer, MemPool, PoolKind};
 pub use river::{NetSink, NetSource, River, RiverConfig, RiverCounters, RiverSink};

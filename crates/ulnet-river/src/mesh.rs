@@ -1,5 +1,7 @@
-//! Connecting the nodes of a river: a full mesh of ulnet channels, bootstrapped through
-//! node 0, whose address is the only one known in advance.
+//! Connecting the nodes of a river: a full mesh of ulnet channels.
+//!
+//! Over TCP it is bootstrapped through node 0, whose address is the only one known in
+//! advance (each node other than 0 listens on a port the kernel picks):
 //!
 //! ```text
 //!  node r > 0                          node 0 (listens at the coordinator address)
@@ -9,13 +11,17 @@
 //!    connects to nodes 1..r (Hello(r)), accepts nodes r+1.. (identified by their Hello)
 //! ```
 //!
-//! Over shared memory an address is a rendezvous name (`JOB-RANK`); over TCP it is
-//! `host:port`, with each node other than 0 listening on a port the kernel picks.
+//! Over shared memory every address is a rendezvous name derived from the job
+//! (`ulnet-river-JOB-RANK`), so there is no table: each node listens, connects to every
+//! lower rank at once and accepts every higher one, in one round of handshakes.
 
 use crate::error::RiverError;
+use crate::river::RiverConfig;
 use crate::wire::{Header, Kind, HEADER_LEN};
 use std::time::{Duration, Instant};
-use ulnet_core::{ChannelId, Endpoint, EndpointConfig, Event, SendOutcome};
+use ulnet_core::transport::shm::connect::connect_retry_as;
+use ulnet_core::transport::shm::{ShmChannel, ShmConfig, ShmGeometry};
+use ulnet_core::{ChannelId, Endpoint, EndpointConfig, Event, NodeId, SendOutcome, Transport};
 
 /// Control tag of the address table.
 const PEERS_TAG: u32 = 0x7065_6572;
@@ -53,6 +59,18 @@ pub struct MeshConfig {
     pub timeout: Duration,
     /// The cluster secret for TCP channels.
     pub secret: Vec<u8>,
+    /// Sizes of each shared-memory channel's receive mapping (see [`shm_geometry_for`]).
+    pub shm_geometry: ShmGeometry,
+}
+
+/// A shared-memory geometry just large enough for a river's traffic: the receive buffers
+/// for every chunk a sender may have outstanding, plus eight for control messages. Every
+/// buffer of a mapping is touched (and its pages made and zeroed) in the first rounds of
+/// use, so a channel larger than the credit window only costs memory and page faults.
+pub fn shm_geometry_for(river: &RiverConfig) -> ShmGeometry {
+    let buffer_size = ShmGeometry::default().buffer_size;
+    let per_chunk = river.chunk_bytes().div_ceil(buffer_size);
+    ShmGeometry { buffer_count: river.credits as usize * per_chunk + 8, ..ShmGeometry::default() }
 }
 
 impl MeshConfig {
@@ -65,6 +83,7 @@ impl MeshConfig {
             transport: MeshTransport::Shm,
             timeout: Duration::from_secs(60),
             secret: Vec::new(),
+            shm_geometry: shm_geometry_for(&RiverConfig::default()),
         }
     }
 }
@@ -148,30 +167,103 @@ pub fn connect(cfg: &MeshConfig) -> Result<(Endpoint, Vec<Option<ChannelId>>), R
     assert!(cfg.rank < cfg.size, "rank {} of {} nodes", cfg.rank, cfg.size);
     let mut ep_config = EndpointConfig::default();
     ep_config.tcp.secret = cfg.secret.clone();
+    ep_config.shm.geometry = cfg.shm_geometry;
+    let (shm, node) = (ep_config.shm, ep_config.node_id);
     let mut ep = Endpoint::new(ep_config);
-    let mut peers: Vec<Option<ChannelId>> = vec![None; cfg.size];
+    let peers: Vec<Option<ChannelId>> = vec![None; cfg.size];
     if cfg.size == 1 {
         return Ok((ep, peers));
     }
+    match cfg.transport {
+        MeshTransport::Shm => connect_shm(cfg, ep, peers, &shm, node),
+        MeshTransport::Tcp { .. } => {
+            let peers = connect_tcp(cfg, &mut ep, peers)?;
+            Ok((ep, peers))
+        }
+    }
+}
+
+/// The shared-memory mesh: every address is known from the job, so each node connects to
+/// every lower rank at once (a thread per connection, since a connection completes only
+/// when the other side accepts it, and each side accepts in the order connections come)
+/// while it accepts every higher rank; each connection starts with a hello naming the
+/// connecting rank. One round of handshakes, whatever the number of nodes.
+fn connect_shm(
+    cfg: &MeshConfig,
+    mut ep: Endpoint,
+    mut peers: Vec<Option<ChannelId>>,
+    shm: &ShmConfig,
+    node: NodeId,
+) -> Result<(Endpoint, Vec<Option<ChannelId>>), RiverError> {
     let deadline = Instant::now() + cfg.timeout;
-    let tcp = matches!(cfg.transport, MeshTransport::Tcp { .. });
+    ep.listen_shm(&my_address(cfg, cfg.rank))?;
+    let hello_msg = hello(cfg.rank, cfg.size, "");
+    let connects: Vec<_> = (0..cfg.rank)
+        .map(|j| {
+            let (name, shm, hello_msg, timeout) = (my_address(cfg, j), *shm, hello_msg.clone(), cfg.timeout);
+            std::thread::Builder::new()
+                .name("river-connect".into())
+                .spawn(move || -> Result<ShmChannel, RiverError> {
+                    let lost = |e: &dyn std::fmt::Display| RiverError::NodeFailed {
+                        node: j,
+                        reason: format!("connecting to it: {e}"),
+                    };
+                    let mut ch = connect_retry_as(&name, &shm, node, timeout).map_err(|e| lost(&e))?;
+                    match ch.send(&[&hello_msg]) {
+                        Ok(SendOutcome::Done | SendOutcome::InProgress(_)) => Ok(ch),
+                        Ok(SendOutcome::NoResource) => Err(lost(&"no room for a hello on a new channel")),
+                        Err(e) => Err(lost(&e)),
+                    }
+                })
+                .map_err(|e| RiverError::io("starting a connecting thread", e))
+        })
+        .collect::<Result<_, _>>()?;
+    let mut accepted = Vec::with_capacity(cfg.size - cfg.rank - 1);
+    for _ in cfg.rank + 1..cfg.size {
+        let left = deadline.saturating_duration_since(Instant::now());
+        accepted.push(ep.accept(left).map_err(|e| match e {
+            ulnet_core::ConnectError::Timeout => RiverError::Timeout {
+                what: format!("nodes {}..{} to connect", cfg.rank + 1, cfg.size),
+                secs: cfg.timeout.as_secs_f64(),
+            },
+            e => e.into(),
+        })?);
+    }
+    for (j, thread) in connects.into_iter().enumerate() {
+        let ch = thread.join().map_err(|_| RiverError::io("connecting", std::io::Error::other("panicked")))??;
+        peers[j] = Some(ep.add_channel(Box::new(ch)));
+    }
+    for ch in accepted {
+        let (rank, _) = parse_hello(&recv_one(&mut ep, ch, deadline, "a hello")?, cfg.size)?;
+        if rank <= cfg.rank || peers[rank].is_some() {
+            return Err(RiverError::Protocol { node: rank, reason: "a hello from an unexpected rank".into() });
+        }
+        peers[rank] = Some(ch);
+    }
+    Ok((ep, peers))
+}
+
+/// The TCP mesh, bootstrapped through node 0 (the only address known in advance).
+fn connect_tcp(
+    cfg: &MeshConfig,
+    ep: &mut Endpoint,
+    mut peers: Vec<Option<ChannelId>>,
+) -> Result<Vec<Option<ChannelId>>, RiverError> {
+    let deadline = Instant::now() + cfg.timeout;
     // Listen first, so that no one who learns our address finds nobody there.
     let mut me = my_address(cfg, cfg.rank);
-    match &cfg.transport {
-        MeshTransport::Shm => ep.listen_shm(&me)?,
-        MeshTransport::Tcp { coordinator, bind_host, advertise_host } => {
-            if cfg.rank == 0 {
-                let port = coordinator.rsplit_once(':').map_or("0", |(_, p)| p);
-                ep.listen_tcp(&format!("{bind_host}:{port}"))?;
-            } else {
-                let bound = ep.listen_tcp(&format!("{bind_host}:0"))?;
-                me = format!("{advertise_host}:{}", bound.port());
-            }
+    if let MeshTransport::Tcp { coordinator, bind_host, advertise_host } = &cfg.transport {
+        if cfg.rank == 0 {
+            let port = coordinator.rsplit_once(':').map_or("0", |(_, p)| p);
+            ep.listen_tcp(&format!("{bind_host}:{port}"))?;
+        } else {
+            let bound = ep.listen_tcp(&format!("{bind_host}:0"))?;
+            me = format!("{advertise_host}:{}", bound.port());
         }
     }
     let connect = |ep: &mut Endpoint, addr: &str| -> Result<ChannelId, RiverError> {
         let left = deadline.saturating_duration_since(Instant::now());
-        Ok(if tcp { ep.connect_tcp(addr, left)? } else { ep.connect_shm(addr, left)? })
+        Ok(ep.connect_tcp(addr, left)?)
     };
     let accept_identified = |ep: &mut Endpoint, peers: &mut Vec<Option<ChannelId>>| -> Result<String, RiverError> {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -194,7 +286,7 @@ pub fn connect(cfg: &MeshConfig) -> Result<(Endpoint, Vec<Option<ChannelId>>), R
         table[0] = me.clone();
         for _ in 1..cfg.size {
             let before: Vec<bool> = peers.iter().map(Option::is_some).collect();
-            let addr = accept_identified(&mut ep, &mut peers)?;
+            let addr = accept_identified(ep, &mut peers)?;
             let rank = (0..cfg.size).find(|&j| peers[j].is_some() && !before[j]).expect("a new peer");
             table[rank] = addr;
         }
@@ -202,14 +294,14 @@ pub fn connect(cfg: &MeshConfig) -> Result<(Endpoint, Vec<Option<ChannelId>>), R
         let mut msg = Header { kind: Kind::Control, aux: PEERS_TAG, value: payload.len() as u64 }.encode().to_vec();
         msg.extend_from_slice(payload.as_bytes());
         for ch in peers.iter().flatten() {
-            send_all(&mut ep, *ch, &msg, deadline)?;
+            send_all(ep, *ch, &msg, deadline)?;
         }
     } else {
         let coordinator = my_address(cfg, 0);
-        let to0 = connect(&mut ep, &coordinator)?;
-        send_all(&mut ep, to0, &hello(cfg.rank, cfg.size, &me), deadline)?;
+        let to0 = connect(ep, &coordinator)?;
+        send_all(ep, to0, &hello(cfg.rank, cfg.size, &me), deadline)?;
         peers[0] = Some(to0);
-        let msg = recv_one(&mut ep, to0, deadline, "the address table from node 0")?;
+        let msg = recv_one(ep, to0, deadline, "the address table from node 0")?;
         let h = Header::decode(&msg, msg.len() as u64, 1)
             .map_err(|e| RiverError::Protocol { node: 0, reason: e.to_string() })?;
         if h.kind != Kind::Control || h.aux != PEERS_TAG {
@@ -220,13 +312,13 @@ pub fn connect(cfg: &MeshConfig) -> Result<(Endpoint, Vec<Option<ChannelId>>), R
             return Err(RiverError::Protocol { node: 0, reason: "address table of the wrong size".into() });
         }
         for (j, addr) in table.iter().enumerate().take(cfg.rank).skip(1) {
-            let ch = connect(&mut ep, addr)?;
-            send_all(&mut ep, ch, &hello(cfg.rank, cfg.size, &me), deadline)?;
+            let ch = connect(ep, addr)?;
+            send_all(ep, ch, &hello(cfg.rank, cfg.size, &me), deadline)?;
             peers[j] = Some(ch);
         }
         for _ in cfg.rank + 1..cfg.size {
-            accept_identified(&mut ep, &mut peers)?;
+            accept_identified(ep, &mut peers)?;
         }
     }
-    Ok((ep, peers))
+    Ok(peers)
 }

@@ -52,7 +52,7 @@
 use crate::credit::{FlowControl, FlowError};
 use crate::doorbell::Doorbell;
 use crate::error::RiverError;
-use crate::flow::Sink;
+use crate::flow::{copy_gathered, Sink};
 use crate::pool::{Buffer, MemPool};
 use crate::wire::{Header, Kind, ABORT_REASON_MAX, HEADER_LEN};
 use std::cell::RefCell;
@@ -67,15 +67,20 @@ use ulnet_core::{ChannelError, ChannelId, Endpoint, Event, SendOutcome};
 pub struct RiverConfig {
     /// Bytes per record. 100: the Sort Benchmark's records.
     pub record_size: usize,
-    /// Records per data message. 2,621: with the 16-byte header, exactly four 64 KiB
-    /// buffers of a shared-memory channel, large enough that per-message costs vanish.
+    /// Records per data message. 655: with the 16-byte header, one 64 KiB buffer of a
+    /// shared-memory channel (65,516 bytes), large enough that per-message costs vanish.
     pub chunk_records: usize,
-    /// Chunks a sender may have outstanding to one receiver. 12: 48 of the 64 receive
-    /// buffers of a default shared-memory channel, leaving room for control messages, and
-    /// about 3 MB in flight per pair, enough to cover a receiver's scheduling delay.
+    /// Chunks a sender may have outstanding to one receiver. 32: 2 MB in flight per pair,
+    /// which covers a receiver that is off the CPU for a few milliseconds, as it is when
+    /// nodes share busy cores. With 8 (512 KB) a 10^7-record sort on 2 nodes of a busy
+    /// 2-core host waited for credit ~370 times per node and slept ~450 times, each wake-up
+    /// a trip through the scheduler; with 32, ~35 waits and ~50 sleeps, for the same CPU
+    /// time. (Each shared-memory buffer costs a page fault and zeroing the first time it
+    /// is used, so much more only spreads the traffic over more memory.)
     pub credits: u32,
-    /// Sealed chunks a [`NetSink`] keeps waiting for credit before putting blocks. 2:
-    /// enough to keep reading while credits travel; each costs one chunk of memory per peer.
+    /// Sealed chunks a [`NetSink`] keeps waiting for credit before putting blocks. 8: a
+    /// quarter of the credit window, so that reading goes on while a receiver catches up;
+    /// each costs one chunk of memory per peer.
     pub staged_chunks: usize,
     /// Longest a blocking call waits with nothing happening before it gives up. 120 s:
     /// far above any stall of a live peer (a dead one is seen at once through its channel).
@@ -86,9 +91,9 @@ impl Default for RiverConfig {
     fn default() -> Self {
         RiverConfig {
             record_size: 100,
-            chunk_records: 2621,
-            credits: 12,
-            staged_chunks: 2,
+            chunk_records: 655,
+            credits: 32,
+            staged_chunks: 8,
             idle_timeout: Duration::from_secs(120),
         }
     }
@@ -118,8 +123,6 @@ pub struct RiverCounters {
     pub channel_full: u64,
     /// Times the node slept waiting.
     pub sleeps: u64,
-    /// Naps taken because waiting returned at once with nothing to do.
-    pub naps: u64,
 }
 
 /// Receive state of one peer: its messages, arriving in fragments, reassembled into whole
@@ -169,15 +172,7 @@ struct Inner<S> {
     failure: Option<RiverError>,
     /// Credits and ends of stream (the sans-IO part).
     flow: FlowControl,
-    /// Wake-ups in a row that found nothing to do (see `nap_if_futile`).
-    futile_wakeups: u32,
 }
-
-/// A wait that returns sooner than this found nothing to sleep for.
-const FUTILE_WAKEUP: Duration = Duration::from_micros(20);
-/// How long the river naps after futile wake-ups: short enough that a message arriving
-/// meanwhile waits little, long enough that napping costs no measurable CPU.
-const NAP: Duration = Duration::from_micros(200);
 
 /// One node's part of the distributed queue. Cloning shares it (sinks hold clones); it
 /// belongs to one thread.
@@ -239,7 +234,6 @@ impl<S: Sink> River<S> {
                 counters: RiverCounters::default(),
                 failure: None,
                 flow,
-                futile_wakeups: 0,
             })),
         }
     }
@@ -322,8 +316,7 @@ impl<S: Sink> River<S> {
         loop {
             {
                 let mut inner = self.inner.borrow_mut();
-                if let Some(i) = inner.controls.iter().position(|(p, t, _)| *t == tag && from.map_or(true, |f| f == *p))
-                {
+                if let Some(i) = inner.controls.iter().position(|(p, t, _)| *t == tag && from.is_none_or(|f| f == *p)) {
                     let (p, _, data) = inner.controls.remove(i).expect("found above");
                     return Ok((p, data));
                 }
@@ -478,7 +471,6 @@ impl<S: Sink> Inner<S> {
     }
 
     fn wait_with_doorbell(&mut self, timeout: Option<Duration>) -> Result<(), RiverError> {
-        let started = Instant::now();
         let result = match &self.doorbell {
             Some(d) => {
                 let fd = d.as_fd();
@@ -487,32 +479,12 @@ impl<S: Sink> Inner<S> {
             None => self.ep.wait(timeout),
         };
         result.map_err(|e| RiverError::io("waiting for the network", e))?;
-        self.nap_if_futile(started, timeout);
         Ok(())
     }
 
     fn wait(&mut self, timeout: Option<Duration>) -> Result<(), RiverError> {
-        let started = Instant::now();
         self.ep.wait(timeout).map_err(|e| RiverError::io("waiting for the network", e))?;
-        self.nap_if_futile(started, timeout);
         Ok(())
-    }
-
-    /// A shared-memory channel reports itself readable while consumed records it has not
-    /// yet released (less than 4 KiB of them, after traffic stops) sit at its published
-    /// head, so `Endpoint::wait` can return at once with nothing to receive, again and
-    /// again. After two such futile wake-ups in a row the river naps briefly instead of
-    /// spinning: a few hundred wake-ups a second at most, not a core.
-    fn nap_if_futile(&mut self, started: Instant, timeout: Option<Duration>) {
-        if started.elapsed() >= FUTILE_WAKEUP {
-            self.futile_wakeups = 0;
-            return;
-        }
-        self.futile_wakeups += 1;
-        if self.futile_wakeups >= 2 {
-            self.counters.naps += 1;
-            std::thread::sleep(timeout.map_or(NAP, |t| t.min(NAP)));
-        }
     }
 
     /// Receives and delivers what has arrived, returns owed credits, sends what credit
@@ -523,9 +495,6 @@ impl<S: Sink> Inner<S> {
         work += self.send_owed_credits(false)?;
         for j in 0..self.peers.len() {
             work += self.flush_ready(j)?;
-        }
-        if work > 0 {
-            self.futile_wakeups = 0;
         }
         Ok(work)
     }
@@ -664,36 +633,66 @@ impl<S: Sink> Inner<S> {
         }
     }
 
+    /// Room, in records, of peer `j`'s staging chunk (taking a fresh one when needed;
+    /// that may wait for credit while receiving).
+    fn staging_room(&mut self, j: usize) -> Result<usize, RiverError> {
+        if self.peers[j].staging.is_none() {
+            let mut b = self.pool.try_get();
+            if b.is_none() {
+                self.drain_to(j, self.config.staged_chunks.saturating_sub(1))?;
+                b = Some(self.pool.get());
+            }
+            let mut b = b.expect("got a buffer");
+            b.set_len(HEADER_LEN);
+            self.peers[j].staging = Some(b);
+        }
+        Ok(self.config.chunk_records - self.peers[j].staged_records as usize)
+    }
+
+    /// Counts `records` more staged for peer `j`; a full chunk is sealed and sent as
+    /// credit allows.
+    fn staged(&mut self, j: usize, records: usize) -> Result<(), RiverError> {
+        self.peers[j].staged_records += records as u64;
+        if self.peers[j].staged_records == self.config.chunk_records as u64 {
+            self.seal(j);
+            self.flush_ready(j)?;
+            if self.peers[j].ready.len() > self.config.staged_chunks {
+                self.drain_to(j, self.config.staged_chunks)?;
+            }
+        }
+        Ok(())
+    }
+
     fn put(&mut self, j: usize, mut records: &[u8]) -> Result<(), RiverError> {
         let rs = self.config.record_size;
-        if records.len() % rs != 0 {
+        if !records.len().is_multiple_of(rs) {
             return Err(RiverError::PartialRecord { len: records.len(), record_size: rs });
         }
-        let chunk_records = self.config.chunk_records as u64;
         while !records.is_empty() {
-            if self.peers[j].staging.is_none() {
-                let mut b = self.pool.try_get();
-                if b.is_none() {
-                    self.drain_to(j, self.config.staged_chunks.saturating_sub(1))?;
-                    b = Some(self.pool.get());
-                }
-                let mut b = b.expect("got a buffer");
-                b.set_len(HEADER_LEN);
-                self.peers[j].staging = Some(b);
-            }
-            let room = (chunk_records - self.peers[j].staged_records) as usize * rs;
-            let take = room.min(records.len());
-            let staging = self.peers[j].staging.as_mut().expect("made above");
-            staging.extend_from_slice(&records[..take]);
-            self.peers[j].staged_records += (take / rs) as u64;
+            let take = self.staging_room(j)?.min(records.len() / rs) * rs;
+            self.peers[j].staging.as_mut().expect("made above").extend_from_slice(&records[..take]);
             records = &records[take..];
-            if self.peers[j].staged_records == chunk_records {
-                self.seal(j);
-                self.flush_ready(j)?;
-                if self.peers[j].ready.len() > self.config.staged_chunks {
-                    self.drain_to(j, self.config.staged_chunks)?;
-                }
-            }
+            self.staged(j, take / rs)?;
+        }
+        Ok(())
+    }
+
+    fn put_gathered(&mut self, j: usize, records: &[u8], record_size: usize, which: &[u32]) -> Result<(), RiverError> {
+        let rs = self.config.record_size;
+        if record_size != rs {
+            return Err(RiverError::Config(format!(
+                "records of {record_size} bytes put on a river of {rs}-byte records"
+            )));
+        }
+        let mut which = which;
+        while !which.is_empty() {
+            let take = self.staging_room(j)?.min(which.len());
+            let staging = self.peers[j].staging.as_mut().expect("made above");
+            let len = staging.len();
+            copy_gathered(&mut staging.spare_mut()[..take * rs], records, rs, &which[..take]);
+            staging.set_len(len + take * rs);
+            which = &which[take..];
+            self.staged(j, take)?;
         }
         Ok(())
     }
@@ -852,6 +851,18 @@ impl<S: Sink> Sink for RiverSink<S> {
         }
     }
 
+    fn sink_gathered(&mut self, records: &[u8], record_size: usize, which: &[u32]) -> Result<(), RiverError> {
+        if self.closed {
+            return Err(RiverError::Closed);
+        }
+        let mut inner = self.river.inner.borrow_mut();
+        inner.counters.records_local += which.len() as u64;
+        match inner.store.as_mut() {
+            Some(s) => s.sink_gathered(records, record_size, which),
+            None => Err(RiverError::Closed),
+        }
+    }
+
     fn close(&mut self) -> Result<(), RiverError> {
         if !self.closed {
             self.closed = true;
@@ -875,6 +886,13 @@ impl<S: Sink> Sink for NetSink<S> {
             return Err(RiverError::Closed);
         }
         self.river.inner.borrow_mut().put(self.peer, records)
+    }
+
+    fn sink_gathered(&mut self, records: &[u8], record_size: usize, which: &[u32]) -> Result<(), RiverError> {
+        if self.closed {
+            return Err(RiverError::Closed);
+        }
+        self.river.inner.borrow_mut().put_gathered(self.peer, records, record_size, which)
     }
 
     fn close(&mut self) -> Result<(), RiverError> {

@@ -223,7 +223,11 @@ impl RecordGenerator {
     ///
     /// If `buf.len()` is not a multiple of 100.
     pub fn fill(&mut self, buf: &mut [u8]) {
-        assert!(buf.len() % RECORD_SIZE == 0, "buffer length {} is not a multiple of the record size", buf.len());
+        assert!(
+            buf.len().is_multiple_of(RECORD_SIZE),
+            "buffer length {} is not a multiple of the record size",
+            buf.len()
+        );
         let mut xs = [0u128; BATCH + 9];
         for batch in buf.chunks_mut(BATCH * RECORD_SIZE) {
             let n = batch.len() / RECORD_SIZE;

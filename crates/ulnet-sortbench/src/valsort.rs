@@ -232,7 +232,7 @@ pub fn parse_summaries(bytes: &[u8]) -> Result<Vec<Summary>, ValsortError> {
     if bytes.is_empty() {
         return Err(ValsortError::Empty);
     }
-    if bytes.len() % SUMMARY_SIZE != 0 {
+    if !bytes.len().is_multiple_of(SUMMARY_SIZE) {
         return Err(ValsortError::PartialSummary);
     }
     Ok(bytes

@@ -317,7 +317,7 @@ fn latency(trace: &Trace) -> Option<Latency> {
         "server handler until response sent",
         "response transit (sent -> found by requester)",
     ];
-    // Without handler times (ULNET_TRACE_HANDLERS=0) the server's part is one stage.
+    // Without handler times (a call not sampled on the server) the server's part is one stage.
     let names_without_handlers = [names[0], "server holds the request (found -> response sent)", names[3]];
     let mut staged: [Vec<f64>; 4] = Default::default();
     let mut staged_without_handlers: [Vec<f64>; 3] = Default::default();

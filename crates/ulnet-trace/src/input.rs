@@ -58,10 +58,16 @@ pub struct Sample {
 /// Reads column `column` (a name, or a 1-based number; default: the first numeric column,
 /// or `size` for traces) of `path`.
 pub fn read_sample(path: &Path, column: Option<&str>) -> Result<Sample, InputError> {
+    read_sample_with(path, column, false)
+}
+
+/// [`read_sample`]; with `partial`, a trace file cut short contributes its intact blocks
+/// (see [`load::load_with`]).
+pub fn read_sample_with(path: &Path, column: Option<&str>, partial: bool) -> Result<Sample, InputError> {
     let name = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|e| InputError::Io(name.clone(), e))?;
     if bytes.starts_with(&FILE_MAGIC) {
-        return trace_sample(path, column);
+        return trace_sample(path, column, partial);
     }
     let text = String::from_utf8_lossy(&bytes);
     let sample = text_sample(&name, &text, column)?;
@@ -71,8 +77,8 @@ pub fn read_sample(path: &Path, column: Option<&str>) -> Result<Sample, InputErr
     Ok(sample)
 }
 
-fn trace_sample(path: &Path, column: Option<&str>) -> Result<Sample, InputError> {
-    let trace = load::load(&[path])?;
+fn trace_sample(path: &Path, column: Option<&str>, partial: bool) -> Result<Sample, InputError> {
+    let trace = load::load_with(&[path], partial)?;
     let column = column.unwrap_or("size").to_ascii_lowercase();
     let sends: Vec<_> = crate::analyze::counted(&trace).into_iter().copied().collect();
     let times: Vec<f64> = sends.iter().map(|m| m.t_ns as f64).collect();

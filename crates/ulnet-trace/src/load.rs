@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use ulnet_core::trace::{decode_file, DecodeError, Direction, MessageKind};
+use ulnet_core::trace::{decode_file, decode_prefix, DecodeError, Direction, MessageKind};
 
 /// Why trace files could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -57,7 +57,11 @@ pub struct Message {
     pub buffer_len: [u32; 4],
     /// Pairs responses with requests (0: none).
     pub request_id: u64,
-    /// Stage times (nanoseconds since the trace start; `None`: not measured).
+    /// Its times were read from the clock (an exact record). Other records carry the
+    /// tracer's coarse time (at most one 1 ms tick early): their stage times are `None`.
+    pub exact: bool,
+    /// Stage times (nanoseconds since the trace start; `None`: not measured, or not an
+    /// exact record).
     pub enqueued: Option<u64>,
     /// When the transport took it.
     pub sent: Option<u64>,
@@ -109,6 +113,13 @@ impl Trace {
 
 /// Loads trace files (strictly: any damage is an error naming the file and offset).
 pub fn load(paths: &[impl AsRef<Path>]) -> Result<Trace, LoadError> {
+    load_with(paths, false)
+}
+
+/// Loads trace files; with `partial`, a file cut short (its process was killed before it
+/// wrote the end block) contributes its intact blocks, and the damage is reported on
+/// stderr instead of failing the load. A file whose header is unreadable is still an error.
+pub fn load_with(paths: &[impl AsRef<Path>], partial: bool) -> Result<Trace, LoadError> {
     if paths.is_empty() {
         return Err(LoadError::Empty);
     }
@@ -116,7 +127,21 @@ pub fn load(paths: &[impl AsRef<Path>]) -> Result<Trace, LoadError> {
     for p in paths {
         let p = p.as_ref();
         let bytes = std::fs::read(p).map_err(|e| LoadError::Io(p.to_path_buf(), e))?;
-        let file = decode_file(&bytes).map_err(|e| LoadError::Decode(p.to_path_buf(), e))?;
+        let file = if partial {
+            match decode_prefix(&bytes) {
+                (Some(file), None) => file,
+                (Some(file), Some(e)) => {
+                    eprintln!("{}: {e}; using the {} intact records before it", p.display(), file.records.len());
+                    file
+                }
+                (None, e) => {
+                    let e = e.expect("an unreadable header is an error");
+                    return Err(LoadError::Decode(p.to_path_buf(), e));
+                }
+            }
+        } else {
+            decode_file(&bytes).map_err(|e| LoadError::Decode(p.to_path_buf(), e))?
+        };
         decoded.push((p.to_path_buf(), file));
     }
     let same_clock =
@@ -132,24 +157,35 @@ pub fn load(paths: &[impl AsRef<Path>]) -> Result<Trace, LoadError> {
             (ticks != 0).then(|| (i128::from(clock.mono_ns(ticks)) + offset).max(1) as u64)
         };
         for r in &file.records {
-            messages.push(Message {
-                t_ns: at(r.ticks).unwrap_or(1),
-                src: r.src_node,
-                dst: r.dst_node,
-                channel: r.channel,
-                kind: r.message_kind(),
-                direction: r.direction(),
-                buffers: r.buffers,
-                size: r.size,
-                buffer_len: r.buffer_len,
-                request_id: r.request_id,
-                enqueued: at(r.enqueued),
-                sent: at(r.sent),
-                received: at(r.received),
-                handler_start: at(r.handler_start),
-                handler_end: at(r.handler_end),
-                file: index,
-            });
+            // A run record stands for `count` identical messages between its first and
+            // last time: each becomes a message, at times spread evenly over the run.
+            let count = u64::from(r.count.max(1));
+            let span = r.last_ticks.saturating_sub(r.ticks);
+            for i in 0..count {
+                let ticks = if count == 1 { r.ticks } else { r.ticks + span * i / (count - 1) };
+                // Stages only from exact records: a coarse time would make transits of 0 or
+                // of a whole tick.
+                let shift = |stage: u64| if stage == 0 || !r.exact { 0 } else { stage + (ticks - r.ticks) };
+                messages.push(Message {
+                    t_ns: at(ticks).unwrap_or(1),
+                    src: r.src_node,
+                    dst: r.dst_node,
+                    channel: r.channel,
+                    kind: r.message_kind(),
+                    direction: r.direction(),
+                    buffers: r.buffers,
+                    size: r.size,
+                    buffer_len: r.buffer_len,
+                    request_id: r.request_id,
+                    exact: r.exact,
+                    enqueued: at(shift(r.enqueued)),
+                    sent: at(shift(r.sent)),
+                    received: at(shift(r.received)),
+                    handler_start: at(shift(r.handler_start)),
+                    handler_end: at(shift(r.handler_end)),
+                    file: index,
+                });
+            }
         }
         files.push(FileSummary {
             path: path.display().to_string(),

@@ -39,6 +39,13 @@ fn traced_benchmark_is_analysed_and_damage_is_reported_with_its_offset() {
     // 2,100 calls and their responses, each counted once.
     assert_eq!(a["messages"], 4200);
     assert_eq!(a["latency"]["pairs"], 2100);
+    // Stages come from the exact records only (one call in 16 by default): coarse times
+    // (one 1 ms tick) would put most transits at exactly 0.
+    let transit = &a["latency"]["stages"][0];
+    let timed = transit["samples"].as_u64().unwrap();
+    assert!(timed > 0 && timed < 2100, "sampled calls only: {timed}");
+    let p50 = transit["p50_us"].as_f64().unwrap();
+    assert!(p50 > 0.0, "a timed transit is never zero: {p50} us");
     assert_eq!(a["matrix"].as_array().unwrap().len(), 2);
     if fonts {
         let page = std::fs::read_to_string(&html).unwrap();
@@ -54,6 +61,14 @@ fn traced_benchmark_is_analysed_and_damage_is_reported_with_its_offset() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "one-line error: {err}");
     assert!(err.contains("truncated at byte offset"), "{err}");
+    // --partial reads the intact blocks of a file cut short, and says what it skipped.
+    let out = ulnet(&["trace", "analyze", "--partial", "--json", cut.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("truncated at byte offset") && err.contains("intact records"), "{err}");
+    let partial = json(&out)["messages"].as_u64().unwrap();
+    // One side alone: its sends and what it received from the untraced side.
+    assert!(partial > 0 && partial <= 4200, "the intact blocks of one side: {partial}");
     let mut bad = bytes.clone();
     bad[100] ^= 0x10;
     std::fs::write(&cut, &bad).unwrap();

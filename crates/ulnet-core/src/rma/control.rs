@@ -10,7 +10,8 @@
 //!        | magic "ULNETRMC" | version | segment | generation |          |  owner writes once,
 //!        | owner_uses_membarrier | ring slots | importer node         |  before sharing
 //!  0x080 +------------------------------------------------------------+
-//!        | state: the live generation, or 0 once revoked | notify mode |  owner writes
+//!        | state: live generation (low 32) | notify mode (bits 32..40),  |  owner writes
+//!        |        or 0 once revoked: one load tells both                 |
 //!  0x100 +------------------------------------------------------------+
 //!        | busy: 1 while the importer stores into the segment          |  importer writes
 //!  0x180 +------------------------------------------------------------+
@@ -31,12 +32,14 @@
 //! compiler fence when both processes use `membarrier` (the owner's expedited membarrier
 //! then runs the barrier on the importer's CPU for it, see `sys::barrier`).
 
-use crate::transport::shm::mem::RingMem;
-use std::sync::atomic::Ordering;
+use crate::transport::shm::mem::{MappedMem, RingMem};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 const MAGIC: u64 = u64::from_le_bytes(*b"ULNETRMC");
-/// Layout version. History: 1 — first layout.
-const VERSION: u64 = 1;
+/// Layout version. History: 1 — first layout; 2 — the notify mode moved into the state
+/// word (one load per operation tells an importer both), its own word retired.
+const VERSION: u64 = 2;
 
 const OFF_MAGIC: usize = 0x00;
 const OFF_VERSION: usize = 0x08;
@@ -46,7 +49,6 @@ const OFF_OWNER_USES_MEMBARRIER: usize = 0x20;
 const OFF_RING_SLOTS: usize = 0x28;
 const OFF_IMPORTER: usize = 0x30;
 const OFF_STATE: usize = 0x80;
-const OFF_NOTIFY_MODE: usize = 0x88;
 const OFF_BUSY: usize = 0x100;
 const OFF_RING_HEAD: usize = 0x180;
 const OFF_LOST: usize = 0x200;
@@ -79,8 +81,7 @@ pub(crate) fn init<M: RingMem>(mem: &M, info: BlockInfo, notify_mode: u8) {
     mem.store_u64(OFF_OWNER_USES_MEMBARRIER, u64::from(info.owner_uses_membarrier), Ordering::Relaxed);
     mem.store_u64(OFF_RING_SLOTS, RING_SLOTS as u64, Ordering::Relaxed);
     mem.store_u64(OFF_IMPORTER, u64::from(info.importer), Ordering::Relaxed);
-    mem.store_u64(OFF_NOTIFY_MODE, u64::from(notify_mode), Ordering::Relaxed);
-    mem.store_u64(OFF_STATE, u64::from(info.generation), Ordering::Relaxed);
+    mem.store_u64(OFF_STATE, live_state(info.generation, notify_mode), Ordering::Relaxed);
     mem.store_u64(OFF_MAGIC, MAGIC, Ordering::Release);
 }
 
@@ -102,21 +103,43 @@ pub(crate) fn read_info<M: RingMem>(mem: &M) -> Option<BlockInfo> {
     })
 }
 
-/// The live generation, or 0 once revoked.
+/// The state word of a live import: its generation and the owner's notify mode.
 #[inline(always)]
+pub(crate) fn live_state(generation: u32, notify_mode: u8) -> u64 {
+    debug_assert_ne!(generation, 0, "generation 0 means revoked");
+    u64::from(generation) | (u64::from(notify_mode) << 32)
+}
+
+/// The generation a state word holds (0 once revoked).
+#[inline(always)]
+pub(crate) fn state_generation(state: u64) -> u32 {
+    state as u32
+}
+
+/// The notify mode a state word holds, as its wire byte.
+#[inline(always)]
+pub(crate) fn state_notify_mode(state: u64) -> u8 {
+    (state >> 32) as u8
+}
+
+/// The state word: live generation and notify mode, or 0 once revoked (the importer
+/// reads it through [`ImporterWords`]).
+#[cfg(all(test, not(loom)))]
 pub(crate) fn state<M: RingMem>(mem: &M) -> u64 {
     mem.load_u64(OFF_STATE, Ordering::Acquire)
 }
 
-/// The owner's notify mode, as its wire byte.
-#[inline(always)]
-pub(crate) fn notify_mode<M: RingMem>(mem: &M) -> u8 {
-    mem.load_u64(OFF_NOTIFY_MODE, Ordering::Relaxed) as u8
-}
-
-/// Owner: changes the notify mode the importer honours.
-pub(crate) fn set_notify_mode<M: RingMem>(mem: &M, mode: u8) {
-    mem.store_u64(OFF_NOTIFY_MODE, u64::from(mode), Ordering::Relaxed);
+/// Owner: changes the notify mode the importer honours (a revoked block stays revoked).
+pub(crate) fn set_notify_mode(mem: &MappedMem, mode: u8) {
+    let word = mem.word(OFF_STATE);
+    let mut current = word.load(Ordering::Acquire);
+    while state_generation(current) != 0 {
+        let next = live_state(state_generation(current), mode);
+        match word.compare_exchange(current, next, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => return,
+            Err(seen) => current = seen,
+        }
+    }
 }
 
 /// Owner: revokes the import. The caller runs a full (or membarrier) barrier before it
@@ -131,23 +154,65 @@ pub(crate) fn busy<M: RingMem>(mem: &M) -> bool {
     mem.load_u64(OFF_BUSY, Ordering::SeqCst) != 0
 }
 
-/// Importer: enters a store. Returns whether the import is still live at `generation`; if
-/// not, it has already left again.
-#[inline(always)]
-pub(crate) fn enter<M: RingMem>(mem: &M, generation: u64, fence_only_compiler: bool) -> bool {
-    mem.store_u64(OFF_BUSY, 1, Ordering::Relaxed);
-    crate::sys::barrier::sender_barrier(fence_only_compiler);
-    if state(mem) != generation {
-        mem.store_u64(OFF_BUSY, 0, Ordering::Release);
-        return false;
-    }
-    true
+/// The importer's direct handles on the two words of its block that every operation
+/// touches (state, and busy for stores), taken once at import, so that the per-operation
+/// path has no offset arithmetic and no bounds check left.
+pub(crate) struct ImporterWords {
+    state: NonNull<AtomicU64>,
+    busy: NonNull<AtomicU64>,
 }
 
-/// Importer: leaves a store; everything it stored is ordered before.
-#[inline(always)]
-pub(crate) fn leave<M: RingMem>(mem: &M) {
-    mem.store_u64(OFF_BUSY, 0, Ordering::Release);
+// SAFETY: the pointers lead into a shared mapping that is only ever accessed atomically;
+// moving the handle to another thread moves no data.
+unsafe impl Send for ImporterWords {}
+
+impl ImporterWords {
+    /// Handles on `block`'s words. The caller keeps `block` mapped as long as these live
+    /// (the mapped import owns both).
+    pub(crate) fn new(block: &MappedMem) -> Self {
+        assert!(block.len() >= BLOCK_LEN, "a control block is {BLOCK_LEN} bytes");
+        Self { state: NonNull::from(block.word(OFF_STATE)), busy: NonNull::from(block.word(OFF_BUSY)) }
+    }
+
+    #[inline(always)]
+    fn state_word(&self) -> &AtomicU64 {
+        // SAFETY: points into the block, mapped for as long as `self` lives (see `new`),
+        // aligned (checked by `MappedMem::word`), and accessed only atomically.
+        unsafe { self.state.as_ref() }
+    }
+
+    #[inline(always)]
+    fn busy_word(&self) -> &AtomicU64 {
+        // SAFETY: as for `state_word`.
+        unsafe { self.busy.as_ref() }
+    }
+
+    /// The state word (Acquire): live generation and notify mode, or 0 once revoked.
+    #[inline(always)]
+    pub(crate) fn state(&self) -> u64 {
+        self.state_word().load(Ordering::Acquire)
+    }
+
+    /// Enters a store: returns the state word if the import is still live at
+    /// `generation`; if not, it has already left again. (The Dekker half of the importer:
+    /// busy = 1, barrier, load state.)
+    #[inline(always)]
+    pub(crate) fn enter(&self, generation: u32, fence_only_compiler: bool) -> Option<u64> {
+        self.busy_word().store(1, Ordering::Relaxed);
+        crate::sys::barrier::sender_barrier(fence_only_compiler);
+        let state = self.state();
+        if state_generation(state) != generation {
+            self.busy_word().store(0, Ordering::Release);
+            return None;
+        }
+        Some(state)
+    }
+
+    /// Leaves a store; everything it stored is ordered before.
+    #[inline(always)]
+    pub(crate) fn leave(&self) {
+        self.busy_word().store(0, Ordering::Release);
+    }
 }
 
 /// Notifications lost to a full ring, as counted by the importer.
@@ -260,13 +325,20 @@ mod tests {
         let info = BlockInfo { segment: 3, generation: 9, importer: 4, owner_uses_membarrier: true };
         init(&mem, info, 2);
         assert_eq!(read_info(&mem), Some(info));
-        assert_eq!(notify_mode(&mem), 2);
-        assert!(enter(&mem, 9, false));
+        assert_eq!((state_generation(state(&mem)), state_notify_mode(state(&mem))), (9, 2));
+        set_notify_mode(&mem, 1);
+        assert_eq!((state_generation(state(&mem)), state_notify_mode(state(&mem))), (9, 1));
+        let words = ImporterWords::new(&mem);
+        assert_eq!(words.enter(9, false), Some(live_state(9, 1)));
         assert!(busy(&mem));
-        leave(&mem);
+        words.leave();
+        assert!(!busy(&mem));
+        assert_eq!(words.enter(8, false), None, "another generation cannot be entered");
         revoke(&mem);
-        assert!(!enter(&mem, 9, false), "a revoked import cannot be entered");
+        assert_eq!(words.enter(9, false), None, "a revoked import cannot be entered");
         assert!(!busy(&mem), "a refused entry leaves again");
+        set_notify_mode(&mem, 2);
+        assert_eq!(state(&mem), 0, "a revoked block stays revoked when the mode changes");
     }
 
     #[test]
@@ -286,7 +358,7 @@ mod tests {
     }
 }
 
-#[cfg(loom)]
+#[cfg(all(loom, test))]
 mod loom_tests {
     use super::*;
     use crate::transport::shm::mem::loom_mem::LoomMem;

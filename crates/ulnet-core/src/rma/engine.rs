@@ -4,30 +4,32 @@
 //! to `Rma::progress` ([`crate::rma::Progress::Manual`], for single-threaded programs and
 //! benchmarks that poll anyway).
 //!
-//! Channels come from [`Acceptor`]s (listeners of any transport) or are handed over whole
-//! (`Rma::serve_channel`), so a transport added later (UDP) plugs in by implementing
-//! `Acceptor` for its listener, with no change here.
+//! Channels come from [`Acceptor`]s (listeners of any transport, see `accept`) or are
+//! handed over whole (`Rma::serve_channel`). Nothing here blocks: acceptors never do, and
+//! UDP channels and handshakes, whose protocol moves only when polled, get their timers
+//! run because the engine sleeps on each channel's timerfd (through its probe) and wakes
+//! for the acceptors' [`Acceptor::poll_timeout`].
 //!
 //! The loop: take new acceptors and channels from the inbox; poll every channel and answer
 //! each request in place (a refusal or response that does not fit the channel is kept and
 //! the channel is not read again until it has gone out); every [`LISTEN_EVERY`] passes,
-//! and after every sleep, accept new channels and serve the same-host rendezvous. After
-//! `RmaConfig::engine_spin` without work it sleeps in the kernel on every channel's
-//! doorbell, the listeners and the inbox.
+//! and after every sleep that a listener or an acceptor's timer ended, accept new channels
+//! and serve the same-host rendezvous. After `RmaConfig::engine_spin` without work it
+//! sleeps in the kernel on every channel's wait descriptors, the listeners and the inbox,
+//! until the first acceptor timer.
 
+use super::accept::Acceptor;
 use super::rendezvous::RendezvousServer;
 use super::segment::ExportTable;
 use super::target::{bump, Reply, Target, TargetCells};
 use super::wire::HEADER_LEN;
-use crate::error::{ChannelError, ConnectError};
+use crate::error::ChannelError;
 use crate::rma::rights::NodeId;
 use crate::sys::doorbell::Doorbell;
-use crate::transport::shm::{ShmConfig, ShmListener};
-use crate::transport::tcp::{TcpChannelListener, TcpConfig};
 use crate::transport::{ReadyProbe, SendOutcome, Transport};
 use rustix::event::{PollFd, PollFlags};
 use std::collections::VecDeque;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,63 +39,6 @@ use std::time::{Duration, Instant};
 const LISTEN_EVERY: u32 = 256;
 /// Messages taken from one channel per pass, so one busy importer cannot starve the rest.
 const BATCH: usize = 64;
-
-/// A listener that hands the engine new channels from importers, of any transport.
-pub trait Acceptor: Send {
-    /// A channel if an importer is waiting to connect (never blocks for long).
-    fn try_accept(&mut self) -> Result<Option<Box<dyn Transport>>, ConnectError>;
-    /// A descriptor that becomes readable when an importer is waiting.
-    fn wait_fd(&self) -> BorrowedFd<'_>;
-}
-
-/// Accepts shared-memory channels.
-pub struct ShmAcceptor {
-    listener: ShmListener,
-    config: ShmConfig,
-}
-
-impl ShmAcceptor {
-    /// Listens under `name` (the shared-memory channel namespace of this host).
-    pub fn bind(name: &str, config: ShmConfig) -> Result<Self, ConnectError> {
-        Ok(Self { listener: ShmListener::bind(name)?, config })
-    }
-}
-
-impl Acceptor for ShmAcceptor {
-    fn try_accept(&mut self) -> Result<Option<Box<dyn Transport>>, ConnectError> {
-        Ok(self.listener.try_accept(&self.config)?.map(|c| Box::new(c) as Box<dyn Transport>))
-    }
-    fn wait_fd(&self) -> BorrowedFd<'_> {
-        self.listener.as_fd()
-    }
-}
-
-/// Accepts TCP channels.
-pub struct TcpAcceptor {
-    listener: TcpChannelListener,
-    config: TcpConfig,
-}
-
-impl TcpAcceptor {
-    /// Listens on `addr` (port 0 picks one).
-    pub fn bind(addr: &str, config: TcpConfig) -> Result<Self, ConnectError> {
-        Ok(Self { listener: TcpChannelListener::bind(addr)?, config })
-    }
-
-    /// The address importers connect to.
-    pub fn local_addr(&self) -> std::io::Result<std::net::SocketAddr> {
-        self.listener.local_addr()
-    }
-}
-
-impl Acceptor for TcpAcceptor {
-    fn try_accept(&mut self) -> Result<Option<Box<dyn Transport>>, ConnectError> {
-        Ok(self.listener.try_accept(&self.config)?.map(|c| Box::new(c) as Box<dyn Transport>))
-    }
-    fn wait_fd(&self) -> BorrowedFd<'_> {
-        self.listener.as_fd()
-    }
-}
 
 /// What the application hands a running engine.
 pub(crate) enum InboxItem {
@@ -186,8 +131,7 @@ impl Engine {
     }
 
     fn add_channel(&mut self, transport: Box<dyn Transport>) {
-        let caps = transport.caps();
-        let data_max = caps.fragment_max.min(caps.send_max).saturating_sub(HEADER_LEN);
+        let data_max = transport.caps().rma.request_max.saturating_sub(HEADER_LEN);
         let probe = transport.probe();
         bump(&self.cells.channels_accepted, 1);
         self.channels.push(EngineChannel {
@@ -269,33 +213,42 @@ impl Engine {
         work
     }
 
-    /// Sleeps until a channel, listener or the inbox has something, or `timeout` passes,
-    /// then serves what woke it: new channels and rendezvous clients only when a listener
-    /// fired, so an ordinary wake-up for a request costs no extra system call. (The arm →
-    /// sleep → disarm order is `wait::sleep_on`'s.)
+    /// Sleeps until a channel, listener or the inbox has something, an acceptor's timer is
+    /// due, or `timeout` passes, then serves what woke it: new channels and rendezvous
+    /// clients only when a listener fired or a timer came due, so an ordinary wake-up for
+    /// a request costs no extra system call. (The arm → sleep → disarm order is
+    /// `wait::sleep_on`'s.)
     pub(crate) fn sleep(&mut self, timeout: Option<Duration>) {
         for ch in &mut self.channels {
             let _ = ch.transport.flush();
         }
         // A channel holding back responses is retried soon rather than waited on.
         let deferred = self.channels.iter().any(|c| !c.state.deferred.is_empty());
-        let timeout = if deferred { Some(Duration::from_millis(1)) } else { timeout };
+        let mut timeout = if deferred { Some(Duration::from_millis(1)) } else { timeout };
+        let acceptor_due = self.acceptors.iter().filter_map(|a| a.poll_timeout()).min();
+        if let Some(due) = acceptor_due {
+            let left = due.saturating_duration_since(Instant::now());
+            timeout = Some(timeout.map_or(left, |t| t.min(left)));
+        }
         let probes: Vec<&Arc<dyn ReadyProbe>> =
             self.channels.iter().filter(|c| c.state.deferred.is_empty()).map(|c| &c.probe).collect();
         let armed = probes.iter().take_while(|p| p.arm()).count();
         let (mut listener_fired, mut inbox_fired) = (false, false);
-        if armed == probes.len() {
+        if armed == probes.len() && timeout != Some(Duration::ZERO) {
             let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(probes.len() * 2 + 4);
             for p in &probes {
                 fds.extend(p.wait_fds().into_iter().map(|fd| PollFd::from_borrowed_fd(fd, PollFlags::IN)));
             }
             let listeners_at = fds.len();
-            fds.extend(self.acceptors.iter().map(|a| PollFd::from_borrowed_fd(a.wait_fd(), PollFlags::IN)));
+            fds.extend(
+                self.acceptors.iter().flat_map(|a| a.wait_fds()).map(|fd| PollFd::from_borrowed_fd(fd, PollFlags::IN)),
+            );
             fds.extend(
                 self.rendezvous.iter().flat_map(|r| r.wait_fds()).map(|fd| PollFd::from_borrowed_fd(fd, PollFlags::IN)),
             );
             fds.push(PollFd::from_borrowed_fd(self.inbox.doorbell.as_fd(), PollFlags::IN));
-            let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as i32);
+            // Rounded up: waking a little after a timer is due is harmless, before it a spin.
+            let ms = timeout.map_or(-1, |t| t.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32);
             match rustix::event::poll(&mut fds, ms) {
                 Ok(_) | Err(rustix::io::Errno::INTR) => {}
                 Err(e) => tracing::warn!("RMA engine sleep failed: {e}"),
@@ -310,7 +263,7 @@ impl Engine {
         if inbox_fired {
             self.inbox.doorbell.clear();
         }
-        if listener_fired {
+        if listener_fired || acceptor_due.is_some_and(|t| t <= Instant::now()) {
             self.listen();
         }
     }

@@ -6,7 +6,8 @@ mod completion;
 #[cfg(test)]
 mod tests;
 
-use super::engine::{Acceptor, Engine, Inbox, InboxItem, ShmAcceptor, TcpAcceptor};
+use super::accept::{Acceptor, ShmAcceptor, TcpAcceptor, UdpAcceptor};
+use super::engine::{Engine, Inbox, InboxItem};
 use super::error::{AccessError, ExportError, ImportError, RmaError};
 use super::mapped::MappedImport;
 use super::notify::Notifications;
@@ -16,10 +17,12 @@ use super::segment::{ExportTable, ExportedSegment, SegmentDescriptor};
 use super::target::{TargetCells, TargetCounters};
 use super::wire::{self, LookupAnswer, Op, Place, Request, Response, HEADER_LEN, NAME_MAX};
 use crate::error::{ChannelError, ConnectError, SendError};
+use crate::trace::{self, MessageKind};
 use crate::transport::shm::ShmConfig;
 use crate::transport::tcp::TcpConfig;
+use crate::transport::udp::{UdpConfig, UdpCounters, UdpStats};
 use crate::transport::{ReadyProbe, SendOutcome, Transport};
-use completion::{fail_peer, finish, Kind, Owned, Sink, Slot, Value};
+use completion::{fail_peer, finish, Kind, Owned, Sink, Slot, TracedOp, Value};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -65,6 +68,8 @@ pub struct RmaConfig {
     pub shm: ShmConfig,
     /// Settings of TCP channels (the cluster secret).
     pub tcp: TcpConfig,
+    /// Settings of UDP channels (the cluster secret, windows, timers).
+    pub udp: UdpConfig,
 }
 
 impl RmaConfig {
@@ -81,6 +86,7 @@ impl RmaConfig {
             control_timeout: Duration::from_secs(10),
             shm: ShmConfig::default(),
             tcp: TcpConfig::default(),
+            udp: UdpConfig::default(),
         }
     }
 
@@ -255,9 +261,9 @@ enum EngineRunner {
 /// A node's remote memory: the segments it exports (served by its engine) and the
 /// one-sided operations it performs on segments of other nodes.
 ///
-/// Target side: [`Rma::export`] a segment, [`Rma::listen_shm`] / [`Rma::listen_tcp`] for
-/// importers, read [`Rma::notifications`]. Initiator side: [`Rma::connect_shm`] /
-/// [`Rma::connect_tcp`] a peer, [`Rma::import`] a segment by name, then
+/// Target side: [`Rma::export`] a segment, [`Rma::listen_shm`] / [`Rma::listen_tcp`] /
+/// [`Rma::listen_udp`] for importers, read [`Rma::notifications`]. Initiator side:
+/// [`Rma::connect_shm`] / [`Rma::connect_tcp`] / [`Rma::connect_udp`] a peer, [`Rma::import`] a segment by name, then
 /// [`Rma::get`], [`Rma::put`], [`Rma::compare_and_swap`], [`Rma::fetch_and_add`] (each
 /// non-blocking: `Done`, `InProgress(token)` or `NoResource`), [`Rma::poll`] for
 /// completions, [`Rma::flush`] and [`Rma::fence`] for completion and ordering. Blocking
@@ -330,6 +336,8 @@ pub struct Rma {
     counters: InitiatorCounters,
     polls: u32,
     internal_tokens: u64,
+    /// What this node's UDP listener and channels (both sides) dropped and did.
+    udp_stats: Arc<UdpStats>,
 }
 
 fn next_rma_id() -> u32 {
@@ -381,6 +389,7 @@ impl Rma {
             counters: InitiatorCounters::default(),
             polls: 0,
             internal_tokens: 0,
+            udp_stats: Arc::default(),
         })
     }
 
@@ -440,6 +449,23 @@ impl Rma {
         Ok(bound)
     }
 
+    /// Lets importers reach this node over UDP at `addr` (port 0 picks one); returns the
+    /// bound address. The engine runs the UDP protocol of every channel (acks,
+    /// retransmissions, keep-alives) and of the handshakes, waking for their timers.
+    pub fn listen_udp(&mut self, addr: &str) -> Result<std::net::SocketAddr, ConnectError> {
+        let acceptor = UdpAcceptor::bind(addr, self.config.udp.clone(), self.udp_stats.clone())?;
+        let bound = acceptor.local_addr();
+        self.hand_to_engine(InboxItem::Acceptor(Box::new(acceptor)));
+        Ok(bound)
+    }
+
+    /// What this node's UDP listener and channels dropped (malformed, stranger,
+    /// wrong-secret, replayed datagrams) and did (packets, retransmissions), as initiator
+    /// and as target.
+    pub fn udp_counters(&self) -> UdpCounters {
+        self.udp_stats.snapshot()
+    }
+
     /// Lets importers reach this node through any transport's listener.
     pub fn listen_with(&mut self, acceptor: Box<dyn Acceptor>) {
         self.hand_to_engine(InboxItem::Acceptor(acceptor));
@@ -497,6 +523,24 @@ impl Rma {
         self.connect_with(Box::new(transport), timeout)
     }
 
+    /// A peer reached over UDP at `addr`: connects (repeating the handshake until
+    /// `timeout`) and introduces this node.
+    ///
+    /// The UDP protocol of the initiator's side of the channel runs inside this node's
+    /// calls ([`Rma::poll`], [`Rma::wait`], posts, the blocking helpers), as UDP channels
+    /// do everywhere: an importer that makes none of them for longer than the target's
+    /// `UdpConfig::peer_timeout` (20 s) is declared failed by the target.
+    pub fn connect_udp(&mut self, addr: &str, timeout: Duration) -> Result<PeerId, ConnectError> {
+        let transport = crate::transport::udp::connect(
+            addr,
+            &self.config.udp,
+            crate::node::NodeId::UNKNOWN,
+            timeout,
+            self.udp_stats.clone(),
+        )?;
+        self.connect_with(Box::new(transport), timeout)
+    }
+
     /// A peer reached over a channel of any transport: introduces this node on it.
     pub fn connect_with(&mut self, transport: Box<dyn Transport>, timeout: Duration) -> Result<PeerId, ConnectError> {
         let (channel, node) = self.introduce(transport, timeout)?;
@@ -546,14 +590,13 @@ impl Rma {
             }
         }
         let node = answer.expect("loop ends with an answer")?;
-        let caps = transport.caps();
-        let message_max = caps.fragment_max.min(caps.send_max);
+        let request_max = transport.caps().rma.request_max;
         let probe = transport.probe();
         let channel = PeerChannel {
             transport,
             probe,
-            put_chunk: message_max.saturating_sub(HEADER_LEN).max(8),
-            get_chunk: message_max.saturating_sub(HEADER_LEN).max(8),
+            put_chunk: request_max.saturating_sub(HEADER_LEN).max(8),
+            get_chunk: request_max.saturating_sub(HEADER_LEN).max(8),
             queued: 0,
             answered: 0,
             backlog: VecDeque::new(),
@@ -725,9 +768,12 @@ impl Rma {
     }
 
     /// Runs a mapped operation, unless a fence holds it back.
+    /// `traced`: what a trace records of it (kind, target, bytes), without a clock read of
+    /// its own: a mapped operation costs less than reading the clock.
     fn on_mapping<T>(
         &mut self,
         index: usize,
+        traced: (MessageKind, &RemoteSegment, u64),
         f: impl FnOnce(&mut MappedImport) -> Result<T, AccessError>,
     ) -> Result<RmaOutcome<T>, RmaError> {
         if !self.fence_allows(None) {
@@ -739,6 +785,10 @@ impl Rma {
             Ok(v) => {
                 self.counters.mapped += 1;
                 self.counters.completed += 1;
+                if trace::enabled() {
+                    let (kind, seg, len) = traced;
+                    trace::record_rma(kind, (self.config.node, seg.descriptor.node), seg.peer, len, 0, 0);
+                }
                 Ok(RmaOutcome::Done(v))
             }
             Err(e) => {
@@ -770,14 +820,15 @@ impl Rma {
     ) -> Result<RmaOutcome, RmaError> {
         let notify = seg.notify;
         if let Some(i) = self.mapped_index(seg)? {
-            return self.on_mapping(i, |m| m.get(offset, dst, notify));
+            return self.on_mapping(i, (MessageKind::RmaRead, seg, dst.len() as u64), |m| m.get(offset, dst, notify));
         }
         let (segment, generation) = (seg.descriptor.segment, seg.descriptor.generation);
         let op = |_: &[u8], chunk_off: u64, chunk_len: usize| Op::Get {
             place: Place { segment, generation, offset: offset.wrapping_add(chunk_off) },
             len: chunk_len as u32,
         };
-        self.post(seg.peer, notify, token, Kind::Get, dst.len() as u64, op, &[], internal)
+        let traced = Some((MessageKind::RmaRead, seg.descriptor.node));
+        self.post(seg.peer, notify, token, Kind::Get, dst.len() as u64, op, &[], internal, traced)
     }
 
     fn put_with<'d>(
@@ -790,14 +841,16 @@ impl Rma {
     ) -> Result<RmaOutcome, RmaError> {
         let notify = seg.notify;
         if let Some(i) = self.mapped_index(seg)? {
-            return self.on_mapping(i, |m| m.put(offset, data, notify));
+            return self
+                .on_mapping(i, (MessageKind::RmaWrite, seg, data.len() as u64), |m| m.put(offset, data, notify));
         }
         let (segment, generation) = (seg.descriptor.segment, seg.descriptor.generation);
         let op = |data: &'d [u8], chunk_off: u64, chunk_len: usize| Op::Put {
             place: Place { segment, generation, offset: offset.wrapping_add(chunk_off) },
             data: &data[chunk_off as usize..chunk_off as usize + chunk_len],
         };
-        self.post(seg.peer, notify, token, Kind::Put, data.len() as u64, op, data, internal)
+        let traced = Some((MessageKind::RmaWrite, seg.descriptor.node));
+        self.post(seg.peer, notify, token, Kind::Put, data.len() as u64, op, data, internal, traced)
     }
 
     fn atomic_with(
@@ -810,8 +863,9 @@ impl Rma {
         internal: bool,
     ) -> Result<RmaOutcome<u64>, RmaError> {
         let notify = seg.notify;
+        let kind = if cas.is_some() { MessageKind::RmaCas } else { MessageKind::RmaFaa };
         if let Some(i) = self.mapped_index(seg)? {
-            return self.on_mapping(i, |m| match cas {
+            return self.on_mapping(i, (kind, seg, 8), |m| match cas {
                 Some((expected, desired)) => m.compare_swap(offset, expected, desired, notify),
                 None => m.fetch_add(offset, addend, notify),
             });
@@ -821,7 +875,8 @@ impl Rma {
             Some((expected, desired)) => Op::CompareSwap { place, expected, desired },
             None => Op::FetchAdd { place, addend },
         };
-        Ok(match self.post(seg.peer, notify, token, Kind::Atomic, 8, op, &[], internal)? {
+        let traced = Some((kind, seg.descriptor.node));
+        Ok(match self.post(seg.peer, notify, token, Kind::Atomic, 8, op, &[], internal, traced)? {
             RmaOutcome::Done(()) => unreachable!("channel operations complete later"),
             RmaOutcome::InProgress(t) => RmaOutcome::InProgress(t),
             RmaOutcome::NoResource => RmaOutcome::NoResource,
@@ -904,7 +959,8 @@ impl Rma {
 
     /// Posts an operation of `len` bytes to `peer`'s channel, split into chunks that
     /// `op(data, chunk_offset, chunk_len)` describes. All chunks share one slot; the ones
-    /// the channel cannot take now wait, encoded, in its backlog.
+    /// the channel cannot take now wait, encoded, in its backlog. `traced` (kind, target):
+    /// while tracing is on, the operation is recorded when it completes.
     #[allow(clippy::too_many_arguments)]
     fn post<'d>(
         &mut self,
@@ -916,6 +972,7 @@ impl Rma {
         op: impl Fn(&'d [u8], u64, usize) -> Op<'d>,
         data: &'d [u8],
         internal: bool,
+        traced: Option<(MessageKind, NodeId)>,
     ) -> Result<RmaOutcome, RmaError> {
         let channel = self.peers[peer as usize].channel.as_ref().ok_or(RmaError::InvalidHandle)?;
         if let Some(e) = &channel.down {
@@ -976,6 +1033,12 @@ impl Rma {
         slot.error = None;
         slot.internal = internal;
         slot.abandoned = false;
+        slot.trace = match traced {
+            Some((kind, target)) if trace::enabled() => {
+                Some(TracedOp { kind, nodes: (self.config.node, target), len, posted: trace::now() })
+            }
+            _ => None,
+        };
         if kind == Kind::Get && chunks > 1 {
             slot.assembled.clear();
             slot.assembled.resize(len as usize, 0);

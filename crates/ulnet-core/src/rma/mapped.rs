@@ -11,7 +11,7 @@
 //!
 //! A refused access changes nothing and is counted by the initiator.
 
-use super::control::{self, NotifyProducer, Record};
+use super::control::{self, ImporterWords, NotifyProducer, Record};
 use super::error::AccessError;
 use super::memory::Region;
 use super::notify::AccessKind;
@@ -29,6 +29,9 @@ pub(crate) struct MappedImport {
     pub(crate) owner: NodeId,
     pub(crate) rights: Rights,
     region: Region,
+    /// Direct handles on `block`'s state and busy words (declared before `block`, which
+    /// keeps them mapped).
+    words: ImporterWords,
     block: MappedMem,
     doorbell: Doorbell,
     /// Kept open: the owner sees us die as a hang-up.
@@ -48,6 +51,7 @@ impl MappedImport {
             owner: g.owner,
             rights: g.rights,
             region: g.region,
+            words: ImporterWords::new(&g.block),
             block: g.block,
             doorbell: Doorbell::from_fd(g.doorbell),
             socket: g.socket,
@@ -72,19 +76,22 @@ impl MappedImport {
         }
     }
 
+    /// The state word if the import is live (one load tells the generation and the
+    /// owner's notify mode).
     #[inline(always)]
-    fn live(&mut self) -> Result<(), AccessError> {
-        if self.revoked || control::state(&self.block) != u64::from(self.generation.0) {
+    fn live(&mut self) -> Result<u64, AccessError> {
+        let state = self.words.state();
+        if self.revoked || control::state_generation(state) != self.generation.0 {
             self.revoked = true;
             return Err(AccessError::Revoked);
         }
-        Ok(())
+        Ok(state)
     }
 
-    /// The checks of a target, in its order (state, rights, bounds, alignment).
+    /// The checks of a target after the state (rights, bounds, alignment); returns the
+    /// offset, checked: `offset + len <= region.len()`, and 8-aligned if `atomic`.
     #[inline(always)]
-    fn check(&mut self, offset: u64, len: u64, need: Rights, atomic: bool) -> Result<usize, AccessError> {
-        self.live()?;
+    fn check_access(&self, offset: u64, len: u64, need: Rights, atomic: bool) -> Result<usize, AccessError> {
         if !self.rights.contains(need) {
             return Err(AccessError::Denied);
         }
@@ -98,20 +105,31 @@ impl MappedImport {
         Ok(offset as usize)
     }
 
-    /// Enters a store, or finds the import revoked.
+    /// Enters a store and checks it, in a target's order (state, rights, bounds,
+    /// alignment); on success the caller stores and then calls `words.leave()`. Returns
+    /// the checked offset and the state word.
     #[inline(always)]
-    fn enter(&mut self) -> Result<(), AccessError> {
-        if control::enter(&self.block, u64::from(self.generation.0), self.compiler_fence_only) {
-            Ok(())
-        } else {
+    fn enter(&mut self, offset: u64, len: u64, need: Rights, atomic: bool) -> Result<(usize, u64), AccessError> {
+        if self.revoked {
+            return Err(AccessError::Revoked);
+        }
+        let Some(state) = self.words.enter(self.generation.0, self.compiler_fence_only) else {
             self.revoked = true;
-            Err(AccessError::Revoked)
+            return Err(AccessError::Revoked);
+        };
+        match self.check_access(offset, len, need, atomic) {
+            Ok(off) => Ok((off, state)),
+            Err(e) => {
+                self.words.leave();
+                Err(e)
+            }
         }
     }
 
     #[inline(always)]
-    fn notice(&mut self, requested: bool, kind: AccessKind, offset: u64, len: usize) {
-        let mode = NotifyMode::from_u8(control::notify_mode(&self.block)).unwrap_or(NotifyMode::Never);
+    fn notice(&mut self, state: u64, requested: bool, kind: AccessKind, offset: u64, len: usize) {
+        // An unknown mode byte (only a corrupted block holds one) notifies nobody.
+        let mode = NotifyMode::from_u8(control::state_notify_mode(state)).unwrap_or(NotifyMode::Never);
         if mode.notifies(requested) {
             self.notifications.push(&self.block, Record { op: kind as u8, len: len as u32, offset });
             self.doorbell.ring();
@@ -120,32 +138,36 @@ impl MappedImport {
 
     #[inline]
     pub(crate) fn get(&mut self, offset: u64, dst: &mut [u8], notify: bool) -> Result<(), AccessError> {
-        let off = self.check(offset, dst.len() as u64, Rights::READ, false)?;
+        let state = self.live()?;
+        let off = self.check_access(offset, dst.len() as u64, Rights::READ, false)?;
         if dst.len() == 8 && off.is_multiple_of(8) {
-            let w = self.region.load_u64(off, Ordering::Acquire);
+            // SAFETY: `check_access` bounded `off + 8` by the segment; aligned just above.
+            let w = unsafe { self.region.load_u64_prechecked(off, Ordering::Acquire) };
             dst.copy_from_slice(&w.to_ne_bytes());
         } else {
             self.region.copy_out(off, dst);
             fence(Ordering::Acquire);
         }
-        self.notice(notify, AccessKind::Get, offset, dst.len());
+        self.notice(state, notify, AccessKind::Get, offset, dst.len());
         Ok(())
     }
 
     #[inline]
     pub(crate) fn put(&mut self, offset: u64, data: &[u8], notify: bool) -> Result<(), AccessError> {
-        let off = self.check(offset, data.len() as u64, Rights::WRITE, false)?;
-        self.enter()?;
-        // Order this put after every earlier one, also on machines with weaker stores.
-        fence(Ordering::Release);
+        let (off, state) = self.enter(offset, data.len() as u64, Rights::WRITE, false)?;
         if data.len() == 8 && off.is_multiple_of(8) {
             let w = u64::from_ne_bytes(data.try_into().expect("8 bytes"));
-            self.region.store_u64(off, w, Ordering::Release);
+            // SAFETY: `enter` bounded `off + 8` by the segment; aligned just above. The
+            // WRITE right means the mapping is writable. Release orders this put after
+            // every earlier one, also on machines with weaker stores.
+            unsafe { self.region.store_u64_prechecked(off, w, Ordering::Release) };
         } else {
+            // Order this put after every earlier one, also on machines with weaker stores.
+            fence(Ordering::Release);
             self.region.copy_in(off, data);
         }
-        control::leave(&self.block);
-        self.notice(notify, AccessKind::Put, offset, data.len());
+        self.words.leave();
+        self.notice(state, notify, AccessKind::Put, offset, data.len());
         Ok(())
     }
 
@@ -157,21 +179,22 @@ impl MappedImport {
         desired: u64,
         notify: bool,
     ) -> Result<u64, AccessError> {
-        let off = self.check(offset, 8, Rights::ATOMIC, true)?;
-        self.enter()?;
-        let old = self.region.compare_swap_u64(off, expected, desired);
-        control::leave(&self.block);
-        self.notice(notify, AccessKind::CompareSwap, offset, 8);
+        let (off, state) = self.enter(offset, 8, Rights::ATOMIC, true)?;
+        // SAFETY: `enter` checked `off + 8` in bounds and `off` 8-aligned; the ATOMIC
+        // right means the mapping is writable.
+        let old = unsafe { self.region.compare_swap_u64_prechecked(off, expected, desired) };
+        self.words.leave();
+        self.notice(state, notify, AccessKind::CompareSwap, offset, 8);
         Ok(old)
     }
 
     #[inline]
     pub(crate) fn fetch_add(&mut self, offset: u64, addend: u64, notify: bool) -> Result<u64, AccessError> {
-        let off = self.check(offset, 8, Rights::ATOMIC, true)?;
-        self.enter()?;
-        let old = self.region.fetch_add_u64(off, addend);
-        control::leave(&self.block);
-        self.notice(notify, AccessKind::FetchAdd, offset, 8);
+        let (off, state) = self.enter(offset, 8, Rights::ATOMIC, true)?;
+        // SAFETY: as in `compare_swap`.
+        let old = unsafe { self.region.fetch_add_u64_prechecked(off, addend) };
+        self.words.leave();
+        self.notice(state, notify, AccessKind::FetchAdd, offset, 8);
         Ok(old)
     }
 

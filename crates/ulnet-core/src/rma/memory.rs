@@ -125,6 +125,75 @@ impl Region {
         self.word(off).fetch_add(addend, Ordering::AcqRel)
     }
 
+    /// The word at `off` without a second check, for a caller that has checked it
+    /// already (the mapped import's one check per operation).
+    ///
+    /// # Safety
+    ///
+    /// `off` is 8-aligned and `off + 8 <= len()`.
+    #[inline(always)]
+    unsafe fn word_prechecked(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off.is_multiple_of(8) && off <= self.len && 8 <= self.len - off);
+        // SAFETY: in bounds and aligned (the caller's contract; the mapping is page
+        // aligned); every access to shared memory is atomic, as in `word`.
+        unsafe { AtomicU64::from_ptr(self.ptr.as_ptr().add(off).cast::<u64>()) }
+    }
+
+    /// [`Region::load_u64`] for a caller that checked the word.
+    ///
+    /// # Safety
+    ///
+    /// `off` is 8-aligned and `off + 8 <= len()`.
+    #[inline(always)]
+    pub(crate) unsafe fn load_u64_prechecked(&self, off: usize, order: Ordering) -> u64 {
+        // SAFETY: the caller's contract is `word_prechecked`'s.
+        unsafe { self.word_prechecked(off) }.load(order)
+    }
+
+    /// [`Region::store_u64`] for a caller that checked the word and that the mapping is
+    /// writable (a store into a read-only mapping faults).
+    ///
+    /// # Safety
+    ///
+    /// `off` is 8-aligned and `off + 8 <= len()`.
+    #[inline(always)]
+    pub(crate) unsafe fn store_u64_prechecked(&self, off: usize, value: u64, order: Ordering) {
+        debug_assert!(self.writable);
+        // SAFETY: the caller's contract is `word_prechecked`'s.
+        unsafe { self.word_prechecked(off) }.store(value, order)
+    }
+
+    /// [`Region::compare_swap_u64`] for a caller that checked the word and writability.
+    ///
+    /// # Safety
+    ///
+    /// `off` is 8-aligned and `off + 8 <= len()`.
+    #[inline(always)]
+    pub(crate) unsafe fn compare_swap_u64_prechecked(&self, off: usize, expected: u64, desired: u64) -> u64 {
+        debug_assert!(self.writable);
+        // SAFETY: the caller's contract is `word_prechecked`'s.
+        match unsafe { self.word_prechecked(off) }.compare_exchange(
+            expected,
+            desired,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(v) | Err(v) => v,
+        }
+    }
+
+    /// [`Region::fetch_add_u64`] for a caller that checked the word and writability.
+    ///
+    /// # Safety
+    ///
+    /// `off` is 8-aligned and `off + 8 <= len()`.
+    #[inline(always)]
+    pub(crate) unsafe fn fetch_add_u64_prechecked(&self, off: usize, addend: u64) -> u64 {
+        debug_assert!(self.writable);
+        // SAFETY: the caller's contract is `word_prechecked`'s.
+        unsafe { self.word_prechecked(off) }.fetch_add(addend, Ordering::AcqRel)
+    }
+
     /// Copies `dst.len()` bytes from `off`, each aligned word with one 64-bit load.
     pub(crate) fn copy_out(&self, off: usize, dst: &mut [u8]) {
         self.check(off, dst.len());

@@ -8,7 +8,7 @@
 //!   get / put / compare_and_swap / fetch_and_add      ExportTable: slot = state word
 //!     |  mapped (same host) ---- loads, stores, -----> segment pages (memfd), checked
 //!     |                          lock cmpxchg/xadd     against the control block
-//!     |  channel (shm, tcp, any Transport) -- wire --> Engine thread: check, apply,
+//!     |  channel (shm, tcp, udp, any Transport) -wire-> Engine thread: check, apply,
 //!     |  <------------------------------------------ respond; notify if asked
 //!   poll -> completions, flush, fence                 Notifications: queue + eventfd
 //! ```
@@ -16,7 +16,7 @@
 //! Layers, one file per concern: [`rights`] (who may do what: nodes, segments,
 //! generations, rights, notify modes), `segment` (the export table and the owner's
 //! [`ExportedSegment`]), [`wire`] (requests and responses), `target` (checks and
-//! application), `engine` (the target's progress engine and its [`Acceptor`]s),
+//! application), `engine` (the target's progress engine), `accept` (its [`Acceptor`]s, which never block it),
 //! `initiator` ([`Rma`]: operations, completions, flush, fence), `mapped` and
 //! `control` (the same-host path and its control block), `rendezvous` (same-host
 //! import by `SCM_RIGHTS`), `memory` (mappings and atomic access), `notify`
@@ -68,6 +68,7 @@
 //!   `Conditional` and the request set the notify bit ([`RemoteSegment::with_notify`]);
 //!   the notification follows the data it reports.
 
+mod accept;
 mod control;
 mod engine;
 pub mod error;
@@ -82,7 +83,7 @@ mod segment;
 mod target;
 pub mod wire;
 
-pub use engine::{Acceptor, ShmAcceptor, TcpAcceptor};
+pub use accept::{Acceptor, ShmAcceptor, TcpAcceptor, UdpAcceptor, HANDSHAKES_MAX};
 pub use error::{AccessError, ExportError, ImportError, RmaError};
 pub use initiator::{
     Completed, ImportMode, InitiatorCounters, PeerId, Progress, RemoteSegment, Rma, RmaCompletion, RmaConfig,

@@ -457,7 +457,7 @@ impl ExportedSegment {
     pub fn set_notify(&self, mode: NotifyMode) {
         self.shared.notify.store(mode as u8, Ordering::Relaxed);
         for imp in &self.shared.lock_control().importers {
-            control::set_notify_mode(&*imp.block, mode as u8);
+            control::set_notify_mode(&imp.block, mode as u8);
         }
     }
 

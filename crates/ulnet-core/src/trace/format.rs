@@ -4,8 +4,8 @@
 //!
 //! ```text
 //!  file header (72 bytes)
-//!  0  magic "ULTRACE\0"                8  version u16 (1)     10 header_len u16 (72)
-//!  12 record_len u16 (96)              14 block_header_len u16 (48)
+//!  0  magic "ULTRACE\0"                8  version u16 (2)     10 header_len u16 (72)
+//!  12 record_len u16 (64)              14 block_header_len u16 (48)
 //!  16 node_id u32                      20 pid u32
 //!  24 boot_id u64      (hash of the kernel boot id: equal boot ids share one monotonic clock)
 //!  32 ref_ticks u64    (clock reference: a tick reading ...
@@ -21,20 +21,28 @@
 //!  24 ref_ticks u64   32 ref_mono_ns u64   (another clock reference, taken at write time)
 //!  40 crc32c u32 of header bytes 0..40 and the records   44 reserved u32 (0)
 //!
-//!  record (96 bytes)
+//!  record (64 bytes: the in-memory record, copied as it is)
 //!  0  ticks u64 (event time)   8 src_node u32   12 dst_node u32   16 channel u32
-//!  20 kind u8   21 direction u8   22 buffers u8   23 flags u8 (0)   24 size u64
-//!  32 buffer_len [u32; 4]      48 request_id u64
-//!  56 enqueued u64   64 sent u64   72 received u64   80 handler_start u64   88 handler_end u64
-//!     (stage times in ticks; 0: not measured)
+//!  20 kind u8   21 flags u8   22 buffers u8 (0: not known; 1-4)   23 reserved u8 (0)
+//!  24 size u64  32 buffer_len [u32; 4] (the first `buffers`; the rest 0)
+//!  48 request_id u64 (0: none)
+//!  56 stage_a u32   60 stage_b u32
+//!     flags: 1 receive (else send), 2 exact (ticks read from the clock for this record,
+//!            else the recorder's newest reading), 4 run; other bits 0
+//!     send:    stage_a = ticks from enqueued to sent, + 1 (0: not measured)
+//!     receive: stage_a, stage_b = ticks from received to handler start, end, + 1
+//!     run:     `stage_a` identical messages (at least 2, no request id, no stages), the
+//!              first at `ticks`, the last `stage_b` ticks later
 //! ```
 //!
 //! Ticks become nanoseconds of CLOCK_MONOTONIC by interpolating between the clock
 //! references (the header's and every block's), so a file needs no separate calibration.
 //! The last block of a complete file is an end block; a file without one was cut short.
 //!
-//! Versions (append-only; discriminants are format): 1 — this layout.
+//! Versions (append-only; discriminants are format): 1 — 96-byte records with absolute
+//! stage times (no longer read); 2 — this layout.
 
+use super::slot::{Slot, FLAGS_KNOWN, FLAG_RUN};
 use std::fmt;
 
 /// The first bytes of every trace file.
@@ -42,15 +50,15 @@ pub const FILE_MAGIC: [u8; 8] = *b"ULTRACE\0";
 /// The first bytes of every block.
 pub const BLOCK_MAGIC: [u8; 4] = *b"ULTB";
 /// Format version written.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
 /// Bytes of the file header.
 pub const FILE_HEADER_LEN: usize = 72;
 /// Bytes of a block header.
 pub const BLOCK_HEADER_LEN: usize = 48;
 /// Bytes of a record.
-pub const RECORD_LEN: usize = 96;
-/// Most records in one block: 1,024 records are 96 KiB, written in one go.
-pub const BLOCK_RECORDS_MAX: usize = 1024;
+pub const RECORD_LEN: usize = 64;
+/// Most records in one block: 4,096 records are 256 KiB, written in one go.
+pub const BLOCK_RECORDS_MAX: usize = 4096;
 /// Block flag: the last block of a complete file.
 pub const BLOCK_FLAG_END: u16 = 1;
 /// Most buffers a record describes (the gather limit of the core).
@@ -127,10 +135,11 @@ pub enum Direction {
     Receive = 1,
 }
 
-/// One traced message, as one side saw it. Times are in ticks of the file's clock.
+/// One traced message (or run of identical messages), as one side saw it. Times are in
+/// ticks of the file's clock.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Record {
-    /// When it happened (sent, or received).
+    /// When it happened (sent, or received); for a run, when its first message did.
     pub ticks: u64,
     /// The sending node.
     pub src_node: u32,
@@ -142,14 +151,21 @@ pub struct Record {
     pub kind: u8,
     /// [`Direction`] discriminant.
     pub direction: u8,
+    /// `ticks` was read from the clock for this record; otherwise it is the recorder's
+    /// newest clock reading, at most a ticker period old (see [`crate::trace`]).
+    pub exact: bool,
     /// Buffers in the gather list (0: not known, as at a receiver).
     pub buffers: u8,
-    /// Bytes of the whole message.
+    /// Bytes of each message.
     pub size: u64,
     /// Bytes of each of the first four buffers.
     pub buffer_len: [u32; RECORD_BUFFERS_MAX],
     /// Pairs a response with its request (0: none).
     pub request_id: u64,
+    /// Messages the record stands for: 1, or the length of a run of identical messages.
+    pub count: u32,
+    /// When the last message of a run happened (`ticks` for a single message).
+    pub last_ticks: u64,
     /// When the send was asked for.
     pub enqueued: u64,
     /// When the transport took it.
@@ -292,72 +308,33 @@ impl FileHeader {
 }
 
 impl Record {
-    /// Encodes the record into `out` (exactly [`RECORD_LEN`] bytes).
-    pub fn encode_into(&self, out: &mut [u8]) {
-        assert_eq!(out.len(), RECORD_LEN, "a record is {RECORD_LEN} bytes");
-        out[0..8].copy_from_slice(&self.ticks.to_le_bytes());
-        out[8..12].copy_from_slice(&self.src_node.to_le_bytes());
-        out[12..16].copy_from_slice(&self.dst_node.to_le_bytes());
-        out[16..20].copy_from_slice(&self.channel.to_le_bytes());
-        out[20] = self.kind;
-        out[21] = self.direction;
-        out[22] = self.buffers;
-        out[23] = 0;
-        out[24..32].copy_from_slice(&self.size.to_le_bytes());
-        for (i, len) in self.buffer_len.iter().enumerate() {
-            out[32 + 4 * i..36 + 4 * i].copy_from_slice(&len.to_le_bytes());
-        }
-        out[48..56].copy_from_slice(&self.request_id.to_le_bytes());
-        let stages = [self.enqueued, self.sent, self.received, self.handler_start, self.handler_end];
-        for (i, t) in stages.iter().enumerate() {
-            out[56 + 8 * i..64 + 8 * i].copy_from_slice(&t.to_le_bytes());
-        }
-    }
-
     /// Decodes a record found at byte `offset` of its file, refusing unknown kinds and
-    /// directions, set reserved bits and inconsistent buffer lists.
+    /// flags, set reserved bits, inconsistent buffer lists and malformed runs.
     pub fn decode(b: &[u8], offset: u64) -> Result<Self, DecodeError> {
         assert_eq!(b.len(), RECORD_LEN, "a record is {RECORD_LEN} bytes");
         let corrupt = |what: String| DecodeError::Corrupt { offset, what };
-        if MessageKind::from_u8(b[20]).is_none() {
-            return Err(corrupt(format!("record has unknown kind {}", b[20])));
+        let slot = Slot::from_bytes(b);
+        if MessageKind::from_u8(slot.kind).is_none() {
+            return Err(corrupt(format!("record has unknown kind {}", slot.kind)));
         }
-        if b[21] > Direction::Receive as u8 {
-            return Err(corrupt(format!("record has unknown direction {}", b[21])));
+        if slot.flags & !FLAGS_KNOWN != 0 || slot.reserved != 0 {
+            return Err(corrupt("record has reserved bits set".into()));
         }
-        if b[23] != 0 {
-            return Err(corrupt("record has reserved flags set".into()));
+        let buffers = slot.buffers as usize;
+        if buffers > RECORD_BUFFERS_MAX {
+            return Err(corrupt(format!("record lists {buffers} buffers")));
         }
-        let mut buffer_len = [0u32; RECORD_BUFFERS_MAX];
-        for (i, len) in buffer_len.iter_mut().enumerate() {
-            *len = u32_at(b, 32 + 4 * i);
+        if slot.buffer_len[buffers..].iter().any(|&l| l != 0) {
+            return Err(corrupt(format!("record of {buffers} buffers has lengths beyond them")));
         }
-        let r = Record {
-            ticks: u64_at(b, 0),
-            src_node: u32_at(b, 8),
-            dst_node: u32_at(b, 12),
-            channel: u32_at(b, 16),
-            kind: b[20],
-            direction: b[21],
-            buffers: b[22],
-            size: u64_at(b, 24),
-            buffer_len,
-            request_id: u64_at(b, 48),
-            enqueued: u64_at(b, 56),
-            sent: u64_at(b, 64),
-            received: u64_at(b, 72),
-            handler_start: u64_at(b, 80),
-            handler_end: u64_at(b, 88),
-        };
-        let described = (r.buffers as usize).min(RECORD_BUFFERS_MAX);
-        if r.buffer_len[described..].iter().any(|&l| l != 0) {
-            return Err(corrupt(format!("record of {} buffers has lengths beyond them", r.buffers)));
+        let listed: u64 = slot.buffer_len.iter().map(|&l| u64::from(l)).sum();
+        if buffers > 0 && listed != slot.size {
+            return Err(corrupt(format!("record of {} bytes lists buffers of {listed} bytes", slot.size)));
         }
-        let listed: u64 = r.buffer_len.iter().map(|&l| u64::from(l)).sum();
-        if r.buffers as usize <= RECORD_BUFFERS_MAX && r.buffers > 0 && listed != r.size {
-            return Err(corrupt(format!("record of {} bytes lists buffers of {listed} bytes", r.size)));
+        if slot.flags & FLAG_RUN != 0 && (slot.stage_a < 2 || slot.request_id != 0) {
+            return Err(corrupt("run record without a count of 2 or more, or with a request id".into()));
         }
-        Ok(r)
+        Ok(slot.to_record())
     }
 
     /// The message kind.
@@ -390,17 +367,16 @@ impl BlockHeader {
     }
 }
 
-/// Appends a block of `records` (at most [`BLOCK_RECORDS_MAX`]) to `out`.
-pub fn encode_block(header: &BlockHeader, records: &[Record], out: &mut Vec<u8>) {
-    assert!(records.len() <= BLOCK_RECORDS_MAX, "a block holds at most {BLOCK_RECORDS_MAX} records");
-    assert_eq!(header.record_count as usize, records.len(), "the header counts the records");
+/// Appends a block of `records` (at most [`BLOCK_RECORDS_MAX`], each [`RECORD_LEN`]
+/// bytes, concatenated) to `out`.
+pub fn encode_block(header: &BlockHeader, records: &[u8], out: &mut Vec<u8>) {
+    let count = records.len() / RECORD_LEN;
+    assert_eq!(records.len() % RECORD_LEN, 0, "whole records");
+    assert!(count <= BLOCK_RECORDS_MAX, "a block holds at most {BLOCK_RECORDS_MAX} records");
+    assert_eq!(header.record_count as usize, count, "the header counts the records");
     let start = out.len();
     out.extend_from_slice(&header.encode_without_crc());
-    for r in records {
-        let at = out.len();
-        out.resize(at + RECORD_LEN, 0);
-        r.encode_into(&mut out[at..]);
-    }
+    out.extend_from_slice(records);
     let crc = crc32c::crc32c_append(crc32c::crc32c(&out[start..start + 40]), &out[start + BLOCK_HEADER_LEN..]);
     out[start + 40..start + 44].copy_from_slice(&crc.to_le_bytes());
 }
@@ -420,6 +396,11 @@ impl TraceFile {
     /// Records dropped because a ring was full (from the last block).
     pub fn dropped(&self) -> u64 {
         self.blocks.last().map_or(0, |b| b.dropped_total)
+    }
+
+    /// Messages the records stand for (a run counts each of its messages).
+    pub fn messages(&self) -> u64 {
+        self.records.iter().map(|r| u64::from(r.count)).sum()
     }
 
     /// Converts ticks to CLOCK_MONOTONIC nanoseconds by interpolating between the clock
@@ -585,35 +566,44 @@ impl fmt::Display for MessageKind {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
+    use super::super::slot::{FLAG_EXACT, FLAG_RECEIVE};
     use super::*;
     use proptest::prelude::*;
 
-    fn record() -> impl Strategy<Value = Record> {
-        (any::<[u64; 8]>(), any::<[u32; 3]>(), 0u8..9, 0u8..2, 0usize..=4, any::<[u16; 4]>()).prop_map(
-            |(t, nodes, kind, direction, buffers, lens)| {
+    /// Well-formed records, as slots.
+    fn slot() -> impl Strategy<Value = Slot> {
+        (any::<[u64; 3]>(), any::<[u32; 5]>(), 0u8..9, 0u8..8, 0usize..=4, any::<[u16; 4]>()).prop_map(
+            |(t, n, kind, flags, buffers, lens)| {
                 let mut buffer_len = [0u32; 4];
                 for i in 0..buffers {
                     buffer_len[i] = u32::from(lens[i]);
                 }
-                Record {
+                let run = flags & FLAG_RUN != 0;
+                Slot {
                     ticks: t[0],
-                    src_node: nodes[0],
-                    dst_node: nodes[1],
-                    channel: nodes[2],
+                    src_node: n[0],
+                    dst_node: n[1],
+                    channel: n[2],
                     kind,
-                    direction,
+                    flags,
                     buffers: buffers as u8,
+                    reserved: 0,
                     size: if buffers == 0 { t[1] } else { buffer_len.iter().map(|&l| u64::from(l)).sum() },
                     buffer_len,
-                    request_id: t[2],
-                    enqueued: t[3],
-                    sent: t[4],
-                    received: t[5],
-                    handler_start: t[6],
-                    handler_end: t[7],
+                    request_id: if run { 0 } else { t[2] },
+                    stage_a: if run { n[3].max(2) } else { n[3] },
+                    stage_b: n[4],
                 }
             },
         )
+    }
+
+    fn bytes_of(slots: &[Slot]) -> Vec<u8> {
+        let mut b = Vec::new();
+        for s in slots {
+            s.encode_into(&mut b);
+        }
+        b
     }
 
     fn header() -> FileHeader {
@@ -629,7 +619,7 @@ mod tests {
     }
 
     /// A file of the given blocks of records, the last one an end block.
-    fn file(blocks: &[Vec<Record>]) -> Vec<u8> {
+    fn file(blocks: &[Vec<Slot>]) -> Vec<u8> {
         let mut out = header().encode().to_vec();
         for (i, records) in blocks.iter().enumerate() {
             let last = i + 1 == blocks.len();
@@ -641,26 +631,26 @@ mod tests {
                 ref_ticks: 2_000 + i as u64 * 1_000,
                 ref_mono_ns: 5_500 + i as u64 * 500,
             };
-            encode_block(&h, records, &mut out);
+            encode_block(&h, &bytes_of(records), &mut out);
         }
         out
     }
 
     proptest! {
         #[test]
-        fn records_round_trip(r in record()) {
-            let mut b = [0u8; RECORD_LEN];
-            r.encode_into(&mut b);
-            prop_assert_eq!(Record::decode(&b, 0), Ok(r));
+        fn records_round_trip(s in slot()) {
+            prop_assert_eq!(Record::decode(&bytes_of(&[s]), 0), Ok(s.to_record()));
         }
 
         #[test]
-        fn files_round_trip(blocks in proptest::collection::vec(proptest::collection::vec(record(), 0..5), 1..4)) {
+        fn files_round_trip(blocks in proptest::collection::vec(proptest::collection::vec(slot(), 0..5), 1..4)) {
             let bytes = file(&blocks);
             let f = decode_file(&bytes).unwrap();
             prop_assert_eq!(f.header, header());
             prop_assert_eq!(f.dropped(), blocks.len() as u64 - 1);
-            prop_assert_eq!(f.records, blocks.concat());
+            let want: Vec<Record> = blocks.concat().into_iter().map(Slot::to_record).collect();
+            prop_assert_eq!(f.messages(), want.iter().map(|r| u64::from(r.count)).sum::<u64>());
+            prop_assert_eq!(f.records, want);
         }
 
         #[test]
@@ -669,8 +659,15 @@ mod tests {
         }
 
         #[test]
+        fn random_records_never_panic(bytes in proptest::collection::vec(any::<u8>(), RECORD_LEN)) {
+            if let Ok(r) = Record::decode(&bytes, 0) {
+                prop_assert!(r.count >= 1);
+            }
+        }
+
+        #[test]
         fn mutated_files_never_panic_and_errors_name_an_offset_inside(
-            blocks in proptest::collection::vec(proptest::collection::vec(record(), 0..3), 1..3),
+            blocks in proptest::collection::vec(proptest::collection::vec(slot(), 0..3), 1..3),
             flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
             cut in any::<prop::sample::Index>(),
             do_cut: bool,
@@ -694,7 +691,7 @@ mod tests {
 
         #[test]
         fn every_truncation_is_reported_at_or_before_the_cut(
-            blocks in proptest::collection::vec(proptest::collection::vec(record(), 1..3), 1..3),
+            blocks in proptest::collection::vec(proptest::collection::vec(slot(), 1..3), 1..3),
             cut in any::<prop::sample::Index>(),
         ) {
             let bytes = file(&blocks);
@@ -708,7 +705,7 @@ mod tests {
 
     #[test]
     fn a_flipped_record_byte_names_its_block() {
-        let r = Record { size: 10, kind: 1, ..Default::default() };
+        let r = Slot { size: 10, kind: 1, ..Slot::EMPTY };
         let mut bytes = file(&[vec![r; 3], vec![r; 2]]);
         let second_block = FILE_HEADER_LEN + BLOCK_HEADER_LEN + 3 * RECORD_LEN;
         bytes[second_block + BLOCK_HEADER_LEN + 30] ^= 0x40;
@@ -721,8 +718,30 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_record_names_its_own_offset() {
+        let good = Slot { size: 10, kind: 1, flags: FLAG_RECEIVE | FLAG_EXACT, ..Slot::EMPTY };
+        let run_with_id = Slot { flags: FLAG_RUN, stage_a: 5, request_id: 9, ..Slot::EMPTY };
+        let bytes = file(&[vec![good, run_with_id]]);
+        let at = (FILE_HEADER_LEN + BLOCK_HEADER_LEN + RECORD_LEN) as u64;
+        match decode_file(&bytes) {
+            Err(DecodeError::Corrupt { offset, what }) => {
+                assert_eq!(offset, at);
+                assert!(what.contains("run"), "{what}");
+            }
+            other => panic!("decoded as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn version_1_files_are_refused_by_name() {
+        let mut bytes = file(&[vec![]]);
+        bytes[8..10].copy_from_slice(&1u16.to_le_bytes());
+        assert_eq!(decode_file(&bytes), Err(DecodeError::Version(1)));
+    }
+
+    #[test]
     fn a_file_cut_at_a_block_boundary_lacks_its_end_block() {
-        let r = Record::default();
+        let r = Slot::EMPTY;
         let bytes = file(&[vec![r; 2], vec![r; 2]]);
         let boundary = FILE_HEADER_LEN + BLOCK_HEADER_LEN + 2 * RECORD_LEN;
         let (f, e) = decode_prefix(&bytes[..boundary]);

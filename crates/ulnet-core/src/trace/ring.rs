@@ -12,25 +12,30 @@
 //! consumer reads `tail` with Acquire, copies the slots out, then gives them back with a
 //! Release store of `head`, which the producer reads with Acquire before reusing a slot.
 //! The producer keeps its last view of `head` and rereads it only when the ring looks full.
+//!
+//! A run of identical messages is counted while it lasts, then pushed as one record. So
+//! that a session stopped meanwhile still finds it, the producer mirrors the open run in
+//! `open_run` (eight words under a sequence lock: odd while being rewritten); `stop` reads
+//! it there after the last drain. The producer marks the run closed before it pushes its
+//! record, so the writer never counts a run twice.
 
 #[cfg(loom)]
 use loom::cell::UnsafeCell;
 #[cfg(loom)]
-use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use loom::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
 use super::slot::Slot;
 
+/// `std::cell::UnsafeCell` with loom's access methods (same layout as `T`).
 #[cfg(not(loom))]
 #[derive(Debug)]
+#[repr(transparent)]
 struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
 
 #[cfg(not(loom))]
 impl<T> UnsafeCell<T> {
-    fn new(v: T) -> Self {
-        Self(std::cell::UnsafeCell::new(v))
-    }
     #[inline(always)]
     fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
         f(self.0.get())
@@ -39,6 +44,36 @@ impl<T> UnsafeCell<T> {
     fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
         f(self.0.get())
     }
+}
+
+/// `capacity` empty slots, from zeroed memory whose pages are touched now: a page fault
+/// costs microseconds (10 us on the virtual machines this was measured on), which the
+/// first lap of a lazily mapped ring would add to the traced thread's messages.
+#[cfg(not(loom))]
+fn zeroed_slots(capacity: usize) -> Box<[UnsafeCell<Slot>]> {
+    let layout = std::alloc::Layout::array::<UnsafeCell<Slot>>(capacity).expect("ring size fits in memory");
+    assert!(layout.size() > 0, "a ring has slots");
+    // SAFETY: the layout has a non-zero size (checked). All-zero bytes are a valid `Slot`
+    // (integers only; `Slot::EMPTY` is all zeros) and `UnsafeCell<Slot>` has the layout of
+    // `Slot`, so the zeroed allocation holds `capacity` valid slots; the box takes
+    // ownership of it with the same layout it was allocated with.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout).cast::<UnsafeCell<Slot>>();
+        if p.is_null() {
+            std::alloc::handle_alloc_error(layout);
+        }
+        let mut slots: Box<[UnsafeCell<Slot>]> = Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, capacity));
+        // Volatile: a compiler may drop a store of zero to memory it knows is zeroed.
+        for slot in slots.iter_mut().step_by(4096 / std::mem::size_of::<Slot>()) {
+            std::ptr::write_volatile(&mut slot.0.get_mut().ticks, 0);
+        }
+        slots
+    }
+}
+
+#[cfg(loom)]
+fn zeroed_slots(capacity: usize) -> Box<[UnsafeCell<Slot>]> {
+    (0..capacity).map(|_| UnsafeCell::new(Slot::EMPTY)).collect()
 }
 
 /// Keeps the producer's and consumer's counters on separate cache lines.
@@ -57,6 +92,17 @@ pub(crate) struct RecordRing {
     tail: Padded<AtomicUsize>,
     /// Records dropped because the ring was full (written by the producer).
     dropped: AtomicU64,
+    /// The producer's open run, for a `stop` that comes while it lasts.
+    open_run: Padded<OpenRun>,
+}
+
+/// A copy of the open run: [`Slot::to_words`] under a sequence lock.
+#[derive(Debug)]
+struct OpenRun {
+    /// Odd while the producer rewrites `words`.
+    sequence: AtomicU32,
+    open: AtomicBool,
+    words: [AtomicU64; 8],
 }
 
 // SAFETY: slots are shared between one producer and one consumer; the head/tail protocol
@@ -71,12 +117,47 @@ impl RecordRing {
     pub(crate) fn new(capacity: usize) -> Self {
         assert!(capacity.is_power_of_two() && capacity >= 2, "ring capacity must be a power of two >= 2");
         Self {
-            slots: (0..capacity).map(|_| UnsafeCell::new(Slot::EMPTY)).collect(),
+            slots: zeroed_slots(capacity),
             mask: capacity - 1,
             head: Padded(AtomicUsize::new(0)),
             tail: Padded(AtomicUsize::new(0)),
             dropped: AtomicU64::new(0),
+            open_run: Padded(OpenRun {
+                sequence: AtomicU32::new(0),
+                open: AtomicBool::new(false),
+                words: std::array::from_fn(|_| AtomicU64::new(0)),
+            }),
         }
+    }
+
+    /// The producer's open run, if it has one (consumer side, after the last drain).
+    /// `None` too when the producer is rewriting it at this instant.
+    pub(crate) fn open_run(&self) -> Option<Slot> {
+        let run = &self.open_run.0;
+        for _ in 0..64 {
+            let before = run.sequence.load(Ordering::Acquire);
+            if before % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let open = run.open.load(Ordering::Relaxed);
+            let words = std::array::from_fn(|i| run.words[i].load(Ordering::Relaxed));
+            fence(Ordering::Acquire);
+            if run.sequence.load(Ordering::Relaxed) == before {
+                return open.then(|| Slot::from_words(words));
+            }
+        }
+        None
+    }
+
+    /// Records published and not yet drained (a snapshot).
+    pub(crate) fn used(&self) -> usize {
+        self.tail.0.load(Ordering::Relaxed).wrapping_sub(self.head.0.load(Ordering::Relaxed))
+    }
+
+    /// Records the ring holds.
+    pub(crate) fn capacity(&self) -> usize {
+        self.mask + 1
     }
 
     /// Records dropped so far.
@@ -121,23 +202,75 @@ impl Producer {
     }
 
     /// Appends a record, or drops and counts it when the ring is full. Never waits.
-    #[inline]
-    pub(crate) fn push(&mut self, record: &Slot) -> bool {
+    #[inline(always)]
+    pub(crate) fn push(&mut self, record: Slot) -> bool {
         let ring = &*self.ring;
         if self.tail.wrapping_sub(self.head_seen) > ring.mask {
             self.head_seen = ring.head.0.load(Ordering::Acquire);
             if self.tail.wrapping_sub(self.head_seen) > ring.mask {
                 self.dropped += 1;
-                ring.dropped.store(ring.dropped.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+                ring.dropped.store(self.dropped, Ordering::Relaxed);
                 return false;
             }
         }
         // SAFETY: the slot at `tail` is outside head..tail, so the consumer does not read it
         // until our Release store below publishes it.
-        ring.slots[self.tail & ring.mask].with_mut(|p| unsafe { *p = *record });
+        ring.slots[self.tail & ring.mask].with_mut(|p| unsafe { p.write(record) });
         self.tail = self.tail.wrapping_add(1);
         ring.tail.0.store(self.tail, Ordering::Release);
         true
+    }
+
+    /// Appends the record `fill` writes into the next slot (all of its fields), or drops
+    /// and counts it when the ring is full. Built in place: a record built aside and
+    /// copied in stalls on the stores still in flight.
+    #[inline(always)]
+    pub(crate) fn push_with(&mut self, fill: impl FnOnce(&mut Slot)) -> bool {
+        let ring = &*self.ring;
+        if self.tail.wrapping_sub(self.head_seen) > ring.mask {
+            self.head_seen = ring.head.0.load(Ordering::Acquire);
+            if self.tail.wrapping_sub(self.head_seen) > ring.mask {
+                self.dropped += 1;
+                ring.dropped.store(self.dropped, Ordering::Relaxed);
+                return false;
+            }
+        }
+        // SAFETY: as in `push`: the slot at `tail` is ours until the Release store below.
+        ring.slots[self.tail & ring.mask].with_mut(|p| fill(unsafe { &mut *p }));
+        self.tail = self.tail.wrapping_add(1);
+        ring.tail.0.store(self.tail, Ordering::Release);
+        true
+    }
+
+    /// Mirrors a newly opened run (or its absence) where `stop` can find it.
+    pub(crate) fn set_open_run(&mut self, run: Option<&Slot>) {
+        let r = &self.ring.open_run.0;
+        let sequence = r.sequence.load(Ordering::Relaxed);
+        r.sequence.store(sequence.wrapping_add(1), Ordering::Relaxed);
+        fence(Ordering::Release);
+        r.open.store(run.is_some(), Ordering::Relaxed);
+        if let Some(run) = run {
+            for (w, v) in r.words.iter().zip(run.to_words()) {
+                w.store(v, Ordering::Relaxed);
+            }
+        }
+        r.sequence.store(sequence.wrapping_add(2), Ordering::Release);
+    }
+
+    /// Counts one more message in the mirrored run and returns the count: the count lives
+    /// there only (the word of `stage_a`, with a zero span above it), so counting is one
+    /// load and one store.
+    #[inline(always)]
+    pub(crate) fn count_in_open_run(&mut self) -> u32 {
+        let word = &self.ring.open_run.0.words[7];
+        let count = word.load(Ordering::Relaxed) as u32 + 1;
+        word.store(u64::from(count), Ordering::Relaxed);
+        count
+    }
+
+    /// The mirrored run's count.
+    pub(crate) fn open_run_count(&self) -> u32 {
+        self.ring.open_run.0.words[7].load(Ordering::Relaxed) as u32
     }
 }
 
@@ -155,13 +288,13 @@ mod tests {
         let ring = Arc::new(RecordRing::new(4));
         let mut p = Producer::new(ring.clone());
         for n in 0..6 {
-            p.push(&rec(n));
+            p.push(rec(n));
         }
         assert_eq!(ring.dropped(), 2);
         let mut out = Vec::new();
         assert_eq!(ring.drain_into(&mut out), 4);
         assert_eq!(out.iter().map(|r| r.ticks).collect::<Vec<_>>(), [0, 1, 2, 3]);
-        assert!(p.push(&rec(9)), "drained slots are reused");
+        assert!(p.push(rec(9)), "drained slots are reused");
         out.clear();
         ring.drain_into(&mut out);
         assert_eq!(out, [rec(9)]);
@@ -183,10 +316,10 @@ mod tests {
             })
         };
         for n in 0..100_000u64 {
-            p.push(&rec(n));
+            p.push(rec(n));
         }
         let dropped = ring.dropped();
-        while !p.push(&rec(u64::MAX)) {
+        while !p.push(rec(u64::MAX)) {
             std::thread::yield_now();
         }
         let out = consumer.join().unwrap();
@@ -196,7 +329,7 @@ mod tests {
     }
 }
 
-#[cfg(loom)]
+#[cfg(all(loom, test))]
 mod loom_tests {
     use super::*;
     use loom::sync::Arc as LoomArc;
@@ -218,7 +351,7 @@ mod loom_tests {
             });
             let mut p = Producer::new(ring.clone());
             for n in 1..=3u64 {
-                p.push(&Slot { ticks: n, size: n, ..Slot::EMPTY });
+                p.push(Slot { ticks: n, size: n, ..Slot::EMPTY });
             }
             let mut out = consumer.join().unwrap();
             ring.drain_into(&mut out);

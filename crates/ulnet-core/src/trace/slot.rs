@@ -1,12 +1,24 @@
-//! The in-memory form of a record while it waits in a ring: one cache line, so recording a
-//! message writes one line. The writer expands it to the file's [`Record`].
+//! A record as it waits in a ring and as it is stored in the file: 64 bytes, one cache
+//! line, written by the traced thread and copied to the file by the writer without any
+//! conversion (the layout is in [`super::format`]).
 //!
-//! A send never has more than one stage besides its own time (enqueued), a receive never
-//! more than two (handler start and end), so stages are kept as tick offsets from `ticks`:
-//! `offset + 1`, 0 for "not measured", saturating at `u32::MAX` (about a second and a half
-//! of ticks: longer stages are recorded as that long).
+//! Stage times are tick offsets from `ticks` (`offset + 1`, 0 for "not measured",
+//! saturating at `u32::MAX`, about a second and a half of ticks): a send has at most one
+//! stage besides its own time (enqueued), a receive at most two (handler start and end).
+//! A run — several identical consecutive messages with no request id — keeps its count in
+//! `stage_a` and the ticks from its first to its last message in `stage_b`.
 
-use super::format::{Direction, Record};
+use super::format::{Direction, Record, RECORD_LEN};
+
+/// Flag: recorded by the receiver (else by the sender).
+pub(crate) const FLAG_RECEIVE: u8 = 1;
+/// Flag: `ticks` was read from the clock for this record (else it is the newest reading
+/// the recorder had; see [`super`] on precision).
+pub(crate) const FLAG_EXACT: u8 = 2;
+/// Flag: the record stands for a run of identical messages.
+pub(crate) const FLAG_RUN: u8 = 4;
+/// Flags a record may carry.
+pub(crate) const FLAGS_KNOWN: u8 = FLAG_RECEIVE | FLAG_EXACT | FLAG_RUN;
 
 /// A record in a ring. See the module documentation.
 #[repr(C, align(64))]
@@ -17,17 +29,21 @@ pub(crate) struct Slot {
     pub(crate) dst_node: u32,
     pub(crate) channel: u32,
     pub(crate) kind: u8,
-    pub(crate) direction: u8,
+    pub(crate) flags: u8,
     pub(crate) buffers: u8,
+    pub(crate) reserved: u8,
     pub(crate) size: u64,
     pub(crate) buffer_len: [u32; 4],
     pub(crate) request_id: u64,
-    /// Send: ticks from enqueued to sent. Receive: ticks from received to handler start.
+    /// Send: ticks from enqueued to sent. Receive: from received to handler start. Run:
+    /// the count.
     pub(crate) stage_a: u32,
-    /// Receive: ticks from received to handler end.
+    /// Receive: ticks from received to handler end. Run: from the first to the last
+    /// message.
     pub(crate) stage_b: u32,
 }
 
+const _: () = assert!(std::mem::size_of::<Slot>() == RECORD_LEN, "a slot is one file record");
 const _: () = assert!(std::mem::size_of::<Slot>() == 64, "a slot is one cache line");
 
 /// Encodes the distance from `from` to `to` (ticks) as a stage offset.
@@ -43,8 +59,9 @@ impl Slot {
         dst_node: 0,
         channel: 0,
         kind: 0,
-        direction: 0,
+        flags: 0,
         buffers: 0,
+        reserved: 0,
         size: 0,
         buffer_len: [0; 4],
         request_id: 0,
@@ -52,27 +69,101 @@ impl Slot {
         stage_b: 0,
     };
 
-    /// The file record.
+    /// The record of an open run (its count in `stage_a`, its span in `stage_b`) as it is
+    /// written: a run record, or a plain one when it holds one message.
+    pub(crate) fn closed_run(mut self) -> Slot {
+        if self.stage_a >= 2 {
+            self.flags |= FLAG_RUN;
+        } else {
+            self.stage_a = 0;
+            self.stage_b = 0;
+        }
+        self
+    }
+
+    /// The record as eight little-endian words (the file layout).
+    #[inline]
+    pub(crate) fn to_words(self) -> [u64; 8] {
+        let lo_hi = |lo: u32, hi: u32| u64::from(lo) | (u64::from(hi) << 32);
+        [
+            self.ticks,
+            lo_hi(self.src_node, self.dst_node),
+            lo_hi(self.channel, u32::from_le_bytes([self.kind, self.flags, self.buffers, self.reserved])),
+            self.size,
+            lo_hi(self.buffer_len[0], self.buffer_len[1]),
+            lo_hi(self.buffer_len[2], self.buffer_len[3]),
+            self.request_id,
+            lo_hi(self.stage_a, self.stage_b),
+        ]
+    }
+
+    /// The record of eight words written by [`Slot::to_words`].
+    #[inline]
+    pub(crate) fn from_words(w: [u64; 8]) -> Slot {
+        let (lo, hi) = (|x: u64| x as u32, |x: u64| (x >> 32) as u32);
+        let packed = hi(w[2]).to_le_bytes();
+        Slot {
+            ticks: w[0],
+            src_node: lo(w[1]),
+            dst_node: hi(w[1]),
+            channel: lo(w[2]),
+            kind: packed[0],
+            flags: packed[1],
+            buffers: packed[2],
+            reserved: packed[3],
+            size: w[3],
+            buffer_len: [lo(w[4]), hi(w[4]), lo(w[5]), hi(w[5])],
+            request_id: w[6],
+            stage_a: lo(w[7]),
+            stage_b: hi(w[7]),
+        }
+    }
+
+    /// Appends the file form (64 bytes) to `out`.
+    #[inline]
+    pub(crate) fn encode_into(&self, out: &mut Vec<u8>) {
+        for w in self.to_words() {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+    }
+
+    /// The record of the file form `b` (exactly [`RECORD_LEN`] bytes), without checks.
+    pub(crate) fn from_bytes(b: &[u8]) -> Slot {
+        let mut w = [0u64; 8];
+        for (i, w) in w.iter_mut().enumerate() {
+            *w = u64::from_le_bytes(b[8 * i..8 * i + 8].try_into().expect("8 bytes"));
+        }
+        Slot::from_words(w)
+    }
+
+    /// The decoded record: stage offsets become tick instants, a run its count and span.
     pub(crate) fn to_record(self) -> Record {
         let after = |o: u32| if o == 0 { 0 } else { self.ticks + u64::from(o - 1) };
         let before = |o: u32| if o == 0 { 0 } else { self.ticks.saturating_sub(u64::from(o - 1)).max(1) };
-        let send = self.direction == Direction::Send as u8;
+        let receive = self.flags & FLAG_RECEIVE != 0;
+        let run = self.flags & FLAG_RUN != 0;
+        let (count, last_ticks) =
+            if run { (self.stage_a, self.ticks.saturating_add(u64::from(self.stage_b))) } else { (1, self.ticks) };
+        let (a, b) = if run { (0, 0) } else { (self.stage_a, self.stage_b) };
         Record {
             ticks: self.ticks,
             src_node: self.src_node,
             dst_node: self.dst_node,
             channel: self.channel,
             kind: self.kind,
-            direction: self.direction,
+            direction: if receive { Direction::Receive as u8 } else { Direction::Send as u8 },
+            exact: self.flags & FLAG_EXACT != 0,
             buffers: self.buffers,
             size: self.size,
             buffer_len: self.buffer_len,
             request_id: self.request_id,
-            enqueued: if send { before(self.stage_a) } else { 0 },
-            sent: if send { self.ticks } else { 0 },
-            received: if send { 0 } else { self.ticks },
-            handler_start: if send { 0 } else { after(self.stage_a) },
-            handler_end: if send { 0 } else { after(self.stage_b) },
+            count,
+            last_ticks,
+            enqueued: if receive { 0 } else { before(a) },
+            sent: if receive { 0 } else { self.ticks },
+            received: if receive { self.ticks } else { 0 },
+            handler_start: if receive { after(a) } else { 0 },
+            handler_end: if receive { after(b) } else { 0 },
         }
     }
 }
@@ -83,14 +174,52 @@ mod tests {
 
     #[test]
     fn stages_expand_to_absolute_ticks() {
-        let s =
-            Slot { ticks: 1000, direction: 1, stage_a: offset(1000, 1005), stage_b: offset(1000, 1000), ..Slot::EMPTY };
+        let s = Slot {
+            ticks: 1000,
+            flags: FLAG_RECEIVE | FLAG_EXACT,
+            stage_a: offset(1000, 1005),
+            stage_b: offset(1000, 1000),
+            ..Slot::EMPTY
+        };
         let r = s.to_record();
-        assert_eq!((r.received, r.handler_start, r.handler_end, r.sent), (1000, 1005, 1000, 0));
-        let s = Slot { ticks: 1000, direction: 0, stage_a: offset(990, 1000), ..Slot::EMPTY };
+        assert_eq!((r.received, r.handler_start, r.handler_end, r.sent, r.exact), (1000, 1005, 1000, 0, true));
+        let s = Slot { ticks: 1000, stage_a: offset(990, 1000), ..Slot::EMPTY };
         let r = s.to_record();
-        assert_eq!((r.sent, r.enqueued, r.received), (1000, 990, 0));
+        assert_eq!((r.sent, r.enqueued, r.received, r.count, r.exact), (1000, 990, 0, 1, false));
         assert_eq!(Slot { ticks: 7, ..Slot::EMPTY }.to_record().enqueued, 0, "0: not measured");
         assert_eq!(offset(0, u64::MAX), u32::MAX, "long stages saturate");
+    }
+
+    #[test]
+    fn runs_expand_to_count_and_span() {
+        let s = Slot { ticks: 500, flags: FLAG_RUN, stage_a: 256, stage_b: 40, ..Slot::EMPTY };
+        let r = s.to_record();
+        assert_eq!((r.count, r.last_ticks, r.enqueued, r.handler_start), (256, 540, 0, 0));
+    }
+
+    #[test]
+    fn words_and_bytes_round_trip() {
+        let s = Slot {
+            ticks: 0x0102_0304_0506_0708,
+            src_node: 9,
+            dst_node: 10,
+            channel: 11,
+            kind: 2,
+            flags: FLAG_RECEIVE | FLAG_EXACT,
+            buffers: 3,
+            reserved: 0,
+            size: 600,
+            buffer_len: [100, 200, 300, 0],
+            request_id: u64::MAX,
+            stage_a: 7,
+            stage_b: 8,
+        };
+        assert_eq!(Slot::from_words(s.to_words()), s);
+        let mut b = Vec::new();
+        s.encode_into(&mut b);
+        assert_eq!(b.len(), RECORD_LEN);
+        assert_eq!(b[0], 0x08, "little-endian");
+        assert_eq!((b[20], b[21], b[22]), (2, FLAG_RECEIVE | FLAG_EXACT, 3), "kind, flags, buffers at 20..23");
+        assert_eq!(Slot::from_bytes(&b), s);
     }
 }

@@ -1,11 +1,13 @@
-//! The trace writer: owns the file and the registered rings, and a flusher thread that
-//! drains the rings into checksummed blocks every `flush_interval`.
+//! The trace writer: owns the file and the registered rings, and one thread that keeps the
+//! session ticker current (every `tick_interval`) and drains the rings into checksummed
+//! blocks (every `flush_interval`, or sooner when a ring is half full). Records are copied
+//! to the file as they are in the rings: the thread does no per-record work but a copy.
 
 use super::clock;
-use super::format::{encode_block, BlockHeader, FileHeader, Record, BLOCK_FLAG_END, BLOCK_RECORDS_MAX};
+use super::format::{encode_block, BlockHeader, FileHeader, BLOCK_FLAG_END, BLOCK_RECORDS_MAX, RECORD_LEN};
 use super::ring::RecordRing;
 use super::slot::Slot;
-use super::{TraceConfig, TraceError, TraceSummary};
+use super::{TraceConfig, TraceError, TraceSummary, TICKER};
 use std::fs::File;
 use std::io::Write;
 use std::path::PathBuf;
@@ -16,16 +18,16 @@ use std::time::Duration;
 
 /// The file being written and the state of its blocks.
 struct Sink {
-    file: std::io::BufWriter<File>,
+    file: File,
     sequence: u32,
     written: u64,
     bytes: u64,
-    /// Slots drained from the rings, reused across flushes.
+    /// Records drained from a ring, reused across flushes.
     scratch: Vec<Slot>,
-    /// Their file records, reused across flushes.
-    records: Vec<Record>,
-    /// An encoded block, reused across flushes.
-    block: Vec<u8>,
+    /// Their bytes, reused across flushes.
+    records: Vec<u8>,
+    /// Encoded blocks of one flush, written with one call; reused across flushes.
+    blocks: Vec<u8>,
     /// The first write error; the writer stops writing after it and `stop` reports it.
     error: Option<std::io::Error>,
 }
@@ -44,10 +46,10 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    /// Creates the file, writes its header and starts the flusher.
+    /// Creates the file, writes its header and starts the writer thread.
     pub(crate) fn start(id: u64, config: &TraceConfig) -> Result<Arc<Session>, TraceError> {
         let io = |e| TraceError::Io(config.path.clone(), e);
-        let file = File::create(&config.path).map_err(io)?;
+        let mut file = File::create(&config.path).map_err(io)?;
         let (ref_ticks, ref_mono_ns) = clock::reference();
         let header = FileHeader {
             node_id: config.node_id.0,
@@ -58,7 +60,6 @@ impl Session {
             ref_real_ns: clock::real_ns(),
             ticks_per_sec: clock::ticks_per_sec(Duration::from_millis(2)),
         };
-        let mut file = std::io::BufWriter::with_capacity(1 << 20, file);
         file.write_all(&header.encode()).map_err(io)?;
         let session = Arc::new(Session {
             id,
@@ -71,18 +72,19 @@ impl Session {
                 written: 0,
                 bytes: super::format::FILE_HEADER_LEN as u64,
                 scratch: Vec::with_capacity(BLOCK_RECORDS_MAX),
-                records: Vec::with_capacity(BLOCK_RECORDS_MAX),
-                block: Vec::with_capacity(64 + BLOCK_RECORDS_MAX * 96),
+                records: Vec::with_capacity(BLOCK_RECORDS_MAX * RECORD_LEN),
+                blocks: Vec::with_capacity(64 + BLOCK_RECORDS_MAX * RECORD_LEN),
                 error: None,
             }),
             stopping: (Mutex::new(false), Condvar::new()),
             flusher: Mutex::new(None),
             dropped_seen: AtomicU64::new(0),
         });
+        TICKER.store(clock::ticks(), Ordering::Relaxed);
         let s = session.clone();
-        let interval = config.flush_interval;
+        let (tick, flush) = (config.tick_interval, config.flush_interval);
         let handle =
-            std::thread::Builder::new().name("ulnet-trace".into()).spawn(move || s.flush_loop(interval)).map_err(io)?;
+            std::thread::Builder::new().name("ulnet-trace".into()).spawn(move || s.run(tick, flush)).map_err(io)?;
         *session.flusher.lock().expect("not poisoned") = Some(handle);
         Ok(session)
     }
@@ -92,19 +94,29 @@ impl Session {
         &self.path
     }
 
-    /// Registers a new ring for a thread and returns it.
+    /// Registers a new ring for a recorder and returns it.
     pub(crate) fn new_ring(&self) -> Arc<RecordRing> {
         let ring = Arc::new(RecordRing::new(self.ring_records));
         self.rings.lock().expect("not poisoned").push(ring.clone());
         ring
     }
 
-    fn flush_loop(&self, interval: Duration) {
+    /// The writer thread: ticks, and drains every `flush` or when a ring is half full.
+    fn run(&self, tick: Duration, flush: Duration) {
+        let ticks_per_flush = (flush.as_nanos() / tick.as_nanos().max(1)).max(1) as u32;
         let (lock, cvar) = &self.stopping;
+        let mut since_flush = 0u32;
         let mut stop = lock.lock().expect("not poisoned");
         while !*stop {
-            stop = cvar.wait_timeout(stop, interval).expect("not poisoned").0;
-            if !*stop {
+            stop = cvar.wait_timeout(stop, tick).expect("not poisoned").0;
+            if *stop {
+                break;
+            }
+            TICKER.store(clock::ticks(), Ordering::Relaxed);
+            since_flush += 1;
+            let half_full = || self.rings.lock().expect("not poisoned").iter().any(|r| 2 * r.used() >= r.capacity());
+            if since_flush >= ticks_per_flush || half_full() {
+                since_flush = 0;
                 drop(stop);
                 self.drain(false);
                 stop = lock.lock().expect("not poisoned");
@@ -112,11 +124,15 @@ impl Session {
         }
     }
 
-    /// Writes everything the rings hold as blocks; with `end`, an end block after them.
+    /// Writes everything the rings hold as blocks; with `end`, what their open runs hold
+    /// and an end block after them.
     pub(crate) fn drain(&self, end: bool) {
         let rings: Vec<Arc<RecordRing>> = self.rings.lock().expect("not poisoned").clone();
         let mut sink = self.sink.lock().expect("not poisoned");
         let sink = &mut *sink;
+        sink.blocks.clear();
+        let dropped: u64 = rings.iter().map(|r| r.dropped()).sum();
+        self.dropped_seen.store(dropped, Ordering::Relaxed);
         for ring in &rings {
             loop {
                 sink.scratch.clear();
@@ -124,30 +140,40 @@ impl Session {
                 if sink.scratch.is_empty() {
                     break;
                 }
-                let dropped = rings.iter().map(|r| r.dropped()).sum();
-                self.dropped_seen.store(dropped, Ordering::Relaxed);
-                let mut records = std::mem::take(&mut sink.records);
-                records.clear();
-                records.extend(sink.scratch.iter().map(|s| s.to_record()));
-                for chunk in records.chunks(BLOCK_RECORDS_MAX) {
-                    write_block(sink, chunk, 0, dropped);
+                let scratch = std::mem::take(&mut sink.scratch);
+                for chunk in scratch.chunks(BLOCK_RECORDS_MAX) {
+                    sink.records.clear();
+                    for s in chunk {
+                        s.encode_into(&mut sink.records);
+                    }
+                    add_block(sink, 0, dropped);
                 }
-                sink.records = records;
+                sink.scratch = scratch;
             }
         }
         if end {
-            let dropped = rings.iter().map(|r| r.dropped()).sum();
-            self.dropped_seen.store(dropped, Ordering::Relaxed);
-            write_block(sink, &[], BLOCK_FLAG_END, dropped);
+            sink.records.clear();
+            for run in rings.iter().filter_map(|r| r.open_run()) {
+                run.closed_run().encode_into(&mut sink.records);
+            }
+            if !sink.records.is_empty() {
+                add_block(sink, 0, dropped);
+            }
+            sink.records.clear();
+            add_block(sink, BLOCK_FLAG_END, dropped);
         }
-        if sink.error.is_none() {
-            if let Err(e) = sink.file.flush() {
-                sink.error = Some(e);
+        if sink.error.is_none() && !sink.blocks.is_empty() {
+            match sink.file.write_all(&sink.blocks) {
+                Ok(()) => sink.bytes += sink.blocks.len() as u64,
+                Err(e) => {
+                    tracing::warn!("trace file write failed; tracing continues without writing: {e}");
+                    sink.error = Some(e);
+                }
             }
         }
     }
 
-    /// Stops the flusher, writes what is left and the end block, and closes the file.
+    /// Stops the writer thread, writes what is left and the end block, and closes the file.
     pub(crate) fn finish(&self) -> Result<TraceSummary, TraceError> {
         {
             let (lock, cvar) = &self.stopping;
@@ -162,7 +188,7 @@ impl Session {
         if let Some(e) = sink.error.take() {
             return Err(TraceError::Io(self.path.clone(), e));
         }
-        if let Err(e) = sink.file.get_ref().sync_data() {
+        if let Err(e) = sink.file.sync_data() {
             return Err(TraceError::Io(self.path.clone(), e));
         }
         Ok(TraceSummary {
@@ -174,30 +200,19 @@ impl Session {
     }
 }
 
-fn write_block(sink: &mut Sink, records: &[Record], flags: u16, dropped_total: u64) {
+/// Appends a block of the records in `sink.records` to the blocks of this flush.
+fn add_block(sink: &mut Sink, flags: u16, dropped_total: u64) {
     let (ref_ticks, ref_mono_ns) = clock::reference();
+    let count = sink.records.len() / RECORD_LEN;
     let header = BlockHeader {
         flags,
-        record_count: records.len() as u32,
+        record_count: count as u32,
         sequence: sink.sequence,
         dropped_total,
         ref_ticks,
         ref_mono_ns,
     };
-    sink.block.clear();
-    encode_block(&header, records, &mut sink.block);
+    encode_block(&header, &sink.records, &mut sink.blocks);
     sink.sequence += 1;
-    if sink.error.is_some() {
-        return;
-    }
-    match sink.file.write_all(&sink.block) {
-        Ok(()) => {
-            sink.written += records.len() as u64;
-            sink.bytes += sink.block.len() as u64;
-        }
-        Err(e) => {
-            tracing::warn!("trace file write failed; tracing continues without writing: {e}");
-            sink.error = Some(e);
-        }
-    }
+    sink.written += count as u64;
 }

@@ -52,6 +52,32 @@ pub struct Capabilities {
     pub reliable_ordered: bool,
     /// Received data is handed over in place, without a copy.
     pub zero_copy_receive: bool,
+    /// What one-sided remote memory access (`rma`) gets from this transport.
+    pub rma: RmaCapabilities,
+}
+
+/// What a transport offers one-sided remote memory access, declared as UCX transports
+/// declare their put/get/atomic support, so that the RMA layer sizes its requests from it
+/// and applications can see which path their operations take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RmaCapabilities {
+    /// Both ends share this host's memory: a segment the peer exports can be mapped into
+    /// this process and accessed with plain loads, stores and atomics, the owner's process
+    /// taking no part. Otherwise every operation is a message that the target's engine
+    /// checks and applies (atomics included, so they stay atomic with respect to the
+    /// owner's own accesses).
+    pub map_segments: bool,
+    /// Largest RMA request or reply carried in one message, header included, so that it
+    /// arrives in one piece: longer puts and gets are split into requests of this size.
+    pub request_max: usize,
+}
+
+impl RmaCapabilities {
+    /// RMA over a channel whose messages arrive whole up to `fragment_max` and are taken
+    /// by one send up to `send_max`.
+    pub(crate) fn over_messages(map_segments: bool, fragment_max: usize, send_max: usize) -> Self {
+        Self { map_segments, request_max: fragment_max.min(send_max) }
+    }
 }
 
 /// The outcome of a send that did not fail. Back-pressure is an outcome, not an error.

@@ -17,6 +17,8 @@ pub enum Mode {
     ShmChannel,
     /// Through the target's engine over TCP.
     Tcp,
+    /// Through the target's engine over UDP.
+    Udp,
 }
 
 impl Mode {
@@ -25,6 +27,7 @@ impl Mode {
             Mode::ShmMapped => "shm-mapped",
             Mode::ShmChannel => "shm-channel",
             Mode::Tcp => "tcp",
+            Mode::Udp => "udp",
         }
     }
 
@@ -33,6 +36,7 @@ impl Mode {
             "shm-mapped" => Mode::ShmMapped,
             "shm-channel" => Mode::ShmChannel,
             "tcp" => Mode::Tcp,
+            "udp" => Mode::Udp,
             other => panic!("unknown mode {other}"),
         }
     }
@@ -43,6 +47,7 @@ impl Mode {
             Mode::ShmMapped => "shm_mapped",
             Mode::ShmChannel => "shm_channel",
             Mode::Tcp => "tcp",
+            Mode::Udp => "udp",
         }
     }
 
@@ -53,23 +58,25 @@ impl Mode {
 }
 
 /// Instantiates each named test function `fn name(mode: Mode)` once per transport, in a
-/// module per transport. A transport that lands later (UDP) is one more line here.
+/// module per transport.
 #[macro_export]
 macro_rules! for_every_transport {
     ($($name:ident),* $(,)?) => {
         mod shm_mapped { $( #[test] fn $name() { super::$name($crate::rma_util::Mode::ShmMapped) } )* }
         mod shm_channel { $( #[test] fn $name() { super::$name($crate::rma_util::Mode::ShmChannel) } )* }
         mod tcp { $( #[test] fn $name() { super::$name($crate::rma_util::Mode::Tcp) } )* }
+        mod udp { $( #[test] fn $name() { super::$name($crate::rma_util::Mode::Udp) } )* }
     };
 }
 
 pub const T: Duration = Duration::from_secs(10);
 
-/// A node that exports and listens on shared memory and TCP.
+/// A node that exports and listens on shared memory, TCP and UDP.
 pub struct Target {
     pub rma: Rma,
     pub shm: String,
     pub tcp: String,
+    pub udp: String,
 }
 
 /// A name unique to this test run.
@@ -82,22 +89,24 @@ pub fn target(node: u32, what: &str) -> Target {
     let shm = unique(what);
     rma.listen_shm(&shm).unwrap();
     let tcp = rma.listen_tcp("127.0.0.1:0").unwrap().to_string();
-    Target { rma, shm, tcp }
+    let udp = rma.listen_udp("127.0.0.1:0").unwrap().to_string();
+    Target { rma, shm, tcp, udp }
 }
 
-/// Reaches a target at (`shm`, `tcp`) the way `mode` says.
-pub fn connect(me: &mut Rma, shm: &str, tcp: &str, mode: Mode) -> (PeerId, ImportMode) {
+/// Reaches a target at (`shm`, `tcp`, `udp`) the way `mode` says.
+pub fn connect(me: &mut Rma, shm: &str, tcp: &str, udp: &str, mode: Mode) -> (PeerId, ImportMode) {
     match mode {
         Mode::ShmMapped => (me.connect_shm(shm), ImportMode::Map),
         Mode::ShmChannel => (me.connect_shm(shm), ImportMode::Channel),
         Mode::Tcp => (me.connect_tcp(tcp, T).unwrap(), ImportMode::Channel),
+        Mode::Udp => (me.connect_udp(udp, T).unwrap(), ImportMode::Channel),
     }
 }
 
 /// An importer of node `node` with the target's segment `name` imported.
 pub fn importer(node: u32, t: &Target, name: &str, mode: Mode) -> (Rma, PeerId, RemoteSegment) {
     let mut me = Rma::new(RmaConfig::new(NodeId(node))).unwrap();
-    let (peer, import_mode) = connect(&mut me, &t.shm, &t.tcp, mode);
+    let (peer, import_mode) = connect(&mut me, &t.shm, &t.tcp, &t.udp, mode);
     let seg = me.import_with(peer, name, import_mode).unwrap();
     assert_eq!(seg.is_mapped(), mode == Mode::ShmMapped);
     (me, peer, seg)
@@ -123,6 +132,7 @@ pub fn raw_channel(t: &Target, mode: Mode) -> (Endpoint, ChannelId) {
     let mut ep = Endpoint::new(EndpointConfig::default());
     let ch = match mode {
         Mode::Tcp => ep.connect_tcp(&t.tcp, T).unwrap(),
+        Mode::Udp => ep.connect_udp(&t.udp, T).unwrap(),
         _ => ep.connect_shm(&format!("rma/{}", t.shm), T).unwrap(),
     };
     (ep, ch)

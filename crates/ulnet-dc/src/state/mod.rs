@@ -6,24 +6,22 @@
 //!
 //! | operation | thesis | here |
 //! |---|---|---|
-//! | [`SharedState::publish_load`] | write own record in local memory | seqlock write of the node's own slot |
-//! | [`SharedState::read_load`] | RDMA READ of another node's record | one-sided copy of the slot |
-//! | [`SharedState::read_roles`] | RDMA READ of the configuration | one-sided copy of the role word |
-//! | [`SharedState::cas_roles`] | remote compare-and-swap on a node's status | compare-and-swap on the role word, returning the value found |
-//! | [`SharedState::announce`] | the winner tells the other modules | write the new table into a node's inbox word (only forward in epoch) |
+//! | [`SharedState::publish_load`] | write own record in local memory | seqlock write of the node's own record ([`record`]) |
+//! | [`SharedState::read_load`] | RDMA READ of another node's record | one-sided READ, a torn copy read again |
+//! | [`SharedState::read_roles`] | RDMA READ of the configuration | one-sided READ of the role word |
+//! | [`SharedState::cas_roles`] | remote compare-and-swap on a node's status | remote compare-and-swap on the role word, returning the value found |
+//! | [`SharedState::announce`] | the winner tells the other modules | compare-and-swap of the new table into a node's inbox word (only forward in epoch) |
 //! | [`SharedState::announced`] | a module learns the configuration | read own inbox word, locally |
 //!
-//! [`shm::ShmState`] implements it for the processes of one host, on a shared mapping with
-//! real atomics. The implementation over ulnet remote memory (one-sided READ, remote CAS,
-//! across hosts) plugs in behind the same trait.
+//! [`rma::RmaState`] implements it over ulnet remote memory, on one host (segments mapped,
+//! or every operation through the owner's engine) or across hosts (over TCP).
 
-pub mod shm;
-mod slot;
-
-pub use slot::Slot;
+pub mod record;
+pub mod rma;
 
 use crate::load::{LoadRecord, SLOT_WORDS};
 use crate::role::{NodeIndex, RoleTable};
+use serde::{Deserialize, Serialize};
 
 /// Why a shared-state operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +44,31 @@ pub enum CasOutcome {
     Swapped,
     /// The word held another table, returned here: the caller's new view.
     Failed(RoleTable),
+}
+
+/// What a handle did, for reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateCounters {
+    /// Copies of other nodes' load records taken (one-sided READs).
+    pub record_reads: u64,
+    /// Of those, copies found torn and taken again.
+    pub torn_copies: u64,
+    /// Reads of the role word.
+    pub role_reads: u64,
+    /// Compare-and-swaps of the role word.
+    pub cas: u64,
+    /// Of those, the ones that found another table.
+    pub cas_failed: u64,
+    /// Announcements made.
+    pub announces: u64,
+    /// Operations that failed because a peer could not be reached.
+    pub unreachable: u64,
+    /// Remote operations done on mappings (same host, owner not involved).
+    pub mapped_ops: u64,
+    /// Remote operations sent to the owner's engine over a channel.
+    pub channel_ops: u64,
+    /// Operations of other processes this process's engine served (reads and atomics).
+    pub served_by_engine: u64,
 }
 
 /// The operations helper modules use on the data center's shared state.
@@ -75,6 +98,9 @@ pub trait SharedState: Send + Sync {
 
     /// The newest table announced to this node (read locally).
     fn announced(&self) -> Result<RoleTable, StateError>;
+
+    /// What this handle did so far.
+    fn counters(&self) -> StateCounters;
 }
 
 /// `a` is a later epoch than `b`, in wrapping order.

@@ -85,6 +85,16 @@ pub struct NodeReport {
     pub host: String,
     /// Command start to the node being connected and holding the splitters.
     pub startup_s: f64,
+    /// Part of startup: command start to the node's program running (process launch).
+    #[serde(default)]
+    pub launched_s: f64,
+    /// Part of startup: command start to the mesh of channels being connected.
+    #[serde(default)]
+    pub connected_s: f64,
+    /// Part of read and distribute: seconds until its own slice was read and sent (the
+    /// rest is waiting for the other nodes' records).
+    #[serde(default)]
+    pub read_own_s: f64,
     /// Reading its input slice, partitioning, sending, and receiving until its queue ran
     /// dry (in external mode this includes spilling runs).
     pub read_distribute_s: f64,
@@ -109,9 +119,9 @@ pub struct NodeReport {
     /// Times the node slept in the kernel waiting for its channels or its disk reader.
     #[serde(default)]
     pub sleeps: u64,
-    /// Short naps taken when waiting returned at once with nothing to do.
+    /// CPU time, faults and context switches of the node's process (all its threads).
     #[serde(default)]
-    pub naps: u64,
+    pub usage: super::usage::Usage,
     /// Checksum of its input slice (hex), with verify.
     pub input_checksum: Option<String>,
     /// valsort summary of its partition (hex of the 280-byte record), with verify.

@@ -15,13 +15,15 @@
 //! and returns an error naming the node that failed; the output file only appears once
 //! every node has written its part.
 
+use super::bucket::{KeyBuckets, BLOCK_BYTES};
 use super::job::{FormatChoice, NodeReport, SortJob, SortReport};
 use super::radix::entry;
 use super::store::RecordStore;
+use super::usage::Usage;
 use crate::disk::{DiskSink, DiskSource, Poll};
 use crate::error::RiverError;
-use crate::flow::Sink;
-use crate::mesh::{self, MeshConfig};
+use crate::flow::{Sink, SpaceSink};
+use crate::mesh::{self, MeshConfig, MeshTransport};
 use crate::partition::PartitionSink;
 use crate::pool::MemPool;
 use crate::river::{River, RiverConfig};
@@ -38,18 +40,34 @@ const TAG_COUNT: u32 = 3;
 const TAG_DONE: u32 = 4;
 const TAG_COMMIT: u32 = 5;
 
-/// Samples each node takes from its slice. 1,024: with 4 nodes the splitters land within
-/// about 1.5% of the ideal quantiles, for a few hundred microseconds of page reads.
-const SAMPLES_PER_NODE: u64 = 1024;
+/// Places each node samples its slice at. 1,024: with 4 nodes the splitters land within
+/// about 1.5% of the ideal quantiles, for a millisecond of page reads.
+const SAMPLE_PLACES: u64 = 1024;
+/// A sample for every so many records of a slice (more records read at each place), up
+/// to [`MAX_SAMPLES_PER_PLACE`]: 256, so that with [`SAMPLES_PER_BUCKET`] samples per
+/// bucket a bucket holds about a thousand records (100 KB, well inside the second-level
+/// cache, where its sort and gather run).
+const SLICE_RECORDS_PER_SAMPLE: u64 = 256;
+/// Most records read at one place: 16 (1,600 bytes, one read).
+const MAX_SAMPLES_PER_PLACE: u64 = 16;
+/// Most samples node 0 sends a node for its buckets: 16,384 (256 KiB, a quarter of a
+/// shared-memory channel's buffers), enough for 4,096 buckets.
+const MAX_SAMPLES_SENT: usize = 16_384;
+/// Samples per bucket: 4, so that bucket sizes vary little around their mean.
+const SAMPLES_PER_BUCKET: usize = 4;
 /// Read-ahead and write-behind buffers per node: 4 each keeps the disk streaming while
 /// the node partitions (reading) or sorts (writing).
 const IO_BUFFERS: usize = 4;
+/// Read and write buffers of a node that does its disk I/O in its own thread: 2, one being
+/// filled and one staged (nothing reads ahead or writes behind; every buffer more is a
+/// megabyte more to fault in and zero).
+const INLINE_IO_BUFFERS: usize = 2;
 /// Size of each without a memory bound: 1 MB, large enough that per-call costs vanish,
 /// small enough that the pools cost little to fault in.
 const IO_BUFFER_BYTES: usize = 10_000 * RECORD_SIZE;
 /// Bytes the sort needs per arena byte: the record plus two 16-byte entries per 100 bytes.
 const SORT_OVERHEAD: f64 = 1.32;
-/// Memory kept aside for everything not counted (stacks, channel rings, the heap).
+/// Memory kept aside for everything not counted (stacks, control messages, the heap).
 const SLACK_BYTES: u64 = 2 << 20;
 
 /// How a node divides its memory.
@@ -61,19 +79,32 @@ pub struct MemoryPlan {
     pub arena_bytes: Option<usize>,
     /// Read-ahead memory for the merge of runs.
     pub merge_read_bytes: usize,
+    /// Most key-range buckets the store may use: with a bound, each half of the arena
+    /// keeps eight blocks per bucket, so that the partly filled last blocks of the buckets
+    /// waste at most an eighth of it.
+    pub max_buckets: usize,
 }
 
 impl MemoryPlan {
     /// The plan for a bound of `memory` bytes per node (`None`: unbounded) among `nodes`.
     /// With a bound, the terms are: 8 I/O buffers of `memory / 64` (at most 4 MB), the
-    /// river's network buffers, slack, and the arena with its sort overhead in the rest;
-    /// the merge reads runs with everything but the write buffers.
+    /// river's network buffers (send staging and channel receive buffers), slack, and the
+    /// arena with its sort overhead in the rest; the merge reads runs with everything but
+    /// the write buffers.
     pub fn new(memory: Option<u64>, nodes: usize, river: &RiverConfig) -> Result<Self, RiverError> {
         let Some(m) = memory else {
-            return Ok(MemoryPlan { io_buffer_bytes: IO_BUFFER_BYTES, arena_bytes: None, merge_read_bytes: 64 << 20 });
+            return Ok(MemoryPlan {
+                io_buffer_bytes: IO_BUFFER_BYTES,
+                arena_bytes: None,
+                merge_read_bytes: 64 << 20,
+                max_buckets: 1 << 16,
+            });
         };
         let io = ((m / 64) as usize).clamp(1000 * RECORD_SIZE, IO_BUFFER_BYTES) / RECORD_SIZE * RECORD_SIZE;
-        let network = ((nodes - 1) * (river.staged_chunks + 2) * river.chunk_bytes()) as u64;
+        // Per peer: the chunks staged and being filled for it, and the receive buffers of
+        // its channel (a credit window's worth).
+        let per_peer = river.staged_chunks + 2 + river.credits as usize;
+        let network = ((nodes - 1) * per_peer * river.chunk_bytes()) as u64;
         let fixed = (2 * IO_BUFFERS * io) as u64 + network + SLACK_BYTES;
         if m < fixed + (1 << 20) {
             return Err(RiverError::Config(format!(
@@ -83,7 +114,8 @@ impl MemoryPlan {
         }
         let arena = ((m - fixed) as f64 / SORT_OVERHEAD) as usize / RECORD_SIZE * RECORD_SIZE;
         let merge_read_bytes = (m - (IO_BUFFERS * io) as u64 - network - SLACK_BYTES) as usize;
-        Ok(MemoryPlan { io_buffer_bytes: io, arena_bytes: Some(arena), merge_read_bytes })
+        let max_buckets = (arena / 2 / BLOCK_BYTES / 8).max(1);
+        Ok(MemoryPlan { io_buffer_bytes: io, arena_bytes: Some(arena), merge_read_bytes, max_buckets })
     }
 }
 /// Longest a node waits for a step of another node (a dead node is seen at once through
@@ -121,7 +153,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
@@ -149,20 +181,92 @@ impl crate::Partitioner for KeyRange {
     }
 }
 
-/// Picks `nodes - 1` splitters from samples: the sample at each `k/nodes` quantile.
-pub fn splitters_from(mut samples: Vec<u128>, nodes: usize) -> Vec<u128> {
-    samples.sort_unstable();
-    if samples.is_empty() {
+/// Picks `nodes - 1` splitters from sorted samples: the sample at each `k/nodes` quantile.
+pub fn splitters_from(sorted: &[u128], nodes: usize) -> Vec<u128> {
+    if sorted.is_empty() {
         return vec![u128::MAX; nodes - 1];
     }
-    (1..nodes).map(|k| samples[k * samples.len() / nodes]).collect()
+    (1..nodes).map(|k| sorted[k * sorted.len() / nodes]).collect()
+}
+
+/// The entries node `rank` holds: from the splitter below it (inclusive) to the one above
+/// it (exclusive), as [`KeyRange`] routes them; returned as an inclusive range.
+fn range_of(splitters: &[u128], rank: usize) -> (u128, u128) {
+    let low = if rank == 0 { 0 } else { splitters[rank - 1] };
+    let high = splitters.get(rank).map_or(u128::MAX, |s| s.saturating_sub(1));
+    (low, high.max(low))
+}
+
+/// The part of sorted samples that falls in node `rank`'s range.
+fn in_range<'a>(sorted: &'a [u128], splitters: &[u128], rank: usize) -> &'a [u128] {
+    let (low, high) = range_of(splitters, rank);
+    let from = sorted.partition_point(|s| *s < low);
+    let to = sorted.partition_point(|s| *s <= high);
+    &sorted[from..to.max(from)]
+}
+
+/// At most `most` of `samples`, evenly spaced (all of them when there are fewer).
+fn thinned(samples: &[u128], most: usize) -> impl Iterator<Item = u128> + '_ {
+    let step = samples.len().div_ceil(most.max(1)).max(1);
+    samples.iter().step_by(step).copied()
+}
+
+fn encode_entries(flag: bool, entries: &[u128]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(1 + 16 * entries.len());
+    m.push(u8::from(flag));
+    for e in entries {
+        m.extend_from_slice(&e.to_le_bytes());
+    }
+    m
+}
+
+fn decode_entries(from: usize, m: &[u8]) -> Result<(bool, Vec<u128>), RiverError> {
+    if m.is_empty() || !(m.len() - 1).is_multiple_of(16) {
+        return Err(RiverError::Protocol { node: from, reason: "malformed sample or splitter list".into() });
+    }
+    Ok((m[0] != 0, m[1..].chunks_exact(16).map(|c| u128::from_le_bytes(c.try_into().expect("16 bytes"))).collect()))
+}
+
+/// Reads samples of a slice of records (given by record index): [`SAMPLE_PLACES`] places
+/// spread evenly over it, a few records at each (one read per place; more records per
+/// place on larger slices, so that buckets hold a few thousand records at most). Returns
+/// the samples as entries (key and input position) and whether every sampled record is a
+/// gensort `-a` line.
+fn sample_slice(input: &Path, slice: std::ops::Range<u64>) -> std::io::Result<(Vec<u128>, bool)> {
+    use std::os::unix::fs::FileExt;
+    let file = File::open(input)?;
+    let n = slice.end - slice.start;
+    let places = SAMPLE_PLACES.min(n);
+    if places == 0 {
+        return Ok((Vec::new(), true));
+    }
+    let per_place = (n / (places * SLICE_RECORDS_PER_SAMPLE)).clamp(1, MAX_SAMPLES_PER_PLACE);
+    let mut buf = vec![0u8; per_place as usize * RECORD_SIZE];
+    let mut samples = Vec::with_capacity((places * per_place) as usize);
+    let mut ascii = true;
+    for i in 0..places {
+        let first = slice.start + (i * n + n / 2) / places;
+        let take = per_place.min(slice.end - first) as usize;
+        let bytes = &mut buf[..take * RECORD_SIZE];
+        file.read_exact_at(bytes, first * RECORD_SIZE as u64)?;
+        for (k, rec) in bytes.chunks_exact(RECORD_SIZE).enumerate() {
+            ascii &= is_ascii_record(rec);
+            samples.push(entry(rec, first + k as u64));
+        }
+    }
+    Ok((samples, ascii))
 }
 
 /// The sorted output's way to disk: records are copied once, straight into the disk
-/// sink's buffers; each full buffer is validated (valsort's checks, with verify) and
-/// handed to the writer thread.
+/// sink's buffers it lends; each full buffer is validated (valsort's checks, with verify)
+/// and handed to the writer thread.
 struct OutputWriter<'a> {
-    disk: DiskSink,
+    /// Finds the output file and this partition's offset in it (once).
+    locate: &'a mut dyn FnMut() -> Result<(Arc<File>, u64), RiverError>,
+    disk: Option<DiskSink>,
+    file: Option<Arc<File>>,
+    pool: MemPool,
+    inline_io: bool,
     current: Option<crate::Buffer>,
     validator: Option<Validator>,
     records: u64,
@@ -171,6 +275,20 @@ struct OutputWriter<'a> {
 }
 
 impl OutputWriter<'_> {
+    fn disk(&mut self) -> Result<&mut DiskSink, RiverError> {
+        if self.disk.is_none() {
+            let (file, offset) = (self.locate)()?;
+            let pool = self.pool.clone();
+            self.disk = Some(if self.inline_io {
+                DiskSink::inline(file.clone(), offset, pool, RECORD_SIZE)
+            } else {
+                DiskSink::new(file.clone(), offset, pool, RECORD_SIZE)
+            });
+            self.file = Some(file);
+        }
+        Ok(self.disk.as_mut().expect("made above"))
+    }
+
     fn hand_over(&mut self) -> Result<(), RiverError> {
         if let Some(full) = self.current.take() {
             if let Some(v) = &mut self.validator {
@@ -181,28 +299,7 @@ impl OutputWriter<'_> {
                 (self.progress)(Phase::Write, self.records);
                 self.last_progress = Instant::now();
             }
-            self.disk.sink_buffer(full)?;
-        }
-        Ok(())
-    }
-}
-
-impl Sink for OutputWriter<'_> {
-    #[inline]
-    fn sink_records(&mut self, records: &[u8]) -> Result<(), RiverError> {
-        let mut rest = records;
-        while !rest.is_empty() {
-            let current = match &mut self.current {
-                Some(b) => b,
-                None => self.current.insert(self.disk.buffer()),
-            };
-            let room = current.remaining() / RECORD_SIZE * RECORD_SIZE;
-            let take = room.min(rest.len());
-            current.extend_from_slice(&rest[..take]);
-            rest = &rest[take..];
-            if current.remaining() < RECORD_SIZE {
-                self.hand_over()?;
-            }
+            self.disk()?.sink_buffer(full)?;
         }
         Ok(())
     }
@@ -210,7 +307,29 @@ impl Sink for OutputWriter<'_> {
     fn close(&mut self) -> Result<(), RiverError> {
         self.hand_over()?;
         (self.progress)(Phase::Write, self.records);
-        self.disk.close()
+        self.disk()?.close()
+    }
+}
+
+impl SpaceSink for OutputWriter<'_> {
+    #[inline]
+    fn space(&mut self) -> Result<&mut [u8], RiverError> {
+        if self.current.is_none() {
+            self.current = Some(self.pool.get());
+        }
+        let current = self.current.as_mut().expect("made above");
+        let room = current.remaining() / RECORD_SIZE * RECORD_SIZE;
+        Ok(&mut current.spare_mut()[..room])
+    }
+
+    #[inline]
+    fn commit(&mut self, bytes: usize) -> Result<(), RiverError> {
+        let current = self.current.as_mut().expect("space was lent");
+        current.set_len(current.len() + bytes);
+        if current.remaining() < RECORD_SIZE {
+            self.hand_over()?;
+        }
+        Ok(())
     }
 }
 
@@ -223,15 +342,10 @@ pub fn run_node(
     progress: &mut dyn FnMut(Phase, u64),
 ) -> Result<Option<SortReport>, RiverError> {
     let rank = place.rank;
-    let (ep, peers) = mesh::connect(&place.mesh)?;
-    let size = peers.len();
+    let size = place.mesh.size;
     assert_eq!(size, job.nodes, "the mesh has as many nodes as the job");
-    let bell = Doorbell::new().map_err(|e| RiverError::io("making a doorbell", e))?;
-    let river_config = RiverConfig::default();
-    let plan = MemoryPlan::new(job.memory, size, &river_config)?;
-    let write_pool = MemPool::sector_aligned(IO_BUFFERS, plan.io_buffer_bytes, 4096)
-        .map_err(|e| RiverError::io("allocating write buffers", e))?;
-
+    let since_start = || (now_ns().saturating_sub(job.start_unix_ns)) as f64 / 1e9;
+    let launched = since_start();
     let input_len = std::fs::metadata(&job.input)
         .map_err(|e| RiverError::io(format!("reading the size of {}", job.input.display()), e))?
         .len();
@@ -242,11 +356,33 @@ pub fn run_node(
     let first = total * rank as u64 / size as u64;
     let last = total * (rank as u64 + 1) / size as u64;
     let expected = (total / size as u64) as usize * RECORD_SIZE;
+    // Sample while a thread connects the mesh (the other nodes may still be starting).
+    // A sampling failure is reported once connected, so that the others hear of it.
+    let mesh_config = place.mesh.clone();
+    let connecting = std::thread::Builder::new()
+        .name("river-mesh".into())
+        .spawn(move || mesh::connect(&mesh_config))
+        .map_err(|e| RiverError::io("starting the mesh thread", e))?;
+    let sampled = sample_slice(&job.input, first..last);
+    let (ep, peers) =
+        connecting.join().map_err(|_| RiverError::io("connecting the mesh", std::io::Error::other("panicked")))??;
+    let connected = since_start();
+    let bell = Doorbell::new().map_err(|e| RiverError::io("making a doorbell", e))?;
+    let river_config = RiverConfig::default();
+
+    let plan = MemoryPlan::new(job.memory, size, &river_config)?;
+    // Nodes sharing this host's cores with no core to spare do their disk I/O in their own
+    // thread: a reader or writer thread would only take turns with it on the same cores.
+    let nodes_here = if place.mesh.transport == MeshTransport::Shm { size } else { 1 };
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let inline_io = plan.arena_bytes.is_none() && nodes_here >= cores;
+    let io_buffers = if inline_io { INLINE_IO_BUFFERS } else { IO_BUFFERS };
+    let write_pool = MemPool::sector_aligned(io_buffers, plan.io_buffer_bytes, 4096)
+        .map_err(|e| RiverError::io("allocating write buffers", e))?;
 
     let store = match plan.arena_bytes {
         // Address space for the whole input: a partition can never be larger.
-        None => RecordStore::in_memory(RECORD_SIZE, input_len as usize, write_pool.clone())
-            .map_err(|e| RiverError::io("reserving the record arena", e))?,
+        None => RecordStore::in_memory(RECORD_SIZE, total as usize, write_pool.clone()),
         Some(arena) => {
             let dir = job.temp_dir.clone().unwrap_or_else(|| {
                 job.output.parent().filter(|p| !p.as_os_str().is_empty()).map_or_else(|| ".".into(), Path::to_path_buf)
@@ -258,11 +394,12 @@ pub fn run_node(
                 prefix,
                 write_pool.clone(),
             )
-            .map_err(|e| RiverError::io("reserving the record arena", e))?
         }
     };
     let river = River::new(ep, rank, peers, store, river_config, Some(bell.clone()));
-    let result = node_body(job, &river, rank, size, total, first..last, &bell, &write_pool, &plan, progress);
+    let ctx = NodeContext { job, river: &river, rank, size, total, slice: first..last, inline_io };
+    let times = (launched, connected);
+    let result = node_body(&ctx, sampled, &bell, &write_pool, &plan, times, progress);
     match result {
         Ok(report) => {
             river.shutdown();
@@ -283,58 +420,42 @@ pub fn run_node(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn node_body(
-    job: &SortJob,
-    river: &River<RecordStore>,
+/// What every step of a node needs to know.
+struct NodeContext<'a> {
+    job: &'a SortJob,
+    river: &'a River<RecordStore>,
     rank: usize,
     size: usize,
+    /// Records in the input.
     total: u64,
+    /// This node's slice of the input (record indexes).
     slice: std::ops::Range<u64>,
+    /// Disk I/O in the node's own thread (no reader or writer thread).
+    inline_io: bool,
+}
+
+fn node_body(
+    ctx: &NodeContext<'_>,
+    sampled: std::io::Result<(Vec<u128>, bool)>,
     bell: &Doorbell,
     write_pool: &MemPool,
     plan: &MemoryPlan,
+    (launched_s, connected_s): (f64, f64),
     progress: &mut dyn FnMut(Phase, u64),
 ) -> Result<Option<SortReport>, RiverError> {
+    let NodeContext { job, river, rank, size, total, ref slice, inline_io } = *ctx;
     let since_start = || (now_ns().saturating_sub(job.start_unix_ns)) as f64 / 1e9;
     let input_err = |e: std::io::Error| RiverError::io(format!("reading {}", job.input.display()), e);
 
-    // Startup: sample our slice; node 0 picks the splitters.
-    let (samples, ascii) = {
-        let file = File::open(&job.input).map_err(input_err)?;
-        let n = slice.end - slice.start;
-        let take = SAMPLES_PER_NODE.min(n);
-        let mut samples = Vec::with_capacity(take as usize);
-        let mut ascii = true;
-        let mut rec = [0u8; RECORD_SIZE];
-        use std::os::unix::fs::FileExt;
-        for i in 0..take {
-            let index = slice.start + (i * n + n / 2) / take;
-            file.read_exact_at(&mut rec, index * RECORD_SIZE as u64).map_err(input_err)?;
-            ascii &= is_ascii_record(&rec);
-            samples.push(entry(&rec, index));
-        }
-        (samples, ascii)
-    };
+    // Startup: sample our slice; node 0 picks the splitters and hands every node the
+    // samples in its range, from which it makes its buckets.
+    let (samples, ascii) = sampled.map_err(input_err)?;
     if job.format == FormatChoice::Ascii && !ascii {
         return Err(RiverError::Input(format!(
             "--ascii given but node {rank}'s slice holds records that are not gensort -a lines"
         )));
     }
-    let encode_entries = |flag: bool, entries: &[u128]| {
-        let mut m = vec![u8::from(flag)];
-        for e in entries {
-            m.extend_from_slice(&e.to_le_bytes());
-        }
-        m
-    };
-    let decode_entries = |from: usize, m: &[u8]| -> Result<(bool, Vec<u128>), RiverError> {
-        if m.is_empty() || (m.len() - 1) % 16 != 0 {
-            return Err(RiverError::Protocol { node: from, reason: "malformed sample or splitter list".into() });
-        }
-        Ok((m[0] != 0, m[1..].chunks_exact(16).map(|c| u128::from_le_bytes(c.try_into().expect("16 bytes"))).collect()))
-    };
-    let (ascii, splitters) = if rank == 0 {
+    let (ascii, splitters, mine) = if rank == 0 {
         let mut all = samples;
         let mut ascii_all = ascii;
         for j in 1..size {
@@ -343,39 +464,45 @@ fn node_body(
             ascii_all &= a;
             all.extend(s);
         }
-        let splitters = splitters_from(all, size);
+        all.sort_unstable();
+        let splitters = splitters_from(&all, size);
         // The output exists, at its full length, before anyone writes to it.
         if !job.partitioned {
             let f = File::create(job.partial_output())
                 .map_err(|e| RiverError::io(format!("creating {}", job.partial_output().display()), e))?;
             f.set_len(total * RECORD_SIZE as u64).map_err(|e| RiverError::io("sizing the output", e))?;
         }
-        let msg = encode_entries(ascii_all, &splitters);
         for j in 1..size {
-            river.send_control(j, TAG_SPLITTERS, &msg)?;
+            let mut entries = splitters.clone();
+            entries.extend(thinned(in_range(&all, &splitters, j), MAX_SAMPLES_SENT));
+            river.send_control(j, TAG_SPLITTERS, &encode_entries(ascii_all, &entries))?;
         }
-        (ascii_all, splitters)
+        let mine = thinned(in_range(&all, &splitters, 0), MAX_SAMPLES_SENT).collect();
+        (ascii_all, splitters, mine)
     } else {
         river.send_control(0, TAG_SAMPLES, &encode_entries(ascii, &samples))?;
         let (_, m) = river.recv_control(Some(0), TAG_SPLITTERS, STEP_TIMEOUT)?;
-        let (a, s) = decode_entries(0, &m)?;
-        if s.len() != size - 1 {
-            return Err(RiverError::Protocol { node: 0, reason: "wrong number of splitters".into() });
+        let (a, mut s) = decode_entries(0, &m)?;
+        if s.len() < size - 1 {
+            return Err(RiverError::Protocol { node: 0, reason: "too few splitters".into() });
         }
-        (a, s)
+        let mine = s.split_off(size - 1);
+        (a, s, mine)
     };
+    let (low, high) = range_of(&splitters, rank);
+    let buckets = KeyBuckets::from_samples(low, high, &mine, SAMPLES_PER_BUCKET, plan.max_buckets);
+    river.with_store(|s| s.set_buckets(Arc::new(buckets))).expect("the store is in the river")?;
     let t_ready = since_start();
 
     // Read and distribute.
-    let read_pool = MemPool::sector_aligned(IO_BUFFERS, plan.io_buffer_bytes, 4096)
+    let read_pool = MemPool::sector_aligned(write_pool.count(), plan.io_buffer_bytes, 4096)
         .map_err(|e| RiverError::io("allocating read buffers", e))?;
-    let mut source = DiskSource::open(
-        &job.input,
-        slice.start * RECORD_SIZE as u64..slice.end * RECORD_SIZE as u64,
-        RECORD_SIZE,
-        read_pool,
-        Some(bell.clone()),
-    )?;
+    let bytes = slice.start * RECORD_SIZE as u64..slice.end * RECORD_SIZE as u64;
+    let mut source = if inline_io {
+        DiskSource::inline(&job.input, bytes, RECORD_SIZE, read_pool)?
+    } else {
+        DiskSource::open(&job.input, bytes, RECORD_SIZE, read_pool, Some(bell.clone()))?
+    };
     let mut input_checksum = Checksum::default();
     let mut records_read = 0u64;
     {
@@ -411,6 +538,7 @@ fn node_body(
     }
     progress(Phase::Read, records_read);
     river.close_local()?;
+    let t_read_own = since_start();
     river.run_dry()?;
     let t_dry = since_start();
     let store = river.take_store().expect("the store is taken once");
@@ -418,41 +546,51 @@ fn node_body(
     let runs = store.runs().len();
     let spill_s = store.spill_time().as_secs_f64();
 
-    // Where our partition goes: after every lower node's.
+    // Where our partition goes: after every lower node's. Our count goes out now; the
+    // others' are read once the first output buffer is full, by when they have come.
     for j in (0..size).filter(|&j| j != rank) {
         river.send_control(j, TAG_COUNT, &my_records.to_le_bytes())?;
     }
-    let mut counts = vec![0u64; size];
-    counts[rank] = my_records;
-    for (j, count) in counts.iter_mut().enumerate().filter(|&(j, _)| j != rank) {
-        let (_, m) = river.recv_control(Some(j), TAG_COUNT, STEP_TIMEOUT)?;
-        *count = u64::from_le_bytes(
-            m.as_slice().try_into().map_err(|_| RiverError::Protocol { node: j, reason: "malformed count".into() })?,
-        );
-    }
-    if counts.iter().sum::<u64>() != total {
-        return Err(RiverError::Protocol {
-            node: rank,
-            reason: format!("partitions hold {} records, the input {total}", counts.iter().sum::<u64>()),
-        });
-    }
-    let (file, offset) = if job.partitioned {
-        let path = job.partial_partition_file(rank);
-        let f = File::create(&path).map_err(|e| RiverError::io(format!("creating {}", path.display()), e))?;
-        (f, 0)
-    } else {
-        let path = job.partial_output();
-        let f = OpenOptions::new()
-            .write(true)
-            .open(&path)
-            .map_err(|e| RiverError::io(format!("opening {}", path.display()), e))?;
-        (f, counts[..rank].iter().sum::<u64>() * RECORD_SIZE as u64)
+    let mut locate = || -> Result<(Arc<File>, u64), RiverError> {
+        let mut counts = vec![0u64; size];
+        counts[rank] = my_records;
+        for (j, count) in counts.iter_mut().enumerate().filter(|&(j, _)| j != rank) {
+            let (_, m) = river.recv_control(Some(j), TAG_COUNT, STEP_TIMEOUT)?;
+            *count = u64::from_le_bytes(
+                m.as_slice()
+                    .try_into()
+                    .map_err(|_| RiverError::Protocol { node: j, reason: "malformed count".into() })?,
+            );
+        }
+        if counts.iter().sum::<u64>() != total {
+            return Err(RiverError::Protocol {
+                node: rank,
+                reason: format!("partitions hold {} records, the input {total}", counts.iter().sum::<u64>()),
+            });
+        }
+        let (file, offset) = if job.partitioned {
+            let path = job.partial_partition_file(rank);
+            let f = File::create(&path).map_err(|e| RiverError::io(format!("creating {}", path.display()), e))?;
+            (f, 0)
+        } else {
+            let path = job.partial_output();
+            let f = OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(|e| RiverError::io(format!("opening {}", path.display()), e))?;
+            (f, counts[..rank].iter().sum::<u64>() * RECORD_SIZE as u64)
+        };
+        Ok((Arc::new(file), offset))
     };
-    let file = Arc::new(file);
 
-    // Sort, writing behind.
+    // Sort, writing as each buffer fills (behind the sort on a writer thread, or in turn
+    // with it).
     let mut out = OutputWriter {
-        disk: DiskSink::new(file.clone(), offset, write_pool.clone(), RECORD_SIZE),
+        locate: &mut locate,
+        disk: None,
+        file: None,
+        pool: write_pool.clone(),
+        inline_io,
         current: None,
         validator: job.verify.then(Validator::default),
         records: 0,
@@ -464,6 +602,7 @@ fn node_body(
     let t_sorted = since_start();
     out.close()?;
     let summary = out.validator.take().map(Validator::finish);
+    let file = out.file.take().expect("closing placed the partition");
     drop(out);
     if job.fsync {
         file.sync_all().map_err(|e| RiverError::io("syncing the output", e))?;
@@ -480,6 +619,9 @@ fn node_body(
         rank,
         host: hostname(),
         startup_s: t_ready,
+        launched_s,
+        connected_s,
+        read_own_s: t_read_own - t_ready,
         read_distribute_s: t_dry - t_ready,
         sort_s: t_sorted - t_dry,
         write_s: t_written - t_sorted,
@@ -491,7 +633,7 @@ fn node_body(
         records_sent: counters.records_sent,
         credit_waits: counters.credit_waits,
         sleeps: counters.sleeps,
-        naps: counters.naps,
+        usage: Usage::now(),
         input_checksum: job.verify.then(|| format!("{:x}", input_checksum.value())),
         summary,
     };

@@ -1,17 +1,22 @@
 //! The sort core: records are sorted as 16-byte entries — the 10-byte key in the top 80
 //! bits of a `u128`, the record's index below it — by one most-significant-digit radix
-//! pass into up to 65,536 buckets, each then sorted on its own. Buckets come out in key
-//! order, so the caller can write the first while later ones are still being sorted.
+//! pass, then each small digit group on its own.
 //!
-//! The digit is the 16 bits below the prefix that all keys of the run share (after range
-//! partitioning a node's keys share a prefix), so buckets stay small on any node. A
-//! bucket that is still large (skewed keys) is sorted by pattern-defeating quicksort.
+//! The digit is taken from the highest bits in which the entries' keys differ (the keys of
+//! a bucket share a prefix), with about as many digit values as entries, so the groups
+//! hold one or two entries each on uniform keys and an insertion sort finishes them. A
+//! group that is still large (skewed keys) is sorted by pattern-defeating quicksort.
 
 use ulnet_sortbench::KEY_SIZE;
 
 /// Bits of an entry below the key, holding the record's index.
 pub const INDEX_BITS: u32 = 48;
 const INDEX_MASK: u128 = (1 << INDEX_BITS) - 1;
+
+/// Groups of at most this many entries are finished by insertion sort.
+const INSERTION_MAX: usize = 24;
+/// Widest digit: 65,536 counters (256 KiB), still in the second-level cache.
+const DIGIT_BITS_MAX: u32 = 16;
 
 /// The key of a record as the top 80 bits of a `u128`, with `index` in the low 48 bits
 /// (equal keys sort by index: stable, and distinct entries for distinct records).
@@ -22,71 +27,67 @@ pub fn entry(record: &[u8], index: u64) -> u128 {
     u128::from_be_bytes(k) | (u128::from(index) & INDEX_MASK)
 }
 
+/// The key of a record alone (an entry with index 0).
+#[inline(always)]
+pub fn key(record: &[u8]) -> u128 {
+    entry(record, 0)
+}
+
 /// The record index of an entry.
 #[inline(always)]
 pub fn index_of(entry: u128) -> usize {
     (entry & INDEX_MASK) as usize
 }
 
-/// The entries of a run of records, one per record, indexes from 0.
-pub fn entries_of(records: &[u8], record_size: usize) -> Vec<u128> {
-    records.chunks_exact(record_size).enumerate().map(|(i, r)| entry(r, i as u64)).collect()
-}
-
-/// Sorts `entries` and hands each sorted bucket to `emit`, in order. Uses a scratch
-/// array of the same size.
-pub fn sort_emitting(entries: Vec<u128>, mut emit: impl FnMut(&[u128])) {
+/// Sorts `entries`, using `scratch` (grown as needed) for the radix pass; returns the
+/// sorted entries, which are in one of the two.
+pub fn sort_entries<'a>(entries: &'a mut [u128], scratch: &'a mut Vec<u128>) -> &'a [u128] {
     let n = entries.len();
-    if n <= 1024 {
-        let mut e = entries;
-        e.sort_unstable();
-        emit(&e);
-        return;
+    if n <= INSERTION_MAX {
+        insertion_sort(entries);
+        return entries;
     }
     let (mut lo, mut hi) = (u64::MAX, 0u64);
-    for &e in &entries {
+    for &e in entries.iter() {
         let top = (e >> 64) as u64;
         lo = lo.min(top);
         hi = hi.max(top);
     }
+    if lo == hi {
+        // The top 64 bits agree: what differs is the last two key bytes and the index.
+        entries.sort_unstable();
+        return entries;
+    }
     let differing = 64 - (lo ^ hi).leading_zeros();
-    let shift = differing.saturating_sub(16);
+    let bits = (usize::BITS - n.leading_zeros()).clamp(4, DIGIT_BITS_MAX);
+    let shift = differing.saturating_sub(bits);
     let base = lo >> shift;
-    let buckets = ((hi >> shift) - base + 1) as usize;
-    debug_assert!(buckets <= 1 << 16);
+    let groups = ((hi >> shift) - base + 1) as usize;
     let digit = |e: u128| (((e >> 64) as u64 >> shift) - base) as usize;
-    let mut starts = vec![0usize; buckets + 1];
-    for &e in &entries {
+    let mut starts = vec![0u32; groups + 1];
+    for &e in entries.iter() {
         starts[digit(e) + 1] += 1;
     }
-    for b in 0..buckets {
-        starts[b + 1] += starts[b];
+    for g in 0..groups {
+        starts[g + 1] += starts[g];
     }
+    scratch.clear();
+    scratch.resize(n, 0);
     let mut fill = starts.clone();
-    let mut scattered = vec![0u128; n];
-    for &e in &entries {
+    for &e in entries.iter() {
         let d = digit(e);
-        scattered[fill[d]] = e;
+        scratch[fill[d] as usize] = e;
         fill[d] += 1;
     }
-    drop(entries);
-    // Emit in batches of at least a few thousand entries, to keep the caller's per-call
-    // cost low.
-    let mut from = 0;
-    for b in 0..buckets {
-        let bucket = &mut scattered[starts[b]..starts[b + 1]];
-        if bucket.len() > 1 {
-            if shift == 0 && bucket.len() < 32 {
-                insertion_sort(bucket);
-            } else {
-                bucket.sort_unstable();
-            }
-        }
-        if starts[b + 1] - from >= 4096 || b + 1 == buckets {
-            emit(&scattered[from..starts[b + 1]]);
-            from = starts[b + 1];
+    for g in 0..groups {
+        let group = &mut scratch[starts[g] as usize..starts[g + 1] as usize];
+        if group.len() <= INSERTION_MAX {
+            insertion_sort(group);
+        } else {
+            group.sort_unstable();
         }
     }
+    scratch
 }
 
 fn insertion_sort(v: &mut [u128]) {
@@ -115,8 +116,9 @@ mod tests {
                 r
             })
             .collect();
-        let mut out = Vec::new();
-        sort_emitting(entries_of(&records, 100), |b| out.extend_from_slice(b));
+        let mut entries: Vec<u128> = records.chunks_exact(100).enumerate().map(|(i, r)| entry(r, i as u64)).collect();
+        let mut scratch = Vec::new();
+        let out = sort_entries(&mut entries, &mut scratch).to_vec();
         assert_eq!(out.len(), keys.len());
         let mut want = keys.clone();
         want.sort();
@@ -153,12 +155,23 @@ mod tests {
             })
             .collect();
         check(shared);
-        // Few distinct keys: large buckets of duplicates.
+        // Every key shares 8 bytes: only the last two and the index differ.
+        let eight: Vec<[u8; 10]> = uniform
+            .iter()
+            .map(|k| {
+                let mut k = *k;
+                k[..8].copy_from_slice(b"SAMEPREF");
+                k
+            })
+            .collect();
+        check(eight);
+        // Few distinct keys: large groups of duplicates.
         let dups: Vec<[u8; 10]> = uniform
             .iter()
             .map(|k| {
                 let mut d = [b'a'; 10];
                 d[9] = k[0] % 3;
+                d[0] = k[1] % 2;
                 d
             })
             .collect();

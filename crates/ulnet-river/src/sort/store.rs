@@ -1,79 +1,18 @@
-//! Where a node keeps the records of its partition: an in-memory arena, which in external
+//! Where a node keeps the records of its partition: a [`BucketArena`], which in external
 //! mode spills sorted runs to disk whenever it reaches its memory bound; and the ways out
-//! of it: a one-pass sort of the arena, or a merge of the runs.
+//! of it: a one-pass sort of the arena, bucket by bucket, or a merge of the runs.
 
-use super::radix::{entries_of, entry, index_of, sort_emitting};
+use super::bucket::{copy_record, BucketArena, KeyBuckets};
+use super::radix::{entry, index_of};
 use crate::disk::DiskSource;
 use crate::error::RiverError;
-use crate::flow::{Sink, Source};
+use crate::flow::{Sink, Source, SpaceSink};
 use crate::pool::{Buffer, MemPool};
 use crate::DiskSink;
-use memmap2::{Advice, MmapMut, MmapOptions};
 use std::fs::File;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Records in memory: an anonymous mapping reserved at its largest size up front (pages
-/// are only backed when written) and backed by huge pages where the kernel allows, so
-/// filling it costs a fault per 2 MiB instead of per 4 KiB.
-pub struct Arena {
-    map: MmapMut,
-    len: usize,
-}
-
-impl std::fmt::Debug for Arena {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Arena").field("len", &self.len).field("capacity", &self.map.len()).finish()
-    }
-}
-
-impl Arena {
-    /// Reserves `capacity` bytes (address space only, until written).
-    pub fn with_capacity(capacity: usize) -> std::io::Result<Self> {
-        let map = MmapOptions::new().len(capacity.max(1)).no_reserve_swap().map_anon()?;
-        let _ = map.advise(Advice::HugePage);
-        Ok(Arena { map, len: 0 })
-    }
-
-    /// The records held.
-    pub fn as_slice(&self) -> &[u8] {
-        &self.map[..self.len]
-    }
-
-    /// Bytes held.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Nothing held.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Bytes it can hold.
-    pub fn capacity(&self) -> usize {
-        self.map.len()
-    }
-
-    /// Appends `data`, moving to a mapping twice as large if it does not fit.
-    pub fn extend_from_slice(&mut self, data: &[u8]) -> std::io::Result<()> {
-        if self.len + data.len() > self.map.len() {
-            let mut bigger = Arena::with_capacity((self.len + data.len()).max(2 * self.map.len()))?;
-            bigger.map[..self.len].copy_from_slice(self.as_slice());
-            bigger.len = self.len;
-            *self = bigger;
-        }
-        self.map[self.len..self.len + data.len()].copy_from_slice(data);
-        self.len += data.len();
-        Ok(())
-    }
-
-    /// Empties it (its pages stay, for the next fill).
-    pub fn clear(&mut self) {
-        self.len = 0;
-    }
-}
 
 /// A spilled, sorted run.
 #[derive(Debug)]
@@ -88,61 +27,79 @@ pub struct Run {
 #[derive(Debug)]
 pub struct RecordStore {
     record_size: usize,
-    arena: Arena,
-    /// Most bytes the arena holds before it spills (external mode), or `None`.
-    spill_at: Option<usize>,
+    /// Room for the records (in memory) or for each half (external mode).
+    sizing: Sizing,
+    /// The records, once the buckets are known ([`RecordStore::set_buckets`]) …
+    arena: Option<BucketArena>,
+    /// … and those that arrived before (from a node that learned the splitters sooner).
+    early: Vec<u8>,
     runs: Vec<Run>,
     run_prefix: PathBuf,
     write_pool: MemPool,
     spill_time: Duration,
     records: u64,
     /// External mode: the other half of the memory, free to fill next …
-    spare: Option<Arena>,
+    spare: Option<BucketArena>,
     /// … or being sorted and written as a run on a thread of its own.
-    spilling: Option<std::thread::JoinHandle<Result<Arena, RiverError>>>,
+    spilling: Option<std::thread::JoinHandle<Result<BucketArena, RiverError>>>,
+}
+
+/// How a store is sized.
+#[derive(Clone, Copy, Debug)]
+enum Sizing {
+    /// One arena for this many records; more is an error.
+    Records(usize),
+    /// Two halves of this many bytes each; a full one spills as a run.
+    HalfBytes(usize),
 }
 
 impl RecordStore {
-    /// An in-memory store with room reserved for `reserve` bytes (address space only; it
-    /// grows past that if need be).
-    pub fn in_memory(record_size: usize, reserve: usize, write_pool: MemPool) -> std::io::Result<Self> {
-        Ok(RecordStore {
-            record_size,
-            arena: Arena::with_capacity(reserve)?,
-            spill_at: None,
-            runs: Vec::new(),
-            run_prefix: PathBuf::new(),
-            write_pool,
-            spill_time: Duration::ZERO,
-            records: 0,
-            spare: None,
-            spilling: None,
-        })
+    /// An in-memory store with room for `records` records (address space only, until
+    /// written). It takes records once its buckets are set.
+    pub fn in_memory(record_size: usize, records: usize, write_pool: MemPool) -> Self {
+        Self::new(record_size, Sizing::Records(records), PathBuf::new(), write_pool)
     }
 
     /// A store that holds at most `arena_bytes` of records, in two halves: when one is
     /// full it is sorted and written as a run (`run_prefix.N`) on a thread of its own
     /// while the other fills, so receiving goes on during a spill; it waits only when the
     /// second half fills before the first is written.
-    pub fn spilling(
-        record_size: usize,
-        arena_bytes: usize,
-        run_prefix: PathBuf,
-        write_pool: MemPool,
-    ) -> std::io::Result<Self> {
-        let half = (arena_bytes / 2 / record_size).max(1) * record_size;
-        Ok(RecordStore {
+    pub fn spilling(record_size: usize, arena_bytes: usize, run_prefix: PathBuf, write_pool: MemPool) -> Self {
+        Self::new(record_size, Sizing::HalfBytes(arena_bytes / 2), run_prefix, write_pool)
+    }
+
+    fn new(record_size: usize, sizing: Sizing, run_prefix: PathBuf, write_pool: MemPool) -> Self {
+        RecordStore {
             record_size,
-            arena: Arena::with_capacity(half)?,
-            spill_at: Some(half),
+            sizing,
+            arena: None,
+            early: Vec::new(),
             runs: Vec::new(),
             run_prefix,
             write_pool,
             spill_time: Duration::ZERO,
             records: 0,
-            spare: Some(Arena::with_capacity(half)?),
+            spare: None,
             spilling: None,
-        })
+        }
+    }
+
+    /// Sets the key-range buckets records are kept in (once), making the arena, and
+    /// takes the records that arrived before.
+    pub fn set_buckets(&mut self, buckets: Arc<KeyBuckets>) -> Result<(), RiverError> {
+        assert!(self.arena.is_none(), "buckets are set once");
+        let rs = self.record_size;
+        let reserve = |e| RiverError::io("reserving the record arena", e);
+        match self.sizing {
+            Sizing::Records(n) => self.arena = Some(BucketArena::new(buckets, rs, n).map_err(reserve)?),
+            Sizing::HalfBytes(half) => {
+                self.arena = Some(BucketArena::bounded(buckets.clone(), rs, half).map_err(reserve)?);
+                self.spare = Some(BucketArena::bounded(buckets, rs, half).map_err(reserve)?);
+            }
+        }
+        let early = std::mem::take(&mut self.early);
+        self.records -= (early.len() / rs) as u64;
+        self.sink_records(&early)
     }
 
     /// Records taken in.
@@ -161,7 +118,7 @@ impl RecordStore {
     }
 
     /// Waits for the spill in progress, if any; returns its half, emptied.
-    fn finish_spill(&mut self) -> Result<Option<Arena>, RiverError> {
+    fn finish_spill(&mut self) -> Result<Option<BucketArena>, RiverError> {
         let Some(thread) = self.spilling.take() else { return Ok(None) };
         let started = Instant::now();
         let arena = thread
@@ -171,27 +128,30 @@ impl RecordStore {
         Ok(Some(arena))
     }
 
-    /// Hands the full half to a spill thread and goes on with the other.
+    /// The arena is full: hands it to a spill thread and goes on with the other half (an
+    /// in-memory store has no other half: more records than it was sized for is an error).
     fn spill(&mut self) -> Result<(), RiverError> {
-        if self.arena.is_empty() {
-            return Ok(());
+        if let Sizing::Records(n) = self.sizing {
+            return Err(RiverError::Input(format!(
+                "a partition of more than the {n} records it was sized for arrived"
+            )));
         }
         let next = match self.spare.take() {
             Some(a) => a,
             None => self.finish_spill()?.expect("a half is spare or spilling"),
         };
-        let mut full = std::mem::replace(&mut self.arena, next);
+        let mut full = self.arena.replace(next).expect("a full arena");
+        assert!(!full.is_empty(), "a full arena holds records");
         let path = PathBuf::from(format!("{}.{}", self.run_prefix.display(), self.runs.len()));
         let file = File::create(&path).map_err(|e| RiverError::io(format!("creating run {}", path.display()), e))?;
-        let records = (full.len() / self.record_size) as u64;
         // Register the run before writing, so a failure still removes its file.
-        self.runs.push(Run { path, records });
+        self.runs.push(Run { path, records: full.records() });
         let (pool, rs) = (self.write_pool.clone(), self.record_size);
         let thread = std::thread::Builder::new()
             .name("river-spill".into())
             .spawn(move || {
                 let mut sink = DiskSink::new(Arc::new(file), 0, pool, rs);
-                emit_sorted(full.as_slice(), rs, &mut sink)?;
+                emit_sorted(&full, &mut sink)?;
                 sink.close()?;
                 full.clear();
                 Ok(full)
@@ -202,31 +162,76 @@ impl RecordStore {
     }
 
     /// Writes the partition, sorted, to `out`: the arena in one pass when nothing was
-    /// spilled, else the arena spilled as a last run and every run merged. `read_pool`
-    /// feeds the merge's run readers.
-    pub fn write_sorted<S: Sink + ?Sized>(mut self, out: &mut S, read_pool_bytes: usize) -> Result<(), RiverError> {
+    /// spilled, else the arena as a last run in memory and every run merged, the runs read
+    /// ahead with `read_pool_bytes` of buffers.
+    pub fn write_sorted<S: SpaceSink + ?Sized>(
+        mut self,
+        out: &mut S,
+        read_pool_bytes: usize,
+    ) -> Result<(), RiverError> {
+        if self.arena.is_none() {
+            self.set_buckets(Arc::new(KeyBuckets::single()))?;
+        }
+        let arena = self.arena.take().expect("set above");
         if self.runs.is_empty() {
-            return emit_sorted(self.arena.as_slice(), self.record_size, out);
+            return emit_sorted(&arena, out);
         }
         // The half being filled stays in memory as the last run; the other is released,
         // and the merge reads the spilled runs with what is left.
         self.finish_spill()?;
         self.spare = None;
-        let kept = (self.arena.capacity() as f64 * SORT_MEMORY_PER_BYTE) as usize;
-        merge_runs(&self.runs, self.record_size, read_pool_bytes.saturating_sub(kept), Some(self.arena.as_slice()), out)
+        let kept = (arena.capacity() as f64 * SORT_MEMORY_PER_BYTE) as usize;
+        merge_runs(&self.runs, self.record_size, read_pool_bytes.saturating_sub(kept), Some(&arena), out)
     }
 }
 
 impl Sink for RecordStore {
-    fn sink_records(&mut self, records: &[u8]) -> Result<(), RiverError> {
-        if let Some(limit) = self.spill_at {
-            if self.arena.len() + records.len() > limit {
-                self.spill()?;
-            }
+    fn sink_records(&mut self, mut records: &[u8]) -> Result<(), RiverError> {
+        let rs = self.record_size;
+        if !records.len().is_multiple_of(rs) {
+            return Err(RiverError::PartialRecord { len: records.len(), record_size: rs });
         }
-        self.arena.extend_from_slice(records).map_err(|e| RiverError::io("growing the record arena", e))?;
-        self.records += (records.len() / self.record_size) as u64;
-        Ok(())
+        loop {
+            let taken = match self.arena.as_mut() {
+                Some(arena) => arena.push_records(records),
+                None => {
+                    self.early.extend_from_slice(records);
+                    records.len() / rs
+                }
+            };
+            self.records += taken as u64;
+            records = &records[taken * rs..];
+            if records.is_empty() {
+                return Ok(());
+            }
+            self.spill()?;
+        }
+    }
+
+    fn sink_gathered(&mut self, records: &[u8], record_size: usize, mut which: &[u32]) -> Result<(), RiverError> {
+        let rs = self.record_size;
+        if record_size != rs {
+            return Err(RiverError::Config(format!(
+                "records of {record_size} bytes given to a store of {rs}-byte records"
+            )));
+        }
+        loop {
+            let taken = match self.arena.as_mut() {
+                Some(arena) => arena.push_gathered(records, which),
+                None => {
+                    for &i in which {
+                        self.early.extend_from_slice(&records[i as usize * rs..(i as usize + 1) * rs]);
+                    }
+                    which.len()
+                }
+            };
+            self.records += taken as u64;
+            which = &which[taken..];
+            if which.is_empty() {
+                return Ok(());
+            }
+            self.spill()?;
+        }
     }
 
     fn close(&mut self) -> Result<(), RiverError> {
@@ -309,66 +314,30 @@ impl LoserTree {
 }
 
 /// Memory an in-memory run takes per byte of records while it is merged: the records and
-/// a 4-byte index per record, plus the sort's two 16-byte entries per record while it is
-/// ordered.
-const SORT_MEMORY_PER_BYTE: f64 = 1.32;
+/// a 4-byte index per record, plus the sort's two 16-byte entries per record of the
+/// largest bucket (all of them, at worst, when every key is equal).
+const SORT_MEMORY_PER_BYTE: f64 = 1.36;
 
-/// Records gathered before they are handed to the sink: 640 (64 KB) stays in the
-/// second-level cache, and the sink copies them in one go.
-const GATHER_RECORDS: usize = 640;
-
-/// How far ahead of the copy the gather touches records.
-const GATHER_LOOKAHEAD: usize = 8;
-
-/// Appends one record; the Sort Benchmark's 100 bytes are copied with a fixed-size move
-/// the compiler inlines, instead of a call per record.
-#[inline(always)]
-fn push_record(staged: &mut Vec<u8>, record: &[u8]) {
-    match <&[u8; ulnet_sortbench::RECORD_SIZE]>::try_from(record) {
-        Ok(fixed) => staged.extend_from_slice(fixed),
-        Err(_) => staged.extend_from_slice(record),
-    }
-}
-
-/// Sorts `records` and sinks them in order, bucket by bucket (the sink writes the first
-/// buckets while later ones are sorted), gathered 640 records (64 KB) at a time.
-pub fn emit_sorted<S: Sink + ?Sized>(records: &[u8], record_size: usize, out: &mut S) -> Result<(), RiverError> {
-    let mut failure = None;
-    let mut staged: Vec<u8> = Vec::with_capacity(GATHER_RECORDS * record_size);
-    sort_emitting(entries_of(records, record_size), |bucket| {
-        if failure.is_some() {
-            return;
+/// Sorts the arena bucket by bucket and writes the records in order straight into the
+/// space `out` lends (one copy per record).
+pub fn emit_sorted<S: SpaceSink + ?Sized>(arena: &BucketArena, out: &mut S) -> Result<(), RiverError> {
+    let rs = arena.record_size();
+    arena.for_each_sorted(|a, mut entries| {
+        while !entries.is_empty() {
+            let space = out.space()?;
+            let n = (space.len() / rs).min(entries.len());
+            a.gather(&entries[..n], &mut space[..n * rs]);
+            out.commit(n * rs)?;
+            entries = &entries[n..];
         }
-        for (k, &e) in bucket.iter().enumerate() {
-            // Touch the record a few places ahead: the gather is bound by cache misses, and
-            // a load issued early overlaps with the copies in between.
-            if let Some(&ahead) = bucket.get(k + GATHER_LOOKAHEAD) {
-                std::hint::black_box(records[index_of(ahead) * record_size]);
-            }
-            let i = index_of(e) * record_size;
-            push_record(&mut staged, &records[i..i + record_size]);
-            if staged.len() == GATHER_RECORDS * record_size {
-                if let Err(err) = out.sink_records(&staged) {
-                    failure = Some(err);
-                    return;
-                }
-                staged.clear();
-            }
-        }
-    });
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    if !staged.is_empty() {
-        out.sink_records(&staged)?;
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// A sorted run being merged: read ahead from its file, or in memory in sorted order.
 enum RunReader<'a> {
     Disk { source: DiskSource, buffer: Option<Buffer>, at: usize },
-    Memory { records: &'a [u8], order: Vec<u32>, at: usize },
+    Memory { arena: &'a BucketArena, order: Vec<u32>, at: usize },
 }
 
 impl RunReader<'_> {
@@ -376,9 +345,7 @@ impl RunReader<'_> {
     fn current(&self, record_size: usize) -> Option<&[u8]> {
         match self {
             RunReader::Disk { buffer, at, .. } => buffer.as_ref().map(|b| &b.as_slice()[*at..*at + record_size]),
-            RunReader::Memory { records, order, at } => {
-                order.get(*at).map(|&i| &records[i as usize * record_size..(i as usize + 1) * record_size])
-            }
+            RunReader::Memory { arena, order, at } => order.get(*at).map(|&i| arena.record(i as usize)),
         }
     }
 
@@ -399,14 +366,14 @@ impl RunReader<'_> {
     }
 }
 
-/// Merges sorted runs into `out` with a heap of the runs' current keys: the spilled ones,
-/// each read ahead by a [`DiskSource`] with two buffers of its share of `read_pool_bytes`
-/// (at least 64 KiB each), and `in_memory` records (unsorted) as one more run.
-pub fn merge_runs<S: Sink + ?Sized>(
+/// Merges sorted runs into `out` with a tree of losers over the runs' current keys: the
+/// spilled ones, each read ahead by a [`DiskSource`] with two buffers of its share of
+/// `read_pool_bytes` (at least 64 KiB each), and the records of `in_memory` as one more run.
+pub fn merge_runs<S: SpaceSink + ?Sized>(
     runs: &[Run],
     record_size: usize,
     read_pool_bytes: usize,
-    in_memory: Option<&[u8]>,
+    in_memory: Option<&BucketArena>,
     out: &mut S,
 ) -> Result<(), RiverError> {
     let per_buffer = (read_pool_bytes / (2 * runs.len().max(1))).clamp(64 << 10, 8 << 20) / record_size * record_size;
@@ -418,13 +385,13 @@ pub fn merge_runs<S: Sink + ?Sized>(
         let buffer = source.next_buffer()?;
         readers.push(RunReader::Disk { source, buffer, at: 0 });
     }
-    if let Some(records) = in_memory.filter(|r| !r.is_empty()) {
-        assert!(records.len() / record_size < u32::MAX as usize, "in-memory run indexes are 32 bits");
-        let mut order = Vec::with_capacity(records.len() / record_size);
-        sort_emitting(entries_of(records, record_size), |bucket| {
-            order.extend(bucket.iter().map(|&e| index_of(e) as u32))
-        });
-        readers.push(RunReader::Memory { records, order, at: 0 });
+    if let Some(arena) = in_memory.filter(|a| !a.is_empty()) {
+        let mut order = Vec::with_capacity(arena.records() as usize);
+        arena.for_each_sorted(|_, entries| {
+            order.extend(entries.iter().map(|&e| index_of(e) as u32));
+            Ok::<(), RiverError>(())
+        })?;
+        readers.push(RunReader::Memory { arena, order, at: 0 });
     }
     let keys = readers
         .iter()
@@ -432,19 +399,21 @@ pub fn merge_runs<S: Sink + ?Sized>(
         .map(|(i, r)| r.current(record_size).map_or(EXHAUSTED, |rec| entry(rec, i as u64)))
         .collect();
     let mut tree = LoserTree::new(keys);
-    let mut staged: Vec<u8> = Vec::with_capacity(GATHER_RECORDS * record_size);
-    while let Some(i) = tree.winner() {
-        let reader = &mut readers[i];
-        push_record(&mut staged, reader.current(record_size).expect("a run in the tree has a record"));
-        if staged.len() == GATHER_RECORDS * record_size {
-            out.sink_records(&staged)?;
-            staged.clear();
+    while tree.winner().is_some() {
+        let space = out.space()?;
+        let mut filled = 0;
+        while filled < space.len() {
+            let Some(i) = tree.winner() else { break };
+            let reader = &mut readers[i];
+            copy_record(
+                &mut space[filled..filled + record_size],
+                reader.current(record_size).expect("a run in the tree has a record"),
+            );
+            filled += record_size;
+            reader.advance(record_size)?;
+            tree.replace_winner(reader.current(record_size).map_or(EXHAUSTED, |rec| entry(rec, i as u64)));
         }
-        reader.advance(record_size)?;
-        tree.replace_winner(reader.current(record_size).map_or(EXHAUSTED, |rec| entry(rec, i as u64)));
-    }
-    if !staged.is_empty() {
-        out.sink_records(&staged)?;
+        out.commit(filled)?;
     }
     Ok(())
 }
@@ -472,19 +441,36 @@ mod tests {
         k
     }
 
+    fn buckets_of(data: &[u8]) -> Arc<KeyBuckets> {
+        let samples: Vec<u128> = data.chunks(100).step_by(50).enumerate().map(|(i, r)| entry(r, i as u64)).collect();
+        Arc::new(KeyBuckets::from_samples(0, u128::MAX, &samples, 4, 1 << 16))
+    }
+
+    fn sorted_out(store: RecordStore, read_pool_bytes: usize) -> Result<Vec<u8>, RiverError> {
+        let mut out = Vec::new();
+        let mut sink = VecSink::new(&mut out, 100);
+        let mut staged = crate::StagedSink::new(&mut sink, 100, 640);
+        store.write_sorted(&mut staged, read_pool_bytes)?;
+        staged.flush()?;
+        Ok(out)
+    }
+
     #[test]
     fn spilling_store_merges_to_the_same_order_as_one_pass() {
         let dir = tempfile::tempdir().unwrap();
-        let data = records(5000, 7);
+        let data = records(40_000, 7);
         let pool = MemPool::heap(2, 64 << 10);
-        let mut store = RecordStore::spilling(100, 700 * 100, dir.path().join("run"), pool.clone()).unwrap();
-        for piece in data.chunks(300 * 100) {
+        let arena_bytes = 2 * 40 * 32_700;
+        let mut store = RecordStore::spilling(100, arena_bytes, dir.path().join("run"), pool.clone());
+        // Records that come before the buckets are set wait for them.
+        store.sink_records(&data[..100 * 100]).unwrap();
+        store.set_buckets(buckets_of(&data)).unwrap();
+        for piece in data[100 * 100..].chunks(300 * 100) {
             store.sink_records(piece).unwrap();
         }
-        assert_eq!(store.records(), 5000);
-        assert!(store.runs().len() >= 7, "runs: {}", store.runs().len());
-        let mut out = Vec::new();
-        store.write_sorted(&mut VecSink::new(&mut out, 100), 1 << 20).unwrap();
+        assert_eq!(store.records(), 40_000);
+        assert!(store.runs().len() >= 3, "runs: {}", store.runs().len());
+        let out = sorted_out(store, 1 << 20).unwrap();
         let got: Vec<Vec<u8>> = out.chunks(100).map(|r| r.to_vec()).collect();
         let want = sorted_keys(&data);
         assert_eq!(got.len(), want.len());
@@ -522,14 +508,23 @@ mod tests {
     }
 
     #[test]
-    fn in_memory_store_sorts_in_one_pass() {
+    fn in_memory_store_sorts_in_one_pass_and_refuses_more_than_it_was_sized_for() {
         let data = records(3000, 11);
-        let mut store = RecordStore::in_memory(100, 1000, MemPool::heap(1, 4096)).unwrap();
-        store.sink_records(&data).unwrap();
-        let mut out = Vec::new();
-        store.write_sorted(&mut VecSink::new(&mut out, 100), 0).unwrap();
+        let pool = MemPool::heap(1, 4096);
+        let mut store = RecordStore::in_memory(100, 3000, pool.clone());
+        store.set_buckets(buckets_of(&data)).unwrap();
+        let odd: Vec<u32> = (0..1500).map(|i| 2 * i + 1).collect();
+        let even: Vec<u8> = data.chunks(100).step_by(2).flatten().copied().collect();
+        store.sink_gathered(&data, 100, &odd).unwrap();
+        store.sink_records(&even).unwrap();
+        let out = sorted_out(store, 0).unwrap();
         let s = ulnet_sortbench::Summary::of_records(&out).unwrap();
         assert!(s.is_sorted());
+        assert_eq!(s.records, 3000);
         assert_eq!(s.checksum, ulnet_sortbench::Checksum::of_records(&data));
+
+        let mut small = RecordStore::in_memory(100, 1000, pool);
+        small.set_buckets(Arc::new(KeyBuckets::single())).unwrap();
+        assert!(matches!(small.sink_records(&data), Err(RiverError::Input(_))));
     }
 }

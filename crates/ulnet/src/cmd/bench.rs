@@ -168,6 +168,15 @@ pub struct BenchArgs {
     /// shared-memory channel instead of mapping the segment.
     #[arg(long)]
     no_map: bool,
+    /// `faa-lat`, `cas-lat`: time one whole fetching atomic at a time (request and reply,
+    /// not halved), as `ucx_perftest -t ucp_fadd` does, instead of a halved ping-pong.
+    #[arg(long)]
+    whole_op: bool,
+    /// `faa-lat`: time the posting of each fetch-and-add, back to back, not its round trip
+    /// (completions are reaped as they come and flushed at the end), as
+    /// `ucx_perftest -t ucp_add` reports its "overhead".
+    #[arg(long, conflicts_with = "whole_op")]
+    overhead: bool,
     /// file-service: how long both servers keep polling after their last request before
     /// they sleep in the kernel (0: sleep at once, as an interrupt-driven server would).
     #[arg(long, default_value_t = 0)]
@@ -182,6 +191,11 @@ pub struct BenchArgs {
     /// send found no room, instead of busy-polling (as iperf3 and most socket programs do).
     #[arg(long)]
     blocking: bool,
+    /// Adaptive mode: busy-poll while traffic flows, sleep in `Endpoint::wait` once polls
+    /// have found nothing for `ADAPTIVE_SPIN` (UCX's progress-then-arm; what keeps a
+    /// stream going on a host whose CPUs other processes share).
+    #[arg(long, conflicts_with = "blocking")]
+    adaptive: bool,
     /// Whether UDP senders obey the receiver's credit (`incast`): on or off.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     flow_control: String,
@@ -254,16 +268,49 @@ const ACK: &[u8] = b"A";
 /// Set by `--blocking`: idle loops sleep in `Endpoint::wait` instead of spinning.
 static BLOCKING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// In blocking mode, sleeps until the endpoint has something (or a protocol timer is due).
+/// Set by `--adaptive`: idle loops spin for `ADAPTIVE_SPIN`, then sleep.
+static ADAPTIVE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// How long adaptive mode spins on empty polls before it sleeps. 50 µs: several round
+/// trips on loopback, so a stream or a ping-pong never sleeps between messages, while a
+/// process that waits for a descheduled peer gives its CPU away within a fraction of a
+/// scheduler slice.
+const ADAPTIVE_SPIN: Duration = Duration::from_micros(50);
+
+/// Longest gap between two empty polls of one idle spell: a longer gap means work was
+/// done in between, and the spell starts again.
+const IDLE_SPELL_GAP: Duration = Duration::from_micros(20);
+
+thread_local! {
+    /// (start, last empty poll) of the current idle spell, for adaptive mode.
+    static IDLE_SPELL: std::cell::Cell<Option<(Instant, Instant)>> = const { std::cell::Cell::new(None) };
+}
+
+/// Called after a poll found nothing to do (or a send no room): in blocking mode sleeps
+/// until the endpoint has something (or a protocol timer is due); in adaptive mode does
+/// so once the idle spell is `ADAPTIVE_SPIN` long; in busy-poll mode returns at once.
 fn idle(ep: &mut Endpoint) -> Result<()> {
     if BLOCKING.load(std::sync::atomic::Ordering::Relaxed) {
         ep.wait(Some(Duration::from_millis(10)))?;
+    } else if ADAPTIVE.load(std::sync::atomic::Ordering::Relaxed) {
+        let now = Instant::now();
+        let start = match IDLE_SPELL.get() {
+            Some((start, last)) if now.duration_since(last) <= IDLE_SPELL_GAP => start,
+            _ => now,
+        };
+        if now.duration_since(start) >= ADAPTIVE_SPIN {
+            ep.wait(Some(Duration::from_millis(10)))?;
+            IDLE_SPELL.set(None);
+        } else {
+            IDLE_SPELL.set(Some((start, now)));
+        }
     }
     Ok(())
 }
 
 pub fn run(args: BenchArgs) -> Result<i32> {
     BLOCKING.store(args.blocking, std::sync::atomic::Ordering::Relaxed);
+    ADAPTIVE.store(args.adaptive, std::sync::atomic::Ordering::Relaxed);
     if args.test == Test::Incast {
         return incast::run(&args);
     }
@@ -360,6 +407,7 @@ fn spawn_server(args: &BenchArgs, listen: &str, p: &Params) -> Result<(Child, St
         .args(["--size", &p.size.to_string(), "--iters", &p.iters.to_string(), "--warmup", &p.warmup.to_string()])
         .args(p.recv_copy.then_some("--recv-copy"))
         .args(BLOCKING.load(std::sync::atomic::Ordering::Relaxed).then_some("--blocking"))
+        .args(ADAPTIVE.load(std::sync::atomic::Ordering::Relaxed).then_some("--adaptive"))
         .args(["--outstanding", &p.outstanding.to_string()])
         .args(super::bench_trace::peer_args(args.trace.as_deref()))
         .stdin(Stdio::null())
@@ -559,7 +607,9 @@ fn serve_rpc(ep: Endpoint, p: &Params) {
     rpc.register_inline(RPC_ECHO, move |req, replier| replier.reply(&[&echo[..req.payload.len().min(echo.len())]]));
     let mut down = false;
     while !down {
-        rpc.poll(256, |e| down |= matches!(e, RpcEvent::ChannelDown { .. }));
+        if rpc.poll(256, |e| down |= matches!(e, RpcEvent::ChannelDown { .. })) == 0 && idle(rpc.endpoint()).is_err() {
+            return;
+        }
     }
 }
 
@@ -623,7 +673,9 @@ fn rpc_client(rpc: &mut Rpc, ch: ChannelId, p: &Params) -> Result<Report> {
             }
         }
         let before = tally.done;
-        rpc.poll(256, |e| tally.count(e));
+        if rpc.poll(256, |e| tally.count(e)) == 0 {
+            idle(rpc.endpoint())?;
+        }
         tally.check()?;
         if before < p.warmup && tally.done >= p.warmup {
             t0 = Instant::now();

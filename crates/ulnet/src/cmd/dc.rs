@@ -4,7 +4,9 @@
 //! balancer and closed-loop clients in this process, replays a trace, and reports TPS,
 //! response-time percentiles, the QoS figure and the number of reconfigurations. With
 //! `--policy rigid` and no `--split`, a search runs the trace on every split first and
-//! keeps the best.
+//! keeps the best. The processes share their state in ulnet remote memory (`--rma`: mapped
+//! segments, or every operation through the owner's engine over shm or TCP channels) and
+//! are members of one membership cluster.
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
@@ -15,6 +17,7 @@ use std::time::Duration;
 use ulnet_dc::capacity::{CapacityConfig, ServiceMode};
 use ulnet_dc::policy::HelperConfig;
 use ulnet_dc::run::{Launch, NodeSpec, Policy, RunConfig, RunResult, SiteSpec};
+use ulnet_dc::state::rma::RmaPath;
 use ulnet_dc::trace::{Trace, TraceKind};
 
 /// Arguments of `ulnet dc`.
@@ -50,6 +53,16 @@ enum TraceArg {
 enum PolicyArg {
     Rigid,
     Reconf,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum RmaArg {
+    /// Same host: segments mapped, the owner's CPU takes no part.
+    Map,
+    /// Same host: every operation through the owner's engine over a shared-memory channel.
+    Shm,
+    /// Every operation through the owner's engine over TCP (the path across hosts).
+    Tcp,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -131,6 +144,9 @@ pub struct RunArgs {
     /// Write an SVG plot of throughput and tier sizes over time.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// How the processes reach each other's remote memory (load records, role word).
+    #[arg(long, value_enum, default_value = "map")]
+    rma: RmaArg,
 }
 
 /// Arguments of `ulnet dc plot`.
@@ -204,6 +220,8 @@ pub fn run(args: DcArgs) -> Result<i32> {
                 let label = p.file_stem().map_or_else(|| "run".into(), |s| s.to_string_lossy().into_owned());
                 runs.push((label, r));
             }
+            // plotters draws text only with a registered font (its ab_glyph backend).
+            ulnet_trace::plot::ensure_font()?;
             ulnet_dc::plot::write_svg(&a.out, &a.title, &runs)?;
             Ok(0)
         }
@@ -283,6 +301,11 @@ fn run_dc(a: RunArgs) -> Result<i32> {
         duration: Duration::from_secs_f64(a.duration),
         snapshot: Duration::from_secs_f64(a.snapshot),
         launch: Launch::Processes { exe: std::env::current_exe()? },
+        path: match a.rma {
+            RmaArg::Map => RmaPath::Map,
+            RmaArg::Shm => RmaPath::Shm,
+            RmaArg::Tcp => RmaPath::Tcp,
+        },
     };
     let sites_for = |split: (usize, usize)| {
         let mut s = vec![SiteSpec { split, guarantee_tps: a.guarantee }];
@@ -322,13 +345,14 @@ fn run_dc(a: RunArgs) -> Result<i32> {
         bail!("--split {}:{} must add up to {high_nodes} nodes", split.0, split.1);
     }
     eprintln!(
-        "ulnet dc: {} trace ({} requests), {} nodes, policy {}, split {}:{}",
+        "ulnet dc: {} trace ({} requests), {} nodes, policy {}, split {}:{}, remote memory over {}",
         kind,
         trace.len(),
         a.nodes,
         policy,
         split.0,
-        split.1
+        split.1,
+        base.path
     );
     let config = RunConfig { sites: sites_for(split), ..base };
     let r = ulnet_dc::run::run(&config)?;
@@ -337,6 +361,7 @@ fn run_dc(a: RunArgs) -> Result<i32> {
     }
     if let Some(p) = &a.plot {
         let label = format!("{} {}:{}", policy, split.0, split.1);
+        ulnet_trace::plot::ensure_font()?;
         ulnet_dc::plot::write_svg(p, &format!("{kind} trace"), &[(label, r.clone())])?;
     }
     let out = Output {
@@ -424,6 +449,7 @@ pub fn demo() -> Result<()> {
         duration: Duration::from_secs(30),
         snapshot: Duration::from_secs(1),
         launch: Launch::Processes { exe: std::env::current_exe()? },
+        path: RmaPath::Map,
     };
     let r = ulnet_dc::run::run(&config)?;
     let mut last = None;

@@ -201,6 +201,10 @@ pub fn run(a: SortArgs) -> Result<i32> {
 
 /// `ulnet sort-node`: one node started by `ulnet sort`; reports as JSON lines on stdout.
 pub fn run_node_command(n: SortNodeArgs) -> Result<i32> {
+    if !n.tcp {
+        // While this process has one thread (see `Endpoint::prepare_shm`).
+        ulnet_core::Endpoint::prepare_shm();
+    }
     let transport = if n.tcp {
         MeshTransport::Tcp {
             coordinator: n.sort.coordinator.clone().context("--tcp needs --coordinator")?,
@@ -261,6 +265,10 @@ fn run_from_environment(a: SortArgs, t0: u128) -> Result<i32> {
     let Some(p) = placement else {
         bail!("--launcher {:?} but no Slurm or MPI rank variables are set: start it with srun or mpirun", a.launcher)
     };
+    if p.single_host {
+        // While this process has one thread (see `Endpoint::prepare_shm`).
+        ulnet_core::Endpoint::prepare_shm();
+    }
     let mut mesh = MeshConfig::shm(&p.job, p.rank, p.size);
     if !p.single_host {
         mesh.transport = MeshTransport::Tcp {
@@ -585,6 +593,22 @@ fn print_report(r: &SortReport, json: bool) -> Result<()> {
         println!(
             "{:>4}  {:<14}  {:>10}  {:>9.3}  {:>11.3}  {:>6.3}  {:>7.3}  {:>4}  {}",
             n.rank, n.host, n.records, n.startup_s, n.read_distribute_s, n.sort_s, n.write_s, n.runs, n.records_sent
+        );
+    }
+    println!("node  launched_s  connected_s  read_own_s  cpu_user_s  cpu_sys_s  minor_faults  switches(vol/invol)");
+    for n in &r.per_node {
+        let u = &n.usage;
+        println!(
+            "{:>4}  {:>10.3}  {:>11.3}  {:>10.3}  {:>10.3}  {:>9.3}  {:>12}  {}/{}",
+            n.rank,
+            n.launched_s,
+            n.connected_s,
+            n.read_own_s,
+            u.user_s,
+            u.sys_s,
+            u.minor_faults,
+            u.voluntary_switches,
+            u.involuntary_switches
         );
     }
     println!(

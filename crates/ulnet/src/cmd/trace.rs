@@ -39,6 +39,10 @@ struct AnalyzeArgs {
     /// Width of the message-rate bins in milliseconds (default: about 50 bins).
     #[arg(long)]
     bin_ms: Option<f64>,
+    /// Accept files cut short (a process killed before it stopped tracing): use their
+    /// intact blocks and report the damage on stderr.
+    #[arg(long)]
+    partial: bool,
 }
 
 #[derive(Args, Debug)]
@@ -61,6 +65,9 @@ struct TailArgs {
     /// Seed of the Poisson process the arrivals are compared with.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Accept a trace file cut short: use its intact blocks (see `analyze --partial`).
+    #[arg(long)]
+    partial: bool,
 }
 
 pub fn run(args: TraceArgs) -> Result<i32> {
@@ -71,7 +78,7 @@ pub fn run(args: TraceArgs) -> Result<i32> {
 }
 
 fn run_analyze(a: AnalyzeArgs) -> Result<i32> {
-    let trace = load::load(&a.files)?;
+    let trace = load::load_with(&a.files, a.partial)?;
     let study = analyze::analyze(&trace, &analyze::AnalyzeConfig { bin_s: a.bin_ms.map(|ms| ms / 1e3) });
     if study.dropped > 0 {
         eprintln!(
@@ -96,7 +103,7 @@ fn run_analyze(a: AnalyzeArgs) -> Result<i32> {
 }
 
 fn run_tail(a: TailArgs) -> Result<i32> {
-    let sample = input::read_sample(&a.file, a.column.as_deref())?;
+    let sample = input::read_sample_with(&a.file, a.column.as_deref(), a.partial)?;
     let r = tail::analyze_tail(&a.file.display().to_string(), &sample.column, &sample.values, sample.arrivals, a.seed);
     if let Some(dir) = &a.plots {
         let written = report::write_figures(&report::tail_figures(&r, &sample.values), dir)?;

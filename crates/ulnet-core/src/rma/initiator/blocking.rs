@@ -37,14 +37,7 @@ impl Rma {
                     }
                     return;
                 }
-                stash.push((
-                    t,
-                    r.map(|v| match v {
-                        Value::Put | Value::Lookup(_) => Owned::Put,
-                        Value::Get(d) => Owned::Get(d.to_vec()),
-                        Value::Atomic(v) => Owned::Atomic(v),
-                    }),
-                ));
+                stash.push((t, r.map(Owned::of)));
             });
             self.stash.extend(stash);
             let mut flushed = Vec::new();
@@ -74,6 +67,19 @@ impl Rma {
     }
 
     /// Retries a post that met `NoResource` until it goes or `deadline` passes.
+    /// Polls the channels and runs the engine, keeping every user completion that arrives
+    /// for [`Rma::poll`] (a blocking helper waiting for something else).
+    fn poll_keeping_completions(&mut self) {
+        let mut stash = Vec::new();
+        self.poll_channels(usize::MAX, &mut |internal, t, r| {
+            if !internal {
+                stash.push((t, r.map(Owned::of)));
+            }
+        });
+        self.stash.extend(stash);
+        self.progress();
+    }
+
     fn retry<T>(
         &mut self,
         deadline: Instant,
@@ -87,21 +93,7 @@ impl Rma {
             if Instant::now() >= deadline {
                 return Err(RmaError::Timeout);
             }
-            let mut stash = Vec::new();
-            self.poll_channels(usize::MAX, &mut |internal, t, r| {
-                if !internal {
-                    stash.push((
-                        t,
-                        r.map(|v| match v {
-                            Value::Put | Value::Lookup(_) => Owned::Put,
-                            Value::Get(d) => Owned::Get(d.to_vec()),
-                            Value::Atomic(v) => Owned::Atomic(v),
-                        }),
-                    ));
-                }
-            });
-            self.stash.extend(stash);
-            self.progress();
+            self.poll_keeping_completions();
         }
     }
 
@@ -195,21 +187,7 @@ impl Rma {
             if Instant::now() >= deadline {
                 return Err(RmaError::Timeout);
             }
-            let mut stash = Vec::new();
-            self.poll_channels(usize::MAX, &mut |internal, t, r| {
-                if !internal {
-                    stash.push((
-                        t,
-                        r.map(|v| match v {
-                            Value::Put | Value::Lookup(_) => Owned::Put,
-                            Value::Get(d) => Owned::Get(d.to_vec()),
-                            Value::Atomic(v) => Owned::Atomic(v),
-                        }),
-                    ));
-                }
-            });
-            self.stash.extend(stash);
-            self.progress();
+            self.poll_keeping_completions();
         }
     }
 
@@ -218,7 +196,8 @@ impl Rma {
         let deadline = Instant::now() + self.config.control_timeout;
         let token = self.next_internal_token();
         let op = |_: &[u8], _: u64, _: usize| Op::Lookup { name: name.as_bytes() };
-        let posted = self.retry(deadline, |rma| rma.post(index as u32, false, token, Kind::Lookup, 0, op, &[], true));
+        let posted =
+            self.retry(deadline, |rma| rma.post(index as u32, false, token, Kind::Lookup, 0, op, &[], true, None));
         let to_import_error = |e: RmaError| match e {
             RmaError::Access(a) => ImportError::Access(a),
             RmaError::PeerFailed(c) => ImportError::PeerFailed(c),

@@ -4,6 +4,7 @@
 //! operation is handed on once.
 
 use super::*;
+use crate::trace::{self, MessageKind};
 
 /// Where finished operations go: `(internal, token, result)`; `internal` marks operations
 /// a blocking helper of ours waits for.
@@ -24,8 +25,21 @@ impl Slot {
             error: None,
             internal: false,
             abandoned: false,
+            trace: None,
         }
     }
+}
+
+/// What a trace records of an operation posted while tracing was on: one record when it
+/// completes, its post time as the queueing stage.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct TracedOp {
+    pub(super) kind: MessageKind,
+    /// (initiator, target).
+    pub(super) nodes: (NodeId, NodeId),
+    pub(super) len: u64,
+    /// [`trace::now`] when it was posted.
+    pub(super) posted: u64,
 }
 
 /// What an operation slot holds.
@@ -54,6 +68,8 @@ pub(super) struct Slot {
     pub(super) internal: bool,
     /// The blocking helper gave up; drop the completion.
     pub(super) abandoned: bool,
+    /// Posted while tracing was on.
+    pub(super) trace: Option<TracedOp>,
 }
 
 /// What one finished slot produced, as the dispatcher hands it on.
@@ -70,6 +86,17 @@ pub(super) enum Owned {
     Get(Vec<u8>),
     Atomic(u64),
     Flush,
+}
+
+impl Owned {
+    /// Keeps a completion's value past the poll that delivered it.
+    pub(super) fn of(value: Value<'_>) -> Self {
+        match value {
+            Value::Put | Value::Lookup(_) => Owned::Put,
+            Value::Get(d) => Owned::Get(d.to_vec()),
+            Value::Atomic(v) => Owned::Atomic(v),
+        }
+    }
 }
 
 /// Matches one response to its slot; when that finishes the operation, hands the result to
@@ -138,6 +165,9 @@ pub(super) fn finish(
         }
         None => {
             counters.completed += 1;
+            if let Some(t) = slot.trace.take() {
+                trace::record_rma(t.kind, t.nodes, slot.peer, t.len, user_token, t.posted);
+            }
             Ok(match (slot.kind, single) {
                 (Kind::Get, None) => Value::Get(&slot.assembled),
                 (_, Some(v)) => v,

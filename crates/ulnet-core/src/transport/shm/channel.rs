@@ -10,7 +10,7 @@ use crate::descriptor::{
 };
 use crate::error::{ChannelError, SendError};
 use crate::sys::doorbell::Doorbell;
-use crate::transport::{Capabilities, ReadyProbe, Responder, SendOutcome, Transport, TransportKind};
+use crate::transport::{Capabilities, ReadyProbe, Responder, RmaCapabilities, SendOutcome, Transport, TransportKind};
 use crate::{Delivery, GATHER_MAX};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
@@ -440,6 +440,7 @@ impl Transport for ShmChannel {
             gather_max: GATHER_MAX,
             reliable_ordered: true,
             zero_copy_receive: true,
+            rma: RmaCapabilities::over_messages(true, g.buffer_size, g.buffer_size * g.buffer_count),
         }
     }
 

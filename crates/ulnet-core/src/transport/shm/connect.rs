@@ -214,17 +214,20 @@ impl ShmListener {
 
     /// [`ShmListener::try_accept`], telling the peer that we are node `node`.
     pub fn try_accept_as(&self, config: &ShmConfig, node: NodeId) -> Result<Option<ShmChannel>, ConnectError> {
-        let sock = match self.listener.accept() {
-            Ok((sock, _)) => sock,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        sock.set_nonblocking(false)?;
-        sock.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-        let peer = receive_peer(&sock, HELLO_MAGIC)?;
-        let own = create_own(config)?;
-        fdpass::send_with_fds(&sock, &encode(ACCEPT_MAGIC, node), &[own.file.as_fd(), own.doorbell.as_fd()])?;
-        finish(own, peer, sock, config).map(Some)
+        match self.accept_connection()? {
+            Some(accepted) => accepted.handshake(config, node).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Takes one pending peer, if any, without running the handshake (which blocks for up
+    /// to its timeout on a silent peer), so a caller that must not block runs it elsewhere.
+    pub fn accept_connection(&self) -> Result<Option<AcceptedShm>, ConnectError> {
+        match self.listener.accept() {
+            Ok((sock, _)) => Ok(Some(AcceptedShm { sock })),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Accepts one peer, waiting up to `timeout`.
@@ -248,6 +251,26 @@ impl ShmListener {
 impl AsFd for ShmListener {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.listener.as_fd()
+    }
+}
+
+/// A peer taken from a [`ShmListener`] whose handshake has not run yet.
+#[derive(Debug)]
+pub struct AcceptedShm {
+    sock: UnixStream,
+}
+
+impl AcceptedShm {
+    /// Runs the listener's side of the handshake as node `node` (blocking, up to 5 s):
+    /// validates the peer's mapping and hands it ours.
+    pub fn handshake(self, config: &ShmConfig, node: NodeId) -> Result<ShmChannel, ConnectError> {
+        let sock = self.sock;
+        sock.set_nonblocking(false)?;
+        sock.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+        let peer = receive_peer(&sock, HELLO_MAGIC)?;
+        let own = create_own(config)?;
+        fdpass::send_with_fds(&sock, &encode(ACCEPT_MAGIC, node), &[own.file.as_fd(), own.doorbell.as_fd()])?;
+        finish(own, peer, sock, config)
     }
 }
 

@@ -68,7 +68,7 @@ impl FreeRingConsumer {
     }
 }
 
-#[cfg(loom)]
+#[cfg(all(loom, test))]
 mod loom_tests {
     use super::super::mem::loom_mem::LoomMem;
     use super::*;

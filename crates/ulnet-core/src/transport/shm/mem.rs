@@ -24,7 +24,7 @@ pub(crate) trait RingMem {
     fn write_bytes(&self, off: usize, src: &[u8]);
     /// Copies bytes out of the region at `off` into `dst` (tests and models read this way;
     /// the transport hands out slices in place instead).
-    #[cfg(any(test, loom))]
+    #[cfg(test)]
     fn read_bytes(&self, off: usize, dst: &mut [u8]);
     /// Zeroes `len` bytes at `off` (8-aligned, a multiple of 8).
     fn zero(&self, off: usize, len: usize);
@@ -50,7 +50,7 @@ impl MappedMem {
     }
 
     #[inline(always)]
-    fn word(&self, off: usize) -> &std::sync::atomic::AtomicU64 {
+    pub(crate) fn word(&self, off: usize) -> &std::sync::atomic::AtomicU64 {
         assert!(off.is_multiple_of(8) && off + 8 <= self.map.len(), "word offset {off} out of bounds");
         // SAFETY: the offset is aligned and inside the mapping (asserted above in debug, and
         // guaranteed by the ring's layout computation); AtomicU64 has the layout of u64.
@@ -87,7 +87,7 @@ impl RingMem for MappedMem {
         // SAFETY: in bounds (asserted); the producer owns this range until it publishes it.
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.map.as_mut_ptr().add(off), src.len()) }
     }
-    #[cfg(any(test, loom))]
+    #[cfg(test)]
     fn read_bytes(&self, off: usize, dst: &mut [u8]) {
         dst.copy_from_slice(self.slice(off, dst.len()));
     }
@@ -101,7 +101,7 @@ impl RingMem for MappedMem {
 
 /// The loom model of a shared region: every byte lives in 64-bit loom atomics, so loom
 /// sees (and checks the ordering of) payload writes as well as control words.
-#[cfg(loom)]
+#[cfg(all(loom, test))]
 pub(crate) mod loom_mem {
     use super::RingMem;
     use loom::sync::atomic::AtomicU64;

@@ -391,7 +391,7 @@ mod tests {
     }
 }
 
-#[cfg(loom)]
+#[cfg(all(loom, test))]
 mod loom_tests {
     use super::super::mem::loom_mem::LoomMem;
     use super::*;

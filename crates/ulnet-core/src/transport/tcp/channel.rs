@@ -9,7 +9,7 @@
 //! buffer are delivered whole and in place; larger ones as fragments in order.
 
 use crate::error::{ChannelError, SendError};
-use crate::transport::{Capabilities, ReadyProbe, Responder, SendOutcome, Transport, TransportKind};
+use crate::transport::{Capabilities, ReadyProbe, Responder, RmaCapabilities, SendOutcome, Transport, TransportKind};
 use crate::{Delivery, GATHER_MAX};
 use std::io::{self, IoSlice, Read};
 use std::net::TcpStream;
@@ -359,6 +359,7 @@ impl Transport for TcpChannel {
             gather_max: GATHER_MAX,
             reliable_ordered: true,
             zero_copy_receive: true,
+            rma: RmaCapabilities::over_messages(false, RX_BUFFER - FRAME_HEADER_LEN, TX_BACKLOG_MAX),
         }
     }
 
@@ -444,9 +445,40 @@ impl Transport for TcpChannel {
             let _ = io::Write::write_all(&mut self.stream, &self.tx.backlog[self.tx.backlog_pos..]);
             let _ = io::Write::write_all(&mut self.stream, &goodbye);
             let _ = self.stream.shutdown(std::net::Shutdown::Write);
+            linger(&self.stream);
             self.failure = Some(ChannelError::Closed);
         }
     }
+}
+
+/// How long a closed channel's socket keeps reading (and dropping) what the peer still
+/// sends, waiting for the peer to close its side after our goodbye.
+const CLOSE_LINGER_MAX: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Keeps the socket open on a thread of its own, reading and dropping input until the peer
+/// closes its side (it has seen our goodbye) or [`CLOSE_LINGER_MAX`] passes. Closing a
+/// socket with unread input makes the kernel send a reset, which can overtake the goodbye:
+/// a peer still streaming to us would see a failure instead of a clean close. On a thread,
+/// so that closing never waits for a slow or unreachable peer.
+fn linger(stream: &TcpStream) {
+    let Ok(stream) = stream.try_clone() else { return };
+    let _ = std::thread::Builder::new().name("tcp-linger".into()).spawn(move || {
+        let mut stream = stream;
+        let deadline = std::time::Instant::now() + CLOSE_LINGER_MAX;
+        let mut scratch = [0u8; 16 * 1024];
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || stream.set_read_timeout(Some(left)).is_err() {
+                return;
+            }
+            match io::Read::read(&mut stream, &mut scratch) {
+                Ok(0) => return,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return,
+            }
+        }
+    });
 }
 
 impl Drop for TcpChannel {

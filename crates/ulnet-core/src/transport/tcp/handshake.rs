@@ -53,18 +53,12 @@ pub(crate) fn nonce() -> [u8; 16] {
     n
 }
 
-/// What both sides exchanged and the MACs cover: (client, server) tags and node ids.
+/// What both sides exchanged and the MACs cover: (client, server) tags and node ids
+/// (the UDP handshake's tags are its connection ids).
 #[derive(Clone, Copy)]
 pub(crate) struct Ids {
     pub(crate) tags: (u32, u32),
     pub(crate) nodes: (u32, u32),
-}
-
-impl Ids {
-    /// Tags only, for handshakes that do not exchange node ids (UDP version 1).
-    pub(crate) fn tags_only(tags: (u32, u32)) -> Self {
-        Ids { tags, nodes: (NodeId::UNKNOWN.0, NodeId::UNKNOWN.0) }
-    }
 }
 
 fn keyed(secret: &[u8], role: &[u8], cn: &[u8; 16], sn: &[u8; 16], ids: Ids) -> HmacSha256 {

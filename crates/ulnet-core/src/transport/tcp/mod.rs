@@ -102,11 +102,35 @@ impl TcpChannelListener {
 
     /// [`TcpChannelListener::try_accept`] telling the peer that we are node `node`.
     pub fn try_accept_as(&self, config: &TcpConfig, node: NodeId) -> Result<Option<TcpChannel>, ConnectError> {
-        let mut stream = match self.listener.accept() {
-            Ok((s, _)) => s,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
+        match self.accept_connection()? {
+            Some(accepted) => accepted.handshake(config, node).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Takes one pending connection, if any, without running the handshake (which blocks
+    /// for up to its timeout on a silent peer), so a caller that must not block runs it
+    /// elsewhere.
+    pub fn accept_connection(&self) -> Result<Option<AcceptedTcp>, ConnectError> {
+        match self.listener.accept() {
+            Ok((stream, _)) => Ok(Some(AcceptedTcp { stream })),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// A connection taken from a [`TcpChannelListener`] whose handshake has not run yet.
+#[derive(Debug)]
+pub struct AcceptedTcp {
+    stream: TcpStream,
+}
+
+impl AcceptedTcp {
+    /// Runs the server side of the handshake as node `node` (blocking, up to 5 s). A peer
+    /// that fails it is dropped and reported.
+    pub fn handshake(self, config: &TcpConfig, node: NodeId) -> Result<TcpChannel, ConnectError> {
+        let mut stream = self.stream;
         stream.set_nonblocking(false)?;
         stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
         let rx_tag = random_tag();
@@ -114,7 +138,7 @@ impl TcpChannelListener {
         stream.set_read_timeout(None)?;
         let mut channel = TcpChannel::new(stream, rx_tag, peer.tag)?;
         channel.peer_node = peer.node;
-        Ok(Some(channel))
+        Ok(channel)
     }
 }
 

@@ -15,7 +15,7 @@
 use super::conn::{Connection, Datagram, UdpCounters};
 use crate::error::{ChannelError, SendError};
 use crate::sys::udp::{recv_batch, send_batch, BATCH_MAX};
-use crate::transport::{Capabilities, ReadyProbe, Responder, SendOutcome, Transport, TransportKind};
+use crate::transport::{Capabilities, ReadyProbe, Responder, RmaCapabilities, SendOutcome, Transport, TransportKind};
 use crate::{Delivery, GATHER_MAX};
 use std::net::UdpSocket;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -43,11 +43,11 @@ enum Queued {
 /// Drop and activity counters shared by an endpoint's UDP listener and channels.
 #[derive(Debug, Default)]
 pub struct UdpStats {
-    fields: [AtomicU64; 13],
+    fields: [AtomicU64; 15],
 }
 
 impl UdpStats {
-    fn as_array(c: &UdpCounters) -> [u64; 13] {
+    fn as_array(c: &UdpCounters) -> [u64; 15] {
         [
             c.truncated,
             c.malformed,
@@ -62,13 +62,15 @@ impl UdpStats {
             c.timeouts,
             c.packets_received,
             c.acks_sent,
+            c.credit_stalls,
+            c.credit_blocked_us,
         ]
     }
 
     /// Adds what changed between `before` and `now`.
     pub(crate) fn add_delta(&self, before: &UdpCounters, now: &UdpCounters) {
         let (b, n) = (Self::as_array(before), Self::as_array(now));
-        for i in 0..13 {
+        for i in 0..15 {
             if n[i] != b[i] {
                 self.fields[i].fetch_add(n[i] - b[i], Ordering::Relaxed);
             }
@@ -92,6 +94,8 @@ impl UdpStats {
             timeouts: f[10],
             packets_received: f[11],
             acks_sent: f[12],
+            credit_stalls: f[13],
+            credit_blocked_us: f[14],
         }
     }
 }
@@ -365,6 +369,7 @@ impl Transport for UdpChannel {
             gather_max: GATHER_MAX,
             reliable_ordered: true,
             zero_copy_receive: true,
+            rma: RmaCapabilities::over_messages(false, self.conn.fragment_max(), self.conn.send_max()),
         }
     }
 
@@ -416,6 +421,10 @@ impl Transport for UdpChannel {
         self.transmit(Instant::now());
         self.update_probe();
         Ok(self.conn.send_backlog().0 == 0 && self.tx_start == self.tx_end)
+    }
+
+    fn peer_node(&self) -> Option<crate::node::NodeId> {
+        Some(self.conn.peer_node())
     }
 
     fn probe(&self) -> Arc<dyn ReadyProbe> {

@@ -32,6 +32,7 @@
 use super::config::UdpConfig;
 use super::wire::{self, AckBlock, Hello, Kind, WireError};
 use crate::error::{ChannelError, SendError};
+use crate::node::NodeId;
 use crate::transport::tcp::handshake;
 use crate::transport::{Responder, SendOutcome};
 use crate::{Delivery, GATHER_MAX};
@@ -41,6 +42,11 @@ use std::time::{Duration, Instant};
 /// Packets that overtook an unacked one before it is retransmitted without waiting for
 /// the timeout (TCP's duplicate-ack threshold).
 const REORDER_THRESHOLD: u64 = 3;
+
+/// Bytes copied into a send slot before the checksum catches up with them: half of a
+/// typical 48 KiB first-level data cache, so the checksum reads what the copy wrote
+/// from there.
+const COPY_CHUNK: usize = 24 << 10;
 
 /// Where [`Connection::poll_transmit_in_place`] put the next datagram.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +87,12 @@ pub struct UdpCounters {
     pub packets_received: u64,
     /// Standalone acks sent.
     pub acks_sent: u64,
+    /// Times a sealed packet waited because the peer's credit (bytes or sequence window)
+    /// was used up.
+    pub credit_stalls: u64,
+    /// Microseconds packets spent waiting for credit (from the stall to the grant that
+    /// let the next packet go).
+    pub credit_blocked_us: u64,
 }
 
 impl UdpCounters {
@@ -99,6 +111,8 @@ impl UdpCounters {
         self.timeouts += o.timeouts;
         self.packets_received += o.packets_received;
         self.acks_sent += o.acks_sent;
+        self.credit_stalls += o.credit_stalls;
+        self.credit_blocked_us += o.credit_blocked_us;
     }
 
     /// Dropped datagrams of every kind.
@@ -178,9 +192,12 @@ impl Rtt {
 }
 
 struct TxSlot {
+    /// The packet; empty (its buffer back in the pool) once acknowledged.
     buf: Vec<u8>,
     /// Stream bytes the packet counts against the peer's credit.
     body: u32,
+    /// [`wire::records_checksum`] of the records written so far.
+    records_crc: u32,
     last_sent: Option<Instant>,
     sends: u32,
     sacked: bool,
@@ -190,6 +207,12 @@ struct TxSlot {
 /// The sending half: slots of packets being filled, waiting for credit, or in flight.
 struct Tx {
     slots: Vec<TxSlot>,
+    /// Buffers of acknowledged packets, reused last-in first-out: the next packet is
+    /// written into the buffer that left the cache least long ago, so the memory a stream
+    /// touches is what is in flight, not the whole ring of slots.
+    pool: Vec<Vec<u8>>,
+    /// The session's checksum salt (records are checksummed as they are written).
+    salt: u32,
     /// Oldest packet not yet acknowledged.
     una: u64,
     /// Next packet to transmit for the first time.
@@ -203,6 +226,8 @@ struct Tx {
     stream_sent: u64,
     peer_credit_bytes: u64,
     peer_credit_seq: u64,
+    /// Since when the next packet has waited for credit (for `credit_blocked_us`).
+    credit_blocked_since: Option<Instant>,
     flow_control: bool,
     /// Length and bytes queued so far of a message streamed by `send_fragments`.
     streaming: Option<(u64, u64)>,
@@ -245,16 +270,20 @@ impl Tx {
         debug_assert!(!self.open && self.free_slots() > 0, "open_packet needs a free slot");
         let seq = self.next_seq;
         let cap = self.datagram_max;
-        let slot = self.slot(seq);
-        if slot.buf.capacity() < cap {
-            slot.buf.reserve_exact(cap - slot.buf.len());
+        let mut buf = self.pool.pop().unwrap_or_default();
+        if buf.capacity() < cap {
+            buf.reserve_exact(cap - buf.len());
         }
-        slot.buf.clear();
-        slot.buf.resize(wire::DATA_PREFIX_LEN, 0);
-        wire::write_data_prefix(&mut slot.buf, seq, flags);
+        buf.clear();
+        buf.resize(wire::DATA_PREFIX_LEN, 0);
+        wire::write_data_prefix(&mut buf, seq, flags);
+        let salt = self.salt;
+        let slot = self.slot(seq);
+        debug_assert!(slot.buf.is_empty(), "a slot is reused only after its packet was acknowledged");
         *slot = TxSlot {
-            buf: std::mem::take(&mut slot.buf),
+            buf,
             body: 0,
+            records_crc: wire::records_checksum(&[], salt),
             last_sent: None,
             sends: 0,
             sacked: false,
@@ -263,14 +292,25 @@ impl Tx {
         self.open = true;
     }
 
+    /// Gives the buffer of acknowledged packet `seq` back to the pool.
+    fn release(&mut self, seq: u64) {
+        let buf = std::mem::take(&mut self.slot(seq).buf);
+        if buf.capacity() > 0 {
+            self.pool.push(buf);
+        }
+    }
+
     /// Appends one record (header and data gathered from `gather` starting at byte `skip`)
     /// to the open packet.
     fn append_record(&mut self, gather: &[&[u8]], skip: usize, data_len: usize, message_len: u64, offset: u64) {
         let seq = self.next_seq;
-        let buf = &mut self.slot(seq).buf;
+        let datagram_max = self.datagram_max;
+        let slot = self.slot(seq);
+        let buf = &mut slot.buf;
         let at = buf.len();
         buf.resize(at + wire::RECORD_HEADER_LEN, 0);
         wire::write_record_header(buf, at, data_len as u32, message_len as u32, offset as u32);
+        let mut crc = wire::crc32c_append(slot.records_crc, &buf[at..]);
         let mut skip = skip;
         let mut left = data_len;
         for piece in gather {
@@ -282,12 +322,19 @@ impl Tx {
                 continue;
             }
             let take = (piece.len() - skip).min(left);
-            buf.extend_from_slice(&piece[skip..skip + take]);
+            // Copy and checksum a cache-sized chunk at a time: the checksum reads what the
+            // copy just wrote while it is still in the first-level cache.
+            for chunk in piece[skip..skip + take].chunks(COPY_CHUNK) {
+                let from = buf.len();
+                buf.extend_from_slice(chunk);
+                crc = wire::crc32c_append(crc, &buf[from..]);
+            }
             left -= take;
             skip = 0;
         }
+        slot.records_crc = crc;
         debug_assert_eq!(left, 0, "gather holds the record");
-        debug_assert!(buf.len() <= self.datagram_max, "a packet fits its datagram");
+        debug_assert!(slot.buf.len() <= datagram_max, "a packet fits its datagram");
     }
 
     fn open_room(&mut self) -> usize {
@@ -504,18 +551,24 @@ pub struct Connection {
     counters: UdpCounters,
 }
 
-fn session_salt(secret: &[u8], client_nonce: &[u8; 16], server_nonce: &[u8; 16], ids: (u32, u32)) -> u32 {
-    let m = handshake::mac(secret, b"udp1-salt", client_nonce, server_nonce, handshake::Ids::tags_only(ids));
+fn session_salt(secret: &[u8], client_nonce: &[u8; 16], server_nonce: &[u8; 16], ids: handshake::Ids) -> u32 {
+    let m = handshake::mac(secret, b"udp1-salt", client_nonce, server_nonce, ids);
     u32::from_le_bytes(m[..4].try_into().expect("4 bytes"))
 }
 
+/// What the MACs and the salt cover besides the nonces: (client, server) connection ids
+/// and node ids.
+fn ids(client: &Hello, server: &Hello) -> handshake::Ids {
+    handshake::Ids { tags: (client.conn_id, server.conn_id), nodes: (client.node, server.node) }
+}
+
 /// The role string of a proof: binds the MAC to the role, the version and both sides'
-/// parameters, so none can be changed on the way.
+/// parameters, so none can be changed on the way (the node ids are bound by [`ids`]).
 fn role(name: &[u8], client: &Hello, server: &Hello) -> Vec<u8> {
-    let mut r = Vec::with_capacity(name.len() + 1 + 2 * wire::HELLO_BODY_LEN);
+    let mut r = Vec::with_capacity(name.len() + 1 + 2 * wire::HELLO_FIELDS_LEN);
     r.extend_from_slice(name);
     r.push(wire::VERSION);
-    let mut b = [0u8; wire::HELLO_BODY_LEN];
+    let mut b = [0u8; wire::HELLO_FIELDS_LEN];
     client.write(&mut b, 0);
     r.extend_from_slice(&b);
     server.write(&mut b, 0);
@@ -524,7 +577,7 @@ fn role(name: &[u8], client: &Hello, server: &Hello) -> Vec<u8> {
 }
 
 impl Connection {
-    fn new(config: UdpConfig, now: Instant, local_id: u32, nonce: [u8; 16], is_client: bool) -> Self {
+    fn new(config: UdpConfig, now: Instant, local_id: u32, nonce: [u8; 16], node: NodeId, is_client: bool) -> Self {
         config.validate().expect("UdpConfig::validate before making connections");
         assert_ne!(local_id, 0, "connection id 0 means 'none' on the wire");
         let w = config.window_packets as usize;
@@ -535,18 +588,22 @@ impl Connection {
             datagram_max: config.datagram_max as u32,
             flags: if config.flow_control { wire::HELLO_FLOW_CONTROL } else { 0 },
             credit: config.credit_bytes,
+            node: node.0,
         };
         let tx = Tx {
             slots: (0..w)
                 .map(|_| TxSlot {
                     buf: Vec::new(),
                     body: 0,
+                    records_crc: 0,
                     last_sent: None,
                     sends: 0,
                     sacked: false,
                     retx_queued: false,
                 })
                 .collect(),
+            pool: Vec::with_capacity(w),
+            salt: 0,
             una: 1,
             next_tx: 1,
             next_seq: 1,
@@ -556,6 +613,7 @@ impl Connection {
             stream_sent: 0,
             peer_credit_bytes: 0,
             peer_credit_seq: 0,
+            credit_blocked_since: None,
             flow_control: config.flow_control,
             streaming: None,
             fin_seq: None,
@@ -613,9 +671,10 @@ impl Connection {
 
     /// A client connection: its HELLO is the first thing [`Connection::poll_transmit`]
     /// returns. `local_id` (non-zero) is the id the peer puts in our packets; `nonce` must
-    /// be fresh (the driver draws it from the OS, the simulator from its seed).
-    pub fn client(config: UdpConfig, now: Instant, local_id: u32, nonce: [u8; 16]) -> Self {
-        let mut c = Self::new(config, now, local_id, nonce, true);
+    /// be fresh (the driver draws it from the OS, the simulator from its seed); `node` is
+    /// told to the peer (`NodeId::UNKNOWN` when there is none).
+    pub fn client(config: UdpConfig, now: Instant, local_id: u32, nonce: [u8; 16], node: NodeId) -> Self {
+        let mut c = Self::new(config, now, local_id, nonce, node, true);
         c.handshake_out = Some(Kind::Hello);
         c
     }
@@ -628,6 +687,7 @@ impl Connection {
         now: Instant,
         local_id: u32,
         nonce: [u8; 16],
+        node: NodeId,
         datagram: &[u8],
     ) -> Result<Self, WireError> {
         let h = wire::parse_header(datagram)?;
@@ -637,16 +697,16 @@ impl Connection {
         if !wire::verify_checksum(datagram, 0) {
             return Err(WireError::Checksum);
         }
-        let hello = Hello::read(datagram, wire::HEADER_LEN)?;
-        let mut c = Self::new(config, now, local_id, nonce, false);
+        let hello = Hello::read_body(Kind::Hello, datagram, wire::HEADER_LEN)?;
+        let mut c = Self::new(config, now, local_id, nonce, node, false);
         c.accept_peer_hello(hello);
         let role_server = role(b"udp-server", &hello, &c.local_hello);
         let role_client = role(b"udp-client", &hello, &c.local_hello);
-        let ids = (hello.conn_id, local_id);
-        c.challenge_mac =
-            handshake::mac(&c.config.secret, &role_server, &hello.nonce, &nonce, handshake::Ids::tags_only(ids));
-        c.proof = handshake::mac(&c.config.secret, &role_client, &hello.nonce, &nonce, handshake::Ids::tags_only(ids));
+        let ids = ids(&hello, &c.local_hello);
+        c.challenge_mac = handshake::mac(&c.config.secret, &role_server, &hello.nonce, &nonce, ids);
+        c.proof = handshake::mac(&c.config.secret, &role_client, &hello.nonce, &nonce, ids);
         c.salt = session_salt(&c.config.secret, &hello.nonce, &nonce, ids);
+        c.tx.salt = c.salt;
         c.handshake_out = Some(Kind::Challenge);
         Ok(c)
     }
@@ -685,6 +745,12 @@ impl Connection {
     /// Our connection id (the one in packets we receive).
     pub fn local_id(&self) -> u32 {
         self.local_id
+    }
+
+    /// The node the peer told in the handshake (`NodeId::UNKNOWN` before, or when it has
+    /// none).
+    pub fn peer_node(&self) -> NodeId {
+        self.peer_hello.map_or(NodeId::UNKNOWN, |h| NodeId(h.node))
     }
 
     /// The client's HELLO nonce (server side: to recognise a repeated HELLO).
@@ -831,7 +897,7 @@ impl Connection {
 
     fn on_hello(&mut self, b: &[u8]) {
         // A repeated HELLO (our CHALLENGE was lost): send the CHALLENGE again.
-        match Hello::read(b, wire::HEADER_LEN) {
+        match Hello::read_body(Kind::Hello, b, wire::HEADER_LEN) {
             Ok(h) if !self.is_client && self.peer_hello.is_some_and(|p| p.nonce == h.nonce) => {
                 if self.state == State::ChallengeSent {
                     self.handshake_out = Some(Kind::Challenge);
@@ -847,7 +913,7 @@ impl Connection {
             self.counters.malformed += 1;
             return;
         }
-        let server = match Hello::read(b, wire::HEADER_LEN) {
+        let server = match Hello::read_body(Kind::Challenge, b, wire::HEADER_LEN) {
             Ok(h) => h,
             Err(e) => return count_wire_error(&mut self.counters, e),
         };
@@ -862,19 +928,11 @@ impl Connection {
                 return;
             }
         }
-        let mac = &b[wire::HEADER_LEN + wire::HELLO_BODY_LEN..wire::HEADER_LEN + wire::CHALLENGE_BODY_LEN];
-        let ids = (self.local_id, server.conn_id);
+        let mac_at = wire::HEADER_LEN + wire::CHALLENGE_MAC_AT;
+        let mac = &b[mac_at..mac_at + 32];
+        let ids = ids(&self.local_hello, &server);
         let role_server = role(b"udp-server", &self.local_hello, &server);
-        if handshake::verify(
-            &self.config.secret,
-            &role_server,
-            &self.local_nonce,
-            &server.nonce,
-            handshake::Ids::tags_only(ids),
-            mac,
-        )
-        .is_err()
-        {
+        if handshake::verify(&self.config.secret, &role_server, &self.local_nonce, &server.nonce, ids, mac).is_err() {
             self.counters.wrong_secret += 1;
             tracing::warn!("udp: server failed to prove the cluster secret");
             self.fail(ChannelError::Protocol("peer failed to prove the cluster secret".into()));
@@ -882,14 +940,9 @@ impl Connection {
         }
         self.accept_peer_hello(server);
         let role_client = role(b"udp-client", &self.local_hello, &server);
-        self.proof = handshake::mac(
-            &self.config.secret,
-            &role_client,
-            &self.local_nonce,
-            &server.nonce,
-            handshake::Ids::tags_only(ids),
-        );
+        self.proof = handshake::mac(&self.config.secret, &role_client, &self.local_nonce, &server.nonce, ids);
         self.salt = session_salt(&self.config.secret, &self.local_nonce, &server.nonce, ids);
+        self.tx.salt = self.salt;
         self.state = State::ProofSent;
         self.handshake_out = Some(Kind::Proof);
         self.last_heard = now;
@@ -937,11 +990,16 @@ impl Connection {
         if ack.cum_ack >= tx.una {
             for seq in tx.una..=ack.cum_ack {
                 let slot = tx.slot(seq);
-                if slot.sends == 1 {
+                // Sampled only at its first acknowledgement: a packet selectively acked
+                // earlier and covered by the cumulative ack only now (once a hole before it
+                // filled, perhaps after a timeout) would count the whole stall as its RTT
+                // and inflate the timeout, up to `rto_max`, for every later loss.
+                if slot.sends == 1 && !slot.sacked {
                     newest_clean_sample = slot.last_sent;
                 }
                 slot.sends = 0;
                 slot.last_sent = None;
+                tx.release(seq);
             }
             tx.una = ack.cum_ack + 1;
             // New data acknowledged: the path works, so the backed-off timeout goes back to
@@ -1314,11 +1372,19 @@ impl Connection {
             let credit_ok =
                 seq <= tx.peer_credit_seq && (!tx.flow_control || tx.stream_sent + body <= tx.peer_credit_bytes);
             if credit_ok || !tx.flow_control {
+                if let Some(since) = self.tx.credit_blocked_since.take() {
+                    let waited = now.saturating_duration_since(since).as_micros();
+                    self.counters.credit_blocked_us += u64::try_from(waited).unwrap_or(u64::MAX);
+                }
                 self.tx.next_tx += 1;
                 self.tx.stream_sent += body;
                 self.counters.packets_sent += 1;
                 self.finish_data(now, seq);
                 return Some(Datagram::InSlot(seq));
+            }
+            if self.tx.credit_blocked_since.is_none() {
+                self.tx.credit_blocked_since = Some(now);
+                self.counters.credit_stalls += 1;
             }
         }
         if self.rx.ack_due.is_some_and(|t| t <= now) || self.ping_due {
@@ -1352,7 +1418,8 @@ impl Connection {
         slot.sends += 1;
         slot.last_sent = Some(now);
         ack.write(&mut slot.buf, wire::DATA_ACK_OFFSET);
-        wire::finish(&mut slot.buf, Kind::Data, peer_id, salt);
+        debug_assert_eq!(slot.records_crc, wire::records_checksum(&slot.buf[wire::DATA_PREFIX_LEN..], salt));
+        wire::finish_with_records_checksum(&mut slot.buf, Kind::Data, peer_id, slot.records_crc);
         if self.rto_at.is_none() {
             self.rto_at = Some(now + self.rtt.current(&self.config));
         }
@@ -1361,12 +1428,12 @@ impl Connection {
     fn write_handshake(&mut self, now: Instant, kind: Kind, out: &mut [u8]) -> usize {
         let (len, conn_id, salt) = match kind {
             Kind::Hello => {
-                self.local_hello.write(out, wire::HEADER_LEN);
+                self.local_hello.write_body(Kind::Hello, out, wire::HEADER_LEN);
                 (wire::HEADER_LEN + wire::HELLO_BODY_LEN, 0, 0)
             }
             Kind::Challenge => {
-                self.local_hello.write(out, wire::HEADER_LEN);
-                let at = wire::HEADER_LEN + wire::HELLO_BODY_LEN;
+                self.local_hello.write_body(Kind::Challenge, out, wire::HEADER_LEN);
+                let at = wire::HEADER_LEN + wire::CHALLENGE_MAC_AT;
                 out[at..at + 32].copy_from_slice(&self.challenge_mac);
                 (wire::HEADER_LEN + wire::CHALLENGE_BODY_LEN, self.peer_id, 0)
             }

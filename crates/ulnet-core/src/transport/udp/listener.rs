@@ -13,6 +13,7 @@ use super::config::UdpConfig;
 use super::conn::{count_wire_error, Connection, UdpCounters};
 use super::wire::{self, Hello, Kind};
 use crate::error::{ChannelError, ConnectError};
+use crate::node::NodeId;
 use crate::sys::udp::path_mtu;
 use crate::transport::tcp::handshake::nonce;
 use std::collections::VecDeque;
@@ -103,10 +104,12 @@ fn receive_handshake(socket: &UdpSocket, conn: &mut Connection, now: Instant, bu
     any
 }
 
-/// Connects to the UDP endpoint listening at `addr`, retrying the HELLO until `timeout`.
+/// Connects to the UDP endpoint listening at `addr`, retrying the HELLO until `timeout`;
+/// tells the peer our `node` id and learns its own.
 pub fn connect(
     addr: &str,
     config: &UdpConfig,
+    node: NodeId,
     timeout: Duration,
     stats: Arc<UdpStats>,
 ) -> Result<UdpChannel, ConnectError> {
@@ -123,7 +126,7 @@ pub fn connect(
     let start = Instant::now();
     let mut handshake_config = config.clone();
     handshake_config.handshake_timeout = timeout;
-    let mut conn = Connection::client(handshake_config, start, random_id(), nonce());
+    let mut conn = Connection::client(handshake_config, start, random_id(), nonce(), node);
     conn.limit_datagram(datagram_limit(&socket, config));
     let mut buf = vec![0u8; wire::DATAGRAM_LIMIT];
     let mut heard = false;
@@ -214,15 +217,16 @@ impl UdpChannelListener {
     }
 
     /// Runs the handshakes in progress and returns a channel whose handshake finished, if
-    /// any. Strangers, malformed datagrams and wrong secrets are dropped and counted.
-    pub fn try_accept(&mut self, config: &UdpConfig) -> Result<Option<UdpChannel>, ConnectError> {
+    /// any, telling each client our `node` id. Strangers, malformed datagrams and wrong
+    /// secrets are dropped and counted.
+    pub fn try_accept(&mut self, config: &UdpConfig, node: NodeId) -> Result<Option<UdpChannel>, ConnectError> {
         let now = Instant::now();
         let before = self.counters;
         for _ in 0..PENDING_MAX {
             match self.socket.recv_from(&mut self.buf) {
                 Ok((n, from)) => {
                     let datagram = self.buf[..n].to_vec();
-                    self.on_datagram(now, &datagram, from, config);
+                    self.on_datagram(now, &datagram, from, config, node);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => continue,
@@ -269,7 +273,7 @@ impl UdpChannelListener {
         Ok(accepted)
     }
 
-    fn on_datagram(&mut self, now: Instant, datagram: &[u8], from: SocketAddr, config: &UdpConfig) {
+    fn on_datagram(&mut self, now: Instant, datagram: &[u8], from: SocketAddr, config: &UdpConfig, node: NodeId) {
         let header = match wire::parse_header(datagram) {
             Ok(h) => h,
             Err(e) => return count_wire_error(&mut self.counters, e),
@@ -282,7 +286,7 @@ impl UdpChannelListener {
         if !wire::verify_checksum(datagram, 0) {
             return count_wire_error(&mut self.counters, wire::WireError::Checksum);
         }
-        let hello = match Hello::read(datagram, wire::HEADER_LEN) {
+        let hello = match Hello::read_body(Kind::Hello, datagram, wire::HEADER_LEN) {
             Ok(h) => h,
             Err(e) => return count_wire_error(&mut self.counters, e),
         };
@@ -299,7 +303,7 @@ impl UdpChannelListener {
             tracing::warn!("udp listener: {PENDING_MAX} handshakes in progress; dropped a HELLO from {from}");
             return;
         }
-        match self.open_pending(now, datagram, from, config) {
+        match self.open_pending(now, datagram, from, config, node) {
             Ok(()) => {}
             Err(e) => tracing::warn!("udp listener: cannot answer {from}: {e}"),
         }
@@ -311,10 +315,11 @@ impl UdpChannelListener {
         datagram: &[u8],
         from: SocketAddr,
         config: &UdpConfig,
+        node: NodeId,
     ) -> Result<(), ConnectError> {
         let socket = reuseport_socket(self.local)?;
         socket.connect(from)?;
-        let mut conn = match Connection::server(config.clone(), now, random_id(), nonce(), datagram) {
+        let mut conn = match Connection::server(config.clone(), now, random_id(), nonce(), node, datagram) {
             Ok(c) => c,
             Err(e) => {
                 count_wire_error(&mut self.counters, e);

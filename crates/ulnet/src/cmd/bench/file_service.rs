@@ -50,8 +50,6 @@ const READ: u16 = 3;
 const PHASE_BEGIN: u16 = 10;
 const PHASE_END: u16 = 11;
 
-use super::rma::UDP_NOT_YET;
-
 fn file_name(f: usize) -> String {
     format!("/usr/src/ulnet/crates/file-{f:04}.rs")
 }
@@ -181,9 +179,6 @@ struct FsReport {
 }
 
 pub(super) fn run(args: &BenchArgs, p: &Params) -> Result<i32> {
-    if p.transport == TransportArg::Udp {
-        bail!("{}", UDP_NOT_YET);
-    }
     let spin = Duration::from_micros(args.server_spin_us);
     if args.server {
         let listen = args.listen.clone().context("--server needs --listen")?;
@@ -233,8 +228,7 @@ pub(super) fn run(args: &BenchArgs, p: &Params) -> Result<i32> {
 fn spawn_server(args: &BenchArgs, p: &Params) -> Result<(Child, String, String)> {
     let listen = match p.transport {
         TransportArg::Shm => format!("fs-{}", std::process::id()),
-        TransportArg::Tcp => "127.0.0.1:0".to_string(),
-        TransportArg::Udp => unreachable!("{}", UDP_NOT_YET),
+        TransportArg::Tcp | TransportArg::Udp => "127.0.0.1:0".to_string(),
     };
     let mut child = Command::new(std::env::current_exe()?)
         .args(["bench", "file-service", "--server", "--listen", &listen, "--transport", p.transport.name()])
@@ -266,7 +260,7 @@ fn serve(p: &Params, listen: &str, spin: Duration) -> Result<()> {
             (listen.to_string(), rpc)
         }
         TransportArg::Tcp => (rma.listen_tcp(listen)?.to_string(), ep.listen_tcp(listen)?.to_string()),
-        TransportArg::Udp => unreachable!("{}", UDP_NOT_YET),
+        TransportArg::Udp => (rma.listen_udp(listen)?.to_string(), ep.listen_udp(listen)?.to_string()),
     };
     let seg = Arc::new(rma.export("fs-cache", CACHE_LEN, Access::everyone(Rights::READ), NotifyMode::Never)?);
     fill_cache(&seg);
@@ -444,14 +438,14 @@ fn client(args: &BenchArgs, p: &Params, rma_addr: &str, rpc_addr: &str) -> Resul
             (rma.connect_shm(rma_addr), if args.no_map { ImportMode::Channel } else { ImportMode::Map })
         }
         TransportArg::Tcp => (rma.connect_tcp(rma_addr, CONNECT_TIMEOUT)?, ImportMode::Channel),
-        TransportArg::Udp => unreachable!("{}", UDP_NOT_YET),
+        TransportArg::Udp => (rma.connect_udp(rma_addr, CONNECT_TIMEOUT)?, ImportMode::Channel),
     };
     let seg = rma.import_with(peer, "fs-cache", mode)?;
     let mut ep = Endpoint::new(EndpointConfig::default());
     let ch = match p.transport {
         TransportArg::Shm => ep.connect_shm(rpc_addr, CONNECT_TIMEOUT)?,
         TransportArg::Tcp => ep.connect_tcp(rpc_addr, CONNECT_TIMEOUT)?,
-        TransportArg::Udp => unreachable!("{}", UDP_NOT_YET),
+        TransportArg::Udp => ep.connect_udp(rpc_addr, CONNECT_TIMEOUT)?,
     };
     let mut rpc = Rpc::new(ep, RpcConfig { workers: 0, ..Default::default() });
     let clock = CycleClock::calibrate(Duration::from_millis(50));

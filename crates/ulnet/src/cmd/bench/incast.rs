@@ -62,6 +62,41 @@ struct IncastReport {
     /// Jain's fairness index over the senders' throughputs: 1 is a perfectly even split.
     fairness: f64,
     per_sender_mb_per_s: Vec<f64>,
+    /// What the N senders and the receiver did during the N-sender phase (absent over tcp).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    udp: Option<UdpActivity>,
+}
+
+/// Where the time of the N-sender phase went, over UDP: the senders' retransmissions and
+/// credit stalls, the receiver's acks, and datagrams the kernel dropped for want of
+/// receive-buffer room (host-wide, so only meaningful on an otherwise idle loopback).
+#[derive(Serialize, Default, Clone, Copy)]
+struct UdpActivity {
+    sender_packets: u64,
+    sender_retransmits: u64,
+    sender_timeouts: u64,
+    sender_credit_stalls: u64,
+    /// Share of the senders' lifetime their next packet waited for credit, averaged.
+    sender_credit_blocked_fraction: f64,
+    receiver_acks_sent: u64,
+    kernel_rcvbuf_drops: u64,
+}
+
+/// Prefix of the line a sender process prints on exit with its counters.
+const COUNTERS_LINE: &str = "incast-sender-counters";
+
+/// The kernel's count of UDP datagrams dropped for a full receive buffer (`RcvbufErrors`
+/// in /proc/net/snmp), or 0 where that is unreadable.
+fn kernel_rcvbuf_errors() -> u64 {
+    let Ok(snmp) = std::fs::read_to_string("/proc/net/snmp") else { return 0 };
+    let mut udp = snmp.lines().filter(|l| l.starts_with("Udp: "));
+    let (Some(names), Some(values)) = (udp.next(), udp.next()) else { return 0 };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == "RcvbufErrors")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Jain's fairness index: (Σx)² / (n·Σx²).
@@ -101,7 +136,7 @@ pub(super) fn run(args: &BenchArgs) -> Result<i32> {
     // averaged, so that a change of the host's load during the run weighs on both sides.
     let baseline = senders > 1 && !args.server;
     let before = if baseline { Some(receive(args, 1, size, flow_control, duration)?.0[0]) } else { None };
-    let (per_sender, msgs) = receive(args, senders, size, flow_control, duration)?;
+    let (per_sender, msgs, activity) = receive(args, senders, size, flow_control, duration)?;
     let aggregate: f64 = per_sender.iter().sum();
     let single = match before {
         Some(b) => Some((b + receive(args, 1, size, flow_control, duration)?.0[0]) / 2.0),
@@ -120,19 +155,29 @@ pub(super) fn run(args: &BenchArgs) -> Result<i32> {
         aggregate_ratio: single.map(|s| aggregate / s),
         fairness: jain(&per_sender),
         per_sender_mb_per_s: per_sender,
+        udp: (args.transport == TransportArg::Udp && !args.server).then_some(activity),
     };
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "incast over {}: {} senders x {} B, flow control {}: aggregate {:.1} MB/s{}, fairness {:.3}",
+            "incast over {}: {} senders x {} B, flow control {}: aggregate {:.1} MB/s{}, fairness {:.3}{}",
             report.transport,
             senders,
             size,
             flag(flow_control),
             aggregate,
             single.map_or(String::new(), |s| format!(" ({:.2} x one stream's {s:.1} MB/s)", aggregate / s)),
-            report.fairness
+            report.fairness,
+            report.udp.map_or(String::new(), |u| format!(
+                "; senders blocked on credit {:.1}% of the time ({} stalls), {} retransmits, {} timeouts; receiver {} acks; kernel drops {}",
+                u.sender_credit_blocked_fraction * 100.0,
+                u.sender_credit_stalls,
+                u.sender_retransmits,
+                u.sender_timeouts,
+                u.receiver_acks_sent,
+                u.kernel_rcvbuf_drops
+            ))
         );
     }
     Ok(0)
@@ -140,14 +185,15 @@ pub(super) fn run(args: &BenchArgs) -> Result<i32> {
 
 /// Listens, starts `senders` sender processes (or waits for remote ones with `--server`),
 /// and measures what each delivers during `duration`. Returns MB/s per sender and the
-/// aggregate message rate.
+/// aggregate message rate, and what the senders and the receiver did.
 fn receive(
     args: &BenchArgs,
     senders: usize,
     size: usize,
     flow_control: bool,
     duration: Duration,
-) -> Result<(Vec<f64>, f64)> {
+) -> Result<(Vec<f64>, f64, UdpActivity)> {
+    let drops_before = kernel_rcvbuf_errors();
     let mut ep = Endpoint::new(endpoint_config(flow_control));
     let listen = args.listen.clone().unwrap_or_else(|| "127.0.0.1:0".into());
     let addr = match args.transport {
@@ -170,7 +216,7 @@ fn receive(
                 .args(["--size", &size.to_string(), "--flow-control", flag(flow_control)])
                 .env(SENDER_CPU_ENV, cpus.get(1).map_or(String::new(), |c| c.to_string()))
                 .stdin(Stdio::null())
-                .stdout(Stdio::null())
+                .stdout(Stdio::piped())
                 .spawn()
                 .context("starting a sender process")?;
             children.push(child);
@@ -218,13 +264,27 @@ fn receive(
     for ch in channels.iter().copied() {
         ep.close(ch);
     }
-    for mut c in children {
-        let status = c.wait()?;
-        if !status.success() {
-            bail!("a sender process exited with {status}");
+    let mut activity = UdpActivity { receiver_acks_sent: ep.udp_counters().acks_sent, ..Default::default() };
+    let mut blocked_fraction_sum = 0.0;
+    for c in children {
+        let output = c.wait_with_output()?;
+        if !output.status.success() {
+            bail!("a sender process exited with {}", output.status);
+        }
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let line = stdout.lines().find_map(|l| l.strip_prefix(COUNTERS_LINE));
+        let fields: Vec<u64> = line.unwrap_or("").split_whitespace().filter_map(|v| v.parse().ok()).collect();
+        if let [packets, retransmits, timeouts, stalls, blocked_us, lifetime_us] = fields[..] {
+            activity.sender_packets += packets;
+            activity.sender_retransmits += retransmits;
+            activity.sender_timeouts += timeouts;
+            activity.sender_credit_stalls += stalls;
+            blocked_fraction_sum += blocked_us as f64 / lifetime_us.max(1) as f64;
         }
     }
-    Ok((bytes.iter().map(|&b| b as f64 / secs / 1e6).collect(), messages as f64 / secs))
+    activity.sender_credit_blocked_fraction = blocked_fraction_sum / senders as f64;
+    activity.kernel_rcvbuf_drops = kernel_rcvbuf_errors().saturating_sub(drops_before);
+    Ok((bytes.iter().map(|&b| b as f64 / secs / 1e6).collect(), messages as f64 / secs, activity))
 }
 
 /// One sender: streams `size`-byte messages until the receiver closes the channel.
@@ -240,7 +300,8 @@ fn sender(transport: TransportArg, addr: &str, size: usize, flow_control: bool) 
     };
     let msg = vec![0x6bu8; size];
     let mut down: Option<ChannelError> = None;
-    loop {
+    let born = Instant::now();
+    let result = loop {
         match ep.send(ch, &[&msg]) {
             Ok(SendOutcome::Done) => continue,
             Ok(_) => {
@@ -256,11 +317,22 @@ fn sender(transport: TransportArg, addr: &str, size: usize, flow_control: bool) 
             Err(e) => return Err(e.into()),
         }
         match down {
-            Some(ChannelError::Closed) => return Ok(()),
-            Some(e) => bail!("receiver went away: {e}"),
+            Some(ChannelError::Closed) => break Ok(()),
+            Some(e) => break Err(anyhow::anyhow!("receiver went away: {e}")),
             None => {}
         }
-    }
+    };
+    let c = ep.udp_counters();
+    println!(
+        "{COUNTERS_LINE} {} {} {} {} {} {}",
+        c.packets_sent,
+        c.retransmits,
+        c.timeouts,
+        c.credit_stalls,
+        c.credit_blocked_us,
+        born.elapsed().as_micros()
+    );
+    result
 }
 
 #[cfg(test)]

@@ -11,7 +11,10 @@
 //!   writes / adds to / swaps the other's word and waits to see its own word change;
 //!   one-way latency = round trip / 2 (UCX `put_lat`, `add_lat`).
 //! - `get-lat`: one blocking get at a time; the figure is the time of one whole get, not
-//!   halved, as `ucx_perftest -t ucp_get` reports it.
+//!   halved, as `ucx_perftest -t ucp_get` reports it. `faa-lat`/`cas-lat --whole-op`: the
+//!   same for one fetching atomic at a time (`ucx_perftest -t ucp_fadd`).
+//! - `faa-lat --overhead`: the time to post each fetch-and-add of a back-to-back stream
+//!   (`ucx_perftest -t ucp_add`, whose latency column is this "overhead").
 //! - `put-bw`, `get-bw`: operations of `--size` bytes posted back to back (as many in flight
 //!   as the node allows), then a flush; MB/s.
 
@@ -28,9 +31,6 @@ use ulnet_core::rma::{
 /// The words both sides use, after the data area: the client's address and "done".
 const MAILBOX_LEN: usize = 4096;
 /// Where the ping-pong word sits: the last aligned word of the first `size` bytes.
-/// RMA over UDP needs an acceptor for the UDP listener in the engine (not built yet).
-pub(super) const UDP_NOT_YET: &str = "RMA benchmarks over udp are not supported yet (shm and tcp are)";
-
 fn word_off(size: usize) -> usize {
     size.max(8) / 8 * 8 - 8
 }
@@ -46,8 +46,18 @@ fn mailbox(size: usize) -> usize {
 /// Offset of the "done" word in the mailbox.
 const DONE: usize = 2048;
 
-fn is_ping_pong(t: Test) -> bool {
-    matches!(t, Test::PutLat | Test::FaaLat | Test::CasLat)
+fn is_ping_pong(args: &BenchArgs, t: Test) -> bool {
+    match t {
+        Test::PutLat => true,
+        Test::FaaLat => !args.whole_op && !args.overhead,
+        Test::CasLat => !args.whole_op,
+        _ => false,
+    }
+}
+
+/// Tests timed one whole operation at a time.
+fn is_whole_op(args: &BenchArgs, t: Test) -> bool {
+    t == Test::GetLat || (args.whole_op && matches!(t, Test::FaaLat | Test::CasLat))
 }
 
 fn node(manual: bool, id: u32) -> Result<Rma> {
@@ -62,7 +72,7 @@ fn listen(rma: &mut Rma, transport: TransportArg, addr: &str) -> Result<String> 
             addr.to_string()
         }
         TransportArg::Tcp => rma.listen_tcp(addr)?.to_string(),
-        TransportArg::Udp => unreachable!("{}", UDP_NOT_YET),
+        TransportArg::Udp => rma.listen_udp(addr)?.to_string(),
     })
 }
 
@@ -70,17 +80,14 @@ fn connect(rma: &mut Rma, transport: TransportArg, addr: &str, no_map: bool) -> 
     Ok(match transport {
         TransportArg::Shm => (rma.connect_shm(addr), if no_map { ImportMode::Channel } else { ImportMode::Map }),
         TransportArg::Tcp => (rma.connect_tcp(addr, CONNECT_TIMEOUT)?, ImportMode::Channel),
-        TransportArg::Udp => unreachable!("{}", UDP_NOT_YET),
+        TransportArg::Udp => (rma.connect_udp(addr, CONNECT_TIMEOUT)?, ImportMode::Channel),
     })
 }
 
 /// Runs an RMA test: the server side with `--server`, else the client (spawning its own
 /// server unless `--connect` names one).
 pub(super) fn run(args: &BenchArgs, p: &Params) -> Result<i32> {
-    if p.transport == TransportArg::Udp {
-        bail!("{}", UDP_NOT_YET);
-    }
-    if is_ping_pong(p.test) && p.size < 8 {
+    if is_ping_pong(args, p.test) && p.size < 8 {
         bail!("{} needs --size of at least 8 bytes (a whole word)", p.test.name());
     }
     if args.server {
@@ -94,8 +101,7 @@ pub(super) fn run(args: &BenchArgs, p: &Params) -> Result<i32> {
         None => {
             let listen = match p.transport {
                 TransportArg::Shm => format!("bench-rma-{}-{}", std::process::id(), p.test.name()),
-                TransportArg::Tcp => "127.0.0.1:0".to_string(),
-                TransportArg::Udp => unreachable!("{}", UDP_NOT_YET),
+                TransportArg::Tcp | TransportArg::Udp => "127.0.0.1:0".to_string(),
             };
             let (c, bound) = spawn_server(args, &listen, p)?;
             child = Some(c);
@@ -118,6 +124,8 @@ fn spawn_server(args: &BenchArgs, listen: &str, p: &Params) -> Result<(Child, St
         .args(["bench", p.test.name(), "--server", "--listen", listen, "--transport", p.transport.name()])
         .args(["--size", &p.size.to_string(), "--iters", &p.iters.to_string(), "--warmup", &p.warmup.to_string()])
         .args(args.no_map.then_some("--no-map"))
+        .args(args.whole_op.then_some("--whole-op"))
+        .args(args.overhead.then_some("--overhead"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -129,14 +137,40 @@ fn spawn_server(args: &BenchArgs, listen: &str, p: &Params) -> Result<(Child, St
     Ok((child, bound))
 }
 
+/// How often [`wait_word`] runs the engine, in spins of its load.
+#[derive(Clone, Copy)]
+enum Cadence {
+    /// The peer stores into our mapped pages: the engine has nothing to do for the word,
+    /// so run it only now and then (64 spins).
+    Mapped,
+    /// The peer's operations arrive through our engine (a channel): run it on every spin,
+    /// or the word changes only when the engine next runs.
+    Channel,
+}
+
+impl Cadence {
+    fn of(seg: &RemoteSegment) -> Cadence {
+        if seg.is_mapped() {
+            Cadence::Mapped
+        } else {
+            Cadence::Channel
+        }
+    }
+}
+
 /// Waits (running the engine) until the owner's word at `off` satisfies `ready`.
 fn wait_word(
     rma: &mut Rma,
     seg: &ExportedSegment,
     off: usize,
     ready: impl Fn(u64) -> bool,
+    cadence: Cadence,
     deadline: Instant,
 ) -> Result<u64> {
+    let every: u32 = match cadence {
+        Cadence::Mapped => 64,
+        Cadence::Channel => 1,
+    };
     let mut spins = 0u32;
     loop {
         let v = seg.load_u64(off);
@@ -144,13 +178,15 @@ fn wait_word(
             return Ok(v);
         }
         spins = spins.wrapping_add(1);
-        if spins.is_multiple_of(64) {
+        if spins.is_multiple_of(every) {
             rma.poll(64, |_| {});
-            if Instant::now() > deadline {
+            if spins.is_multiple_of(64) && Instant::now() > deadline {
                 bail!("timed out waiting for the peer");
             }
         }
-        std::hint::spin_loop();
+        if every > 1 {
+            std::hint::spin_loop();
+        }
     }
 }
 
@@ -163,8 +199,8 @@ fn serve(args: &BenchArgs, p: &Params, addr: &str) -> Result<()> {
     std::io::Write::flush(&mut std::io::stdout())?;
     let far = Instant::now() + Duration::from_secs(600);
     let mb = mailbox(p.size);
-    if is_ping_pong(p.test) {
-        let len = wait_word(&mut rma, &seg, mb, |v| v != 0, far)? as usize;
+    if is_ping_pong(args, p.test) {
+        let len = wait_word(&mut rma, &seg, mb, |v| v != 0, Cadence::Channel, far)? as usize;
         let mut name = vec![0u8; len.min(1024)];
         seg.read(mb + 8, &mut name);
         let client_addr = String::from_utf8(name).context("client address")?;
@@ -173,12 +209,12 @@ fn serve(args: &BenchArgs, p: &Params, addr: &str) -> Result<()> {
         let w = word_off(p.size) as u64;
         let mut data = vec![0x5au8; p.size];
         for i in 1..=p.warmup + p.iters {
-            wait_word(&mut rma, &seg, w as usize, |v| v >= i, far)?;
+            wait_word(&mut rma, &seg, w as usize, |v| v >= i, Cadence::of(&theirs), far)?;
             ping(&mut rma, p, &theirs, w, i, &mut data)?;
         }
         rma.flush_blocking(CONNECT_TIMEOUT)?;
     }
-    wait_word(&mut rma, &seg, mb + DONE, |v| v != 0, far)?;
+    wait_word(&mut rma, &seg, mb + DONE, |v| v != 0, Cadence::Channel, far)?;
     Ok(())
 }
 
@@ -212,19 +248,20 @@ fn client(args: &BenchArgs, p: &Params, server: &str) -> Result<Report> {
     let (peer, mode) = connect(&mut rma, p.transport, server, args.no_map)?;
     let theirs = rma.import_with(peer, "bench", mode)?;
     let mb = mailbox(p.size) as u64;
-    let report = if is_ping_pong(p.test) {
+    let report = if is_ping_pong(args, p.test) {
         let own_addr = match p.transport {
             TransportArg::Shm => format!("{server}-client"),
-            TransportArg::Tcp => args.listen.clone().unwrap_or_else(|| "127.0.0.1:0".to_string()),
-            TransportArg::Udp => unreachable!("{}", UDP_NOT_YET),
+            TransportArg::Tcp | TransportArg::Udp => args.listen.clone().unwrap_or_else(|| "127.0.0.1:0".to_string()),
         };
         let own_bound = listen(&mut rma, p.transport, &own_addr)?;
         let mine = rma.export("bench", segment_len(p.size), Access::everyone(Rights::ALL), NotifyMode::Never)?;
         rma.put_blocking(&theirs, mb + 8, own_bound.as_bytes(), CONNECT_TIMEOUT)?;
         rma.put_blocking(&theirs, mb, &(own_bound.len() as u64).to_ne_bytes(), CONNECT_TIMEOUT)?;
         ping_pong(&mut rma, p, &theirs, &mine)?
-    } else if p.test == Test::GetLat {
-        get_latency(&mut rma, p, &theirs)?
+    } else if is_whole_op(args, p.test) {
+        op_latency(&mut rma, p, &theirs)?
+    } else if args.overhead && p.test == Test::FaaLat {
+        post_overhead(&mut rma, p, &theirs)?
     } else {
         stream(&mut rma, p, &theirs)?
     };
@@ -241,7 +278,7 @@ fn ping_pong(rma: &mut Rma, p: &Params, theirs: &RemoteSegment, mine: &ExportedS
     for i in 1..=p.warmup + p.iters {
         let t0 = ticks();
         ping(rma, p, theirs, w as u64, i, &mut data)?;
-        wait_word(rma, mine, w, |v| v >= i, far)?;
+        wait_word(rma, mine, w, |v| v >= i, Cadence::of(theirs), far)?;
         if i > p.warmup {
             samples.push(clock.ns(ticks() - t0));
         }
@@ -251,14 +288,34 @@ fn ping_pong(rma: &mut Rma, p: &Params, theirs: &RemoteSegment, mine: &ExportedS
     Ok(latency_report(p, samples, true))
 }
 
-fn get_latency(rma: &mut Rma, p: &Params, theirs: &RemoteSegment) -> Result<Report> {
+/// Posts one operation of a whole-operation test; `Done` when it completed at once
+/// (mapped), else its completion comes from `poll`.
+fn post_one(rma: &mut Rma, p: &Params, theirs: &RemoteSegment, buf: &mut [u8], i: u64) -> Result<RmaOutcome> {
+    Ok(match p.test {
+        Test::GetLat => rma.get(theirs, 0, buf, i)?,
+        Test::FaaLat => match rma.fetch_and_add(theirs, 0, 1, i)? {
+            RmaOutcome::Done(_) => RmaOutcome::Done(()),
+            RmaOutcome::InProgress(t) => RmaOutcome::InProgress(t),
+            RmaOutcome::NoResource => RmaOutcome::NoResource,
+        },
+        Test::CasLat => match rma.compare_and_swap(theirs, 0, i, i + 1, i)? {
+            RmaOutcome::Done(_) => RmaOutcome::Done(()),
+            RmaOutcome::InProgress(t) => RmaOutcome::InProgress(t),
+            RmaOutcome::NoResource => RmaOutcome::NoResource,
+        },
+        _ => unreachable!("whole-operation tests only"),
+    })
+}
+
+/// One operation at a time, each timed whole (not halved).
+fn op_latency(rma: &mut Rma, p: &Params, theirs: &RemoteSegment) -> Result<Report> {
     let clock = CycleClock::calibrate(Duration::from_millis(50));
     let mut buf = vec![0u8; p.size];
     let mut samples = Vec::with_capacity(p.iters as usize);
     for i in 0..p.warmup + p.iters {
         let t0 = ticks();
         loop {
-            match rma.get(theirs, 0, &mut buf, i)? {
+            match post_one(rma, p, theirs, &mut buf, i)? {
                 RmaOutcome::Done(()) => break,
                 RmaOutcome::InProgress(_) => {
                     let mut done = false;
@@ -281,6 +338,28 @@ fn get_latency(rma: &mut Rma, p: &Params, theirs: &RemoteSegment) -> Result<Repo
             samples.push(clock.ns(ticks() - t0));
         }
     }
+    Ok(latency_report(p, samples, false))
+}
+
+/// Fetch-and-adds posted back to back, each iteration timed whole: the post (with its
+/// retries after `NoResource`) and one poll that sends it and reaps what completed, as
+/// `ucx_perftest` times each iteration of its stream with its progress call. The final
+/// flush is outside the timing.
+fn post_overhead(rma: &mut Rma, p: &Params, theirs: &RemoteSegment) -> Result<Report> {
+    let clock = CycleClock::calibrate(Duration::from_millis(50));
+    let mut samples = Vec::with_capacity(p.iters as usize);
+    for i in 0..p.warmup + p.iters {
+        let t0 = ticks();
+        while rma.fetch_and_add(theirs, 0, 1, i)? == RmaOutcome::NoResource {
+            rma.poll(256, |_| {});
+        }
+        rma.poll(256, |_| {});
+        if i >= p.warmup {
+            samples.push(clock.ns(ticks() - t0));
+        }
+    }
+    rma.flush_blocking(Duration::from_secs(600))?;
+    rma.poll(usize::MAX, |_| {});
     Ok(latency_report(p, samples, false))
 }
 

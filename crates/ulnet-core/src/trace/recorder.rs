@@ -1,0 +1,446 @@
+//! A recorder: what one endpoint (or one thread, for the free functions) records, into a
+//! ring of its own. It keeps the receive being delivered while its handler runs, the open
+//! run of identical messages, and its newest clock reading.
+
+use super::clock;
+use super::format::MessageKind;
+use super::ring::Producer;
+use super::slot::{offset, Slot, FLAG_EXACT, FLAG_RECEIVE};
+use super::{exact_mode, sampled, SESSION, TICKER};
+use crate::node::NodeId;
+use std::sync::atomic::Ordering;
+
+/// Most messages in one run record: bounds what a record stands for, so rates over time
+/// stay resolved even for a stream that never changes. 1,024 8-byte messages take about
+/// 25 us on shared memory.
+pub(crate) const RUN_MAX: u32 = 1024;
+/// Runs at least this long read the clock when they close: the reading costs under 1% of
+/// the messages' own cost, and gives streams exact end times.
+pub(crate) const RUN_EXACT_MIN: u32 = 16;
+
+/// A receive taken out of its delivery (a pooled handler runs it later on a worker), to be
+/// written with its handler times by [`crate::Endpoint::trace_put`].
+#[derive(Clone, Copy, Debug)]
+pub struct PendingReceive {
+    slot: Slot,
+    session: u64,
+}
+
+impl PendingReceive {
+    /// Sets the handler's start and end (ticks of [`super::now`]).
+    pub fn set_handler_times(&mut self, start: u64, end: u64) {
+        self.slot.stage_a = offset(self.slot.ticks, start);
+        self.slot.stage_b = offset(self.slot.ticks, end);
+    }
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub(crate) struct Recorder {
+    producer: Option<Producer>,
+    /// The session `producer` belongs to.
+    session: u64,
+    /// The newest clock reading this recorder made.
+    last_exact: u64,
+    /// The open run as it opened; its count is kept in the ring's mirror of it, where
+    /// `stop` finds it.
+    run: Slot,
+    /// The session of the open run (0: no run open).
+    run_session: u64,
+    /// The open run's channel, kind, flags and buffers packed as in the file (word 2 of
+    /// [`Slot::to_words`]): one compare tells whether a message extends the run.
+    run_key: u64,
+    /// The ticker when the run opened: a run ends within 64 messages of a tick.
+    run_tick: u64,
+    /// A delivery is under way and its handler has not described it.
+    receiving: bool,
+    /// Its clock reading, in exact mode.
+    receiving_ticks: u64,
+    /// The receive described by its handler, written when the delivery ends.
+    staged: Slot,
+    staged_open: bool,
+    staged_session: u64,
+}
+
+/// Buffers, buffer lengths and size of a gather list (buffers 0: not listable).
+#[inline]
+fn describe(gather: &[&[u8]]) -> (u8, [u32; 4], u64) {
+    let mut buffer_len = [0u32; 4];
+    let mut size = 0u64;
+    let mut listed = gather.len() <= 4;
+    for (i, b) in gather.iter().enumerate() {
+        size += b.len() as u64;
+        if i < 4 {
+            match u32::try_from(b.len()) {
+                Ok(l) => buffer_len[i] = l,
+                Err(_) => listed = false,
+            }
+        }
+    }
+    if listed {
+        (gather.len() as u8, buffer_len, size)
+    } else {
+        (0, [0; 4], size)
+    }
+}
+
+impl Recorder {
+    pub(crate) const fn new() -> Self {
+        Recorder {
+            producer: None,
+            session: 0,
+            last_exact: 0,
+            run: Slot::EMPTY,
+            run_session: 0,
+            run_key: 0,
+            run_tick: 0,
+            receiving: false,
+            receiving_ticks: 0,
+            staged: Slot::EMPTY,
+            staged_open: false,
+            staged_session: 0,
+        }
+    }
+
+    /// The newest reading available without reading the clock.
+    #[inline(always)]
+    fn coarse(&self) -> u64 {
+        self.last_exact.max(TICKER.load(Ordering::Relaxed))
+    }
+
+    /// Reads the clock.
+    #[inline(always)]
+    fn exact_now(&mut self) -> u64 {
+        let t = clock::ticks();
+        self.last_exact = t;
+        t
+    }
+
+    /// Makes sure records go to a ring of `session`; false when that session is over.
+    #[inline(always)]
+    fn ensure(&mut self, session: u64) -> bool {
+        (self.session == session && self.producer.is_some()) || self.register(session)
+    }
+
+    #[inline(never)]
+    fn register(&mut self, session: u64) -> bool {
+        // A new session: what was open belonged to the old one (its `stop` took the run).
+        self.producer = None;
+        self.run_session = 0;
+        self.session = session;
+        let current = SESSION.lock().expect("not poisoned").clone();
+        match current {
+            Some(s) if s.id == session => {
+                self.producer = Some(Producer::new(s.new_ring()));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Writes a record (after the open run, which it closes).
+    #[inline(always)]
+    fn push(&mut self, session: u64, slot: Slot) {
+        self.push_with(session, |s| *s = slot);
+    }
+
+    /// Writes the record `fill` writes in place (after the open run, which it closes).
+    #[inline(always)]
+    fn push_with(&mut self, session: u64, fill: impl FnOnce(&mut Slot)) {
+        if self.run_session != 0 {
+            self.close_run();
+        }
+        if self.ensure(session) {
+            if let Some(p) = self.producer.as_mut() {
+                p.push_with(fill);
+            }
+        }
+    }
+
+    /// Starts a run with `slot`, closing the open one.
+    fn open_run(&mut self, session: u64, slot: Slot) {
+        self.close_run();
+        if !self.ensure(session) {
+            return;
+        }
+        self.run = Slot { stage_a: 1, stage_b: 0, ..slot };
+        self.run_session = session;
+        self.run_key = slot.to_words()[2];
+        self.run_tick = TICKER.load(Ordering::Relaxed);
+        self.producer.as_mut().expect("ensured").set_open_run(Some(&self.run));
+    }
+
+    /// Counts one more message in the open run; every 64 messages, ends a run that is
+    /// full or older than a tick.
+    #[inline(always)]
+    fn count_in_run(&mut self) {
+        let Some(p) = self.producer.as_mut() else { return };
+        let count = p.count_in_open_run();
+        if count % 64 == 0 && (count >= RUN_MAX || TICKER.load(Ordering::Relaxed) != self.run_tick) {
+            self.close_run();
+        }
+    }
+
+    /// Writes the open run, if any: a plain record when it holds one message.
+    #[inline(never)]
+    pub(crate) fn close_run(&mut self) {
+        if self.run_session == 0 {
+            return;
+        }
+        self.run_session = 0;
+        let mut slot = self.run;
+        slot.stage_a = self.producer.as_ref().map_or(1, |p| p.open_run_count());
+        if slot.stage_a >= 2 {
+            let end = if slot.stage_a >= RUN_EXACT_MIN { self.exact_now() } else { self.coarse() };
+            slot.stage_b = end.saturating_sub(slot.ticks).min(u64::from(u32::MAX)) as u32;
+        }
+        let slot = slot.closed_run();
+        if let Some(p) = self.producer.as_mut() {
+            p.set_open_run(None);
+            p.push(slot);
+        }
+    }
+
+    /// Records a message sent whole.
+    #[inline(always)]
+    pub(crate) fn send(
+        &mut self,
+        session: u64,
+        nodes: (NodeId, NodeId),
+        channel: u32,
+        gather: &[&[u8]],
+        kind: MessageKind,
+        request_id: u64,
+    ) {
+        // The common case of a stream, in four compares: one buffer, the channel, kind and
+        // size of the open run of sends (a channel's peer does not change while a run is
+        // open: opening or closing a channel ends it).
+        let _ = nodes;
+        if let [only] = gather {
+            let key = u64::from(channel) | (u64::from(kind as u8) << 32) | (1 << 48);
+            if self.run_session == session
+                && request_id == 0
+                && self.run_key == key
+                && self.run.size == only.len() as u64
+            {
+                self.count_in_run();
+                return;
+            }
+        }
+        self.send_slow(session, nodes, channel, gather, kind, request_id, 0);
+    }
+
+    /// Whether a send without request id is one more message of the open run.
+    fn extends_send(&self, session: u64, channel: u32, gather: &[&[u8]], kind: MessageKind) -> bool {
+        let r = &self.run;
+        self.run_session == session
+            && r.flags == 0
+            && r.channel == channel
+            && r.kind == kind as u8
+            && usize::from(r.buffers) == gather.len()
+            && gather.iter().zip(r.buffer_len).all(|(b, l)| b.len() as u64 == u64::from(l))
+    }
+
+    /// Records a send that the fast path of [`Recorder::send`] did not; `enqueued`: ticks
+    /// when it was queued (0: not queued).
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn send_slow(
+        &mut self,
+        session: u64,
+        nodes: (NodeId, NodeId),
+        channel: u32,
+        gather: &[&[u8]],
+        kind: MessageKind,
+        request_id: u64,
+        enqueued: u64,
+    ) {
+        if request_id == 0 && enqueued == 0 && self.extends_send(session, channel, gather, kind) {
+            self.count_in_run();
+            return;
+        }
+        let (buffers, buffer_len, size) = describe(gather);
+        let exact = exact_mode() || enqueued != 0 || sampled(request_id);
+        let ticks = if exact { self.exact_now() } else { self.coarse() };
+        let slot = Slot {
+            ticks,
+            src_node: nodes.0 .0,
+            dst_node: nodes.1 .0,
+            channel,
+            kind: kind as u8,
+            flags: if exact { FLAG_EXACT } else { 0 },
+            buffers,
+            reserved: 0,
+            size,
+            buffer_len,
+            request_id,
+            stage_a: if enqueued == 0 { 0 } else { offset(enqueued, ticks) },
+            stage_b: 0,
+        };
+        if request_id == 0 && !exact && buffers > 0 {
+            self.open_run(session, slot);
+        } else {
+            self.push_with(session, |s| *s = slot);
+        }
+    }
+
+    /// A message arrived whole and its delivery begins. Nothing is written yet: the
+    /// handler may describe it ([`Recorder::describe_receive`]) before
+    /// [`Recorder::close_receive`] records it.
+    /// `exact`: [`exact_mode`], read once per poll by the caller.
+    #[inline(always)]
+    pub(crate) fn open_receive(&mut self, exact: bool) {
+        self.receiving = true;
+        if exact {
+            self.receiving_ticks = self.exact_now();
+        }
+    }
+
+    /// Says what the message being delivered is (`nodes`: sender, receiver; `size`: its
+    /// length); a sampled request id makes its times exact.
+    pub(crate) fn describe_receive(
+        &mut self,
+        session: u64,
+        (nodes, channel, size): ((NodeId, NodeId), u32, u64),
+        kind: MessageKind,
+        request_id: u64,
+    ) {
+        if !self.receiving {
+            return;
+        }
+        self.receiving = false;
+        let exact = exact_mode() || sampled(request_id);
+        let ticks = match (exact_mode(), exact) {
+            (true, _) => self.receiving_ticks,
+            (false, true) => self.exact_now(),
+            (false, false) => self.coarse(),
+        };
+        self.staged = Slot {
+            ticks,
+            src_node: nodes.0 .0,
+            dst_node: nodes.1 .0,
+            channel,
+            kind: kind as u8,
+            flags: FLAG_RECEIVE | if exact { FLAG_EXACT } else { 0 },
+            size,
+            request_id,
+            ..Slot::EMPTY
+        };
+        self.staged_open = true;
+        self.staged_session = session;
+    }
+
+    /// Marks the start of the handler of the message being delivered (exact records only).
+    pub(crate) fn handler_start(&mut self) {
+        if self.staged_open && self.staged.flags & FLAG_EXACT != 0 {
+            let t = self.exact_now();
+            self.staged.stage_a = offset(self.staged.ticks, t);
+        }
+    }
+
+    /// Marks the end of the handler of the message being delivered (exact records only).
+    pub(crate) fn handler_end(&mut self) {
+        if self.staged_open && self.staged.flags & FLAG_EXACT != 0 {
+            let t = self.exact_now();
+            self.staged.stage_b = offset(self.staged.ticks, t);
+        }
+    }
+
+    /// The delivery opened by [`Recorder::open_receive`] is over: records the message.
+    #[inline(always)]
+    pub(crate) fn close_receive(&mut self, session: u64, nodes: (NodeId, NodeId), channel: u32, size: u64) {
+        if self.receiving {
+            // Not described: a plain message, most often one more of a stream.
+            self.receiving = false;
+            let key = u64::from(channel) | (u64::from(FLAG_RECEIVE) << 40);
+            if self.run_session == session && self.run_key == key && self.run.size == size {
+                self.count_in_run();
+            } else {
+                self.receive_plain_slow(session, nodes, channel, size);
+            }
+        } else if self.staged_open {
+            self.staged_open = false;
+            let (s, session) = (self.staged, self.staged_session);
+            self.push(session, s);
+        }
+    }
+
+    #[inline(never)]
+    fn receive_plain_slow(&mut self, session: u64, nodes: (NodeId, NodeId), channel: u32, size: u64) {
+        let exact = exact_mode();
+        let slot = Slot {
+            ticks: if exact { self.receiving_ticks } else { self.coarse() },
+            src_node: nodes.0 .0,
+            dst_node: nodes.1 .0,
+            channel,
+            kind: MessageKind::Message as u8,
+            flags: FLAG_RECEIVE | if exact { FLAG_EXACT } else { 0 },
+            size,
+            ..Slot::EMPTY
+        };
+        if exact {
+            self.push(session, slot);
+        } else {
+            self.open_run(session, slot);
+        }
+    }
+
+    /// Takes the receive being delivered out of its delivery (its times made exact), to be
+    /// written later with [`Recorder::put`]. The handler must have described it.
+    pub(crate) fn take_receive(&mut self) -> Option<PendingReceive> {
+        if !self.staged_open {
+            return None;
+        }
+        self.staged_open = false;
+        let mut slot = self.staged;
+        if slot.flags & FLAG_EXACT == 0 {
+            slot.ticks = self.exact_now();
+            slot.flags |= FLAG_EXACT;
+        }
+        Some(PendingReceive { slot, session: self.staged_session })
+    }
+
+    /// Writes a receive taken with [`Recorder::take_receive`], if its session still runs.
+    pub(crate) fn put(&mut self, session: u64, pending: PendingReceive) {
+        if pending.session == session {
+            self.push(session, pending.slot);
+        }
+    }
+
+    /// Records a datagram of a layer with its own socket ([`super::record_datagram`]).
+    pub(crate) fn record_datagram(&mut self, session: u64, mut slot: Slot) {
+        if exact_mode() {
+            slot.ticks = self.exact_now();
+            slot.flags |= FLAG_EXACT;
+        } else {
+            slot.ticks = self.coarse();
+        }
+        self.push(session, slot);
+    }
+
+    /// Records a one-sided operation issued at `enqueued` (0: not measured).
+    pub(crate) fn record_rma(&mut self, session: u64, mut slot: Slot, enqueued: u64) {
+        let exact = exact_mode() || enqueued != 0;
+        slot.ticks = if exact { self.exact_now() } else { self.coarse() };
+        if exact {
+            slot.flags |= FLAG_EXACT;
+        }
+        if enqueued != 0 {
+            slot.stage_a = offset(enqueued, slot.ticks);
+        }
+        self.push(session, slot);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gather_lists_beyond_a_record_keep_their_size_only() {
+        let b = [0u8; 10];
+        assert_eq!(describe(&[&b[..3], &b[..7]]), (2, [3, 7, 0, 0], 10));
+        assert_eq!(describe(&[&b[..1]; 5]), (0, [0; 4], 5));
+        assert_eq!(describe(&[]), (0, [0; 4], 0));
+    }
+}

@@ -1,0 +1,390 @@
+//! Records kept in key-range buckets as they arrive, so that sorting is a pass over small
+//! buckets that each fit in the second-level cache, instead of a gather of records from
+//! all over memory.
+//!
+//! * [`KeyBuckets`]: which bucket a key belongs to. The bucket bounds are keys sampled
+//!   from the input (a few samples per bucket), so buckets stay about equal on skewed keys
+//!   too. A lookup table indexed by the top bits of the key narrows the search to the
+//!   bounds that share those bits.
+//! * [`BucketArena`]: the records, in blocks of a mapping reserved up front; each bucket
+//!   owns a list of blocks and fills them in turn. [`BucketArena::for_each_sorted`] sorts
+//!   the buckets one at a time and hands each, in key order, to the caller.
+
+use super::radix::{entry, index_of, key, sort_entries};
+use memmap2::{Advice, MmapMut, MmapOptions};
+use std::sync::Arc;
+
+/// Bits of the key (below the range's common base) that index the lookup table: 4,096
+/// entries of 4 bytes, 16 KiB, in the first-level cache.
+const TABLE_BITS: u32 = 12;
+
+/// Which of `bounds.len() + 1` buckets a key belongs to: bucket `b` holds the keys in
+/// `[bounds[b - 1], bounds[b])`. Records with equal keys share a bucket.
+#[derive(Clone, Debug)]
+pub struct KeyBuckets {
+    /// Top 64 bits of the lowest key of the range.
+    base: u64,
+    /// Shift that brings the range's span of top 64 bits into the table.
+    shift: u32,
+    /// `start[d]..start[d + 1]`: the bounds whose table index is `d`.
+    start: Vec<u32>,
+    /// Bucket bounds: keys (index bits zero), strictly increasing.
+    bounds: Vec<u128>,
+}
+
+impl KeyBuckets {
+    /// One bucket holding everything.
+    pub fn single() -> Self {
+        Self::new(0, u128::MAX, Vec::new())
+    }
+
+    /// Buckets for keys in `[low, high]` (entries or keys), bounded by `bounds` (keys in
+    /// the range; sorted and deduplicated here).
+    pub fn new(low: u128, high: u128, mut bounds: Vec<u128>) -> Self {
+        let base = (low >> 64) as u64;
+        let span = ((high >> 64) as u64).saturating_sub(base);
+        let shift = (u64::BITS - span.leading_zeros()).saturating_sub(TABLE_BITS);
+        for b in &mut bounds {
+            *b = key_part(*b);
+        }
+        bounds.sort_unstable();
+        bounds.dedup();
+        let mut buckets = KeyBuckets { base, shift, start: Vec::new(), bounds };
+        let slots = 1usize << TABLE_BITS;
+        let mut start = Vec::with_capacity(slots + 1);
+        let mut i = 0usize;
+        for d in 0..=slots {
+            while i < buckets.bounds.len() && buckets.slot(buckets.bounds[i]) < d {
+                i += 1;
+            }
+            start.push(i as u32);
+        }
+        buckets.start = start;
+        buckets
+    }
+
+    /// Buckets for a node's key range `[low, high]` from `samples` (entries, any order)
+    /// that fall in it: a bound every `per_bucket` samples, at most `max_buckets` buckets.
+    pub fn from_samples(low: u128, high: u128, samples: &[u128], per_bucket: usize, max_buckets: usize) -> Self {
+        let mut inside: Vec<u128> = samples.iter().copied().filter(|s| (low..=high).contains(s)).collect();
+        inside.sort_unstable();
+        let per = per_bucket.max(inside.len().div_ceil(max_buckets.max(1))).max(1);
+        let bounds = inside.iter().skip(per - 1).step_by(per).copied().collect();
+        Self::new(low, high, bounds)
+    }
+
+    /// Number of buckets.
+    pub fn len(&self) -> usize {
+        self.bounds.len() + 1
+    }
+
+    /// Whether there is only the one bucket (never empty).
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    #[inline(always)]
+    fn slot(&self, key: u128) -> usize {
+        ((((key >> 64) as u64).saturating_sub(self.base) >> self.shift) as usize).min((1 << TABLE_BITS) - 1)
+    }
+
+    /// The bucket of a record's key (any key: those outside the range go to the first or
+    /// the last bucket).
+    #[inline(always)]
+    pub fn bucket_of(&self, key: u128) -> usize {
+        let d = self.slot(key);
+        let (lo, hi) = (self.start[d] as usize, self.start[d + 1] as usize);
+        lo + self.bounds[lo..hi].partition_point(|b| *b <= key)
+    }
+}
+
+#[inline(always)]
+fn key_part(e: u128) -> u128 {
+    e & !((1u128 << super::radix::INDEX_BITS) - 1)
+}
+
+/// Bytes of a block: 32 KiB, so a bucket's unfilled tail wastes little, and a bucket of a
+/// few hundred kilobytes is a handful of blocks.
+pub const BLOCK_BYTES: usize = 32 << 10;
+
+/// Records in key-range buckets, in blocks of one mapping reserved up front (address
+/// space only until written; backed by huge pages where the kernel allows).
+pub struct BucketArena {
+    map: MmapMut,
+    record_size: usize,
+    block_records: usize,
+    blocks_total: usize,
+    blocks_used: usize,
+    buckets: Arc<KeyBuckets>,
+    /// Blocks of each bucket, in filling order.
+    lists: Vec<Vec<u32>>,
+    /// Records in the last block of each bucket.
+    fill: Vec<u32>,
+    records: u64,
+}
+
+impl std::fmt::Debug for BucketArena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BucketArena")
+            .field("records", &self.records)
+            .field("buckets", &self.lists.len())
+            .field("blocks_used", &self.blocks_used)
+            .field("blocks_total", &self.blocks_total)
+            .finish()
+    }
+}
+
+impl BucketArena {
+    /// Room for at least `records` records in `buckets` (each bucket's partly filled last
+    /// block is provided for on top).
+    pub fn new(buckets: Arc<KeyBuckets>, record_size: usize, records: usize) -> std::io::Result<Self> {
+        let block_records = (BLOCK_BYTES / record_size).max(1);
+        let blocks_total = records.div_ceil(block_records) + buckets.len();
+        Self::with_blocks(buckets, record_size, blocks_total)
+    }
+
+    /// At most `bytes` of blocks (a memory bound): how many records fit depends on how
+    /// evenly they spread over the buckets.
+    pub fn bounded(buckets: Arc<KeyBuckets>, record_size: usize, bytes: usize) -> std::io::Result<Self> {
+        let block_bytes = (BLOCK_BYTES / record_size).max(1) * record_size;
+        Self::with_blocks(buckets, record_size, (bytes / block_bytes).max(1))
+    }
+
+    fn with_blocks(buckets: Arc<KeyBuckets>, record_size: usize, blocks_total: usize) -> std::io::Result<Self> {
+        assert!(record_size > 0, "records have a size");
+        let block_records = (BLOCK_BYTES / record_size).max(1);
+        assert!(blocks_total <= u32::MAX as usize, "block numbers are 32 bits");
+        let map =
+            MmapOptions::new().len((blocks_total * block_records * record_size).max(1)).no_reserve_swap().map_anon()?;
+        let _ = map.advise(Advice::HugePage);
+        let n = buckets.len();
+        Ok(BucketArena {
+            map,
+            record_size,
+            block_records,
+            blocks_total,
+            blocks_used: 0,
+            buckets,
+            lists: vec![Vec::new(); n],
+            fill: vec![0; n],
+            records: 0,
+        })
+    }
+
+    /// Records held.
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// Nothing held.
+    pub fn is_empty(&self) -> bool {
+        self.records == 0
+    }
+
+    /// Bytes of blocks in use (what a memory bound counts).
+    pub fn bytes_used(&self) -> usize {
+        self.blocks_used * self.block_records * self.record_size
+    }
+
+    /// Bytes of blocks it may use.
+    pub fn capacity(&self) -> usize {
+        self.blocks_total * self.block_records * self.record_size
+    }
+
+    /// Bytes per record.
+    pub fn record_size(&self) -> usize {
+        self.record_size
+    }
+
+    /// The buckets.
+    pub fn buckets(&self) -> &Arc<KeyBuckets> {
+        &self.buckets
+    }
+
+    /// Where the next record of bucket `b` goes (byte offset), taking a new block when its
+    /// last is full; `None` when no block is left.
+    #[inline(always)]
+    fn slot_for(&mut self, b: usize) -> Option<usize> {
+        let list = &mut self.lists[b];
+        let fill = &mut self.fill[b];
+        if list.is_empty() || *fill as usize == self.block_records {
+            if self.blocks_used == self.blocks_total {
+                return None;
+            }
+            list.push(self.blocks_used as u32);
+            self.blocks_used += 1;
+            *fill = 0;
+        }
+        let block = *list.last().expect("a block") as usize;
+        let at = (block * self.block_records + *fill as usize) * self.record_size;
+        *fill += 1;
+        Some(at)
+    }
+
+    /// Takes as many of `records` (whole records) as there is room for; returns how many.
+    pub fn push_records(&mut self, records: &[u8]) -> usize {
+        let rs = self.record_size;
+        let mut taken = 0;
+        for r in records.chunks_exact(rs) {
+            let b = self.buckets.bucket_of(key(r));
+            let Some(at) = self.slot_for(b) else { break };
+            copy_record(&mut self.map[at..at + rs], r);
+            taken += 1;
+        }
+        self.records += taken as u64;
+        taken
+    }
+
+    /// Takes as many of the records of `src` at the positions `which` as there is room
+    /// for, in that order; returns how many.
+    pub fn push_gathered(&mut self, src: &[u8], which: &[u32]) -> usize {
+        let rs = self.record_size;
+        let mut taken = 0;
+        for &i in which {
+            let r = &src[i as usize * rs..(i as usize + 1) * rs];
+            let b = self.buckets.bucket_of(key(r));
+            let Some(at) = self.slot_for(b) else { break };
+            copy_record(&mut self.map[at..at + rs], r);
+            taken += 1;
+        }
+        self.records += taken as u64;
+        taken
+    }
+
+    /// Record number `index` (as in the entries [`BucketArena::for_each_sorted`] gives).
+    #[inline(always)]
+    pub fn record(&self, index: usize) -> &[u8] {
+        &self.map[index * self.record_size..(index + 1) * self.record_size]
+    }
+
+    /// Sorts the buckets one at a time and calls `f` with each one's entries in key order
+    /// (an entry's [`index_of`] is its record's index for [`BucketArena::record`]); stops at
+    /// the first error `f` returns.
+    pub fn for_each_sorted<E>(&self, mut f: impl FnMut(&Self, &[u128]) -> Result<(), E>) -> Result<(), E> {
+        let mut entries: Vec<u128> = Vec::new();
+        let mut scratch: Vec<u128> = Vec::new();
+        for (b, list) in self.lists.iter().enumerate() {
+            entries.clear();
+            for (k, &block) in list.iter().enumerate() {
+                let n = if k + 1 == list.len() { self.fill[b] as usize } else { self.block_records };
+                let first = block as usize * self.block_records;
+                let bytes = &self.map[first * self.record_size..(first + n) * self.record_size];
+                entries.extend(
+                    bytes.chunks_exact(self.record_size).enumerate().map(|(i, r)| entry(r, (first + i) as u64)),
+                );
+            }
+            if entries.is_empty() {
+                continue;
+            }
+            let sorted = sort_entries(&mut entries, &mut scratch);
+            f(self, sorted)?;
+        }
+        Ok(())
+    }
+
+    /// Copies the records of sorted `entries` (from [`BucketArena::for_each_sorted`]) into
+    /// `dst`, which holds exactly that many.
+    #[inline]
+    pub fn gather(&self, entries: &[u128], dst: &mut [u8]) {
+        let rs = self.record_size;
+        for (d, &e) in dst.chunks_exact_mut(rs).zip(entries) {
+            let at = index_of(e) * rs;
+            copy_record(d, &self.map[at..at + rs]);
+        }
+    }
+
+    /// Empties it; the blocks' pages stay for the next fill.
+    pub fn clear(&mut self) {
+        for l in &mut self.lists {
+            l.clear();
+        }
+        self.fill.iter_mut().for_each(|f| *f = 0);
+        self.blocks_used = 0;
+        self.records = 0;
+    }
+}
+
+/// Copies one record; the Sort Benchmark's 100 bytes with a fixed-size move the compiler
+/// inlines, instead of a call per record.
+#[inline(always)]
+pub(crate) fn copy_record(dst: &mut [u8], src: &[u8]) {
+    const RS: usize = ulnet_sortbench::RECORD_SIZE;
+    match (<&mut [u8; RS]>::try_from(&mut *dst), <&[u8; RS]>::try_from(src)) {
+        (Ok(d), Ok(s)) => *d = *s,
+        _ => dst.copy_from_slice(src),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn records(n: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..n * 100)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    #[test]
+    fn buckets_follow_key_order() {
+        let data = records(5000, 3);
+        let keys: Vec<u128> = data.chunks(100).map(key).collect();
+        let samples: Vec<u128> = data.chunks(100).step_by(50).enumerate().map(|(i, r)| entry(r, i as u64)).collect();
+        let b = KeyBuckets::from_samples(0, u128::MAX, &samples, 4, 1000);
+        assert_eq!(b.len(), samples.len() / 4 + 1);
+        let mut sorted = keys.clone();
+        sorted.sort_unstable();
+        let buckets: Vec<usize> = sorted.iter().map(|&k| b.bucket_of(k)).collect();
+        assert!(buckets.windows(2).all(|w| w[0] <= w[1]), "bucket numbers grow with the key");
+        assert!(*buckets.last().unwrap() > b.len() / 2);
+        // A narrow range whose keys share their top bytes still spreads over the buckets.
+        let low = 0x4142_4344_0000_0000u128 << 64;
+        let high = (0x4142_4344_ffff_ffffu128 << 64) | u128::from(u64::MAX);
+        let inside: Vec<u128> = (0..400u128).map(|i| low + (i << 80)).collect();
+        let b = KeyBuckets::from_samples(low, high, &inside, 4, 1000);
+        assert_eq!(b.len(), 101);
+        assert_eq!(b.bucket_of(low), 0);
+        assert_eq!(b.bucket_of(high), 100);
+        assert_eq!(b.bucket_of(0), 0, "keys below the range go to the first bucket");
+        assert_eq!(b.bucket_of(u128::MAX), 100);
+    }
+
+    #[test]
+    fn arena_sorts_bucket_by_bucket_and_reports_full() {
+        let data = records(20_000, 9);
+        let samples: Vec<u128> = data.chunks(100).step_by(37).enumerate().map(|(i, r)| entry(r, i as u64)).collect();
+        let buckets = Arc::new(KeyBuckets::from_samples(0, u128::MAX, &samples, 4, 1000));
+        let mut arena = BucketArena::new(buckets.clone(), 100, 20_000).unwrap();
+        let which: Vec<u32> = (0..10_000).map(|i| i * 2).collect();
+        assert_eq!(arena.push_gathered(&data, &which), 10_000);
+        let odd: Vec<u8> = data.chunks(100).skip(1).step_by(2).flatten().copied().collect();
+        assert_eq!(arena.push_records(&odd), 10_000);
+        assert_eq!(arena.records(), 20_000);
+        let mut out = Vec::new();
+        arena
+            .for_each_sorted(|a, entries| {
+                let mut dst = vec![0u8; entries.len() * 100];
+                a.gather(entries, &mut dst);
+                out.extend_from_slice(&dst);
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+        let s = ulnet_sortbench::Summary::of_records(&out).unwrap();
+        assert!(s.is_sorted());
+        assert_eq!(s.checksum, ulnet_sortbench::Checksum::of_records(&data));
+        // A bound of 8 blocks takes at most 8 blocks' worth.
+        let mut small = BucketArena::bounded(buckets, 100, 8 * 32_700).unwrap();
+        let taken = small.push_records(&data);
+        assert!(taken <= 8 * 327 && taken > 0, "took {taken}");
+        assert!(small.bytes_used() <= small.capacity());
+        small.clear();
+        assert!(small.is_empty());
+        assert_eq!(small.push_records(&data[..100 * 7]), 7);
+    }
+}
