@@ -23,6 +23,15 @@ pub(super) const GRANT_MEMORY: u64 = 64;
 /// position counts as holding the log, and is voted in.
 const VOTE_IN_LAG_MAX: u64 = 64;
 
+/// The smallest voter set the locker moves to while the configuration has at least this
+/// many voters: three is the smallest set that keeps a quorum when one voter is lost for
+/// good. A view can be late — it may still list a member that has just failed and lost its
+/// log (it comes back under a new identity) — so a set of two picked from it may already
+/// depend on a voter that is gone, and then no quorum of it, hence no sync and no commit
+/// under it, is ever possible again. Voters the view dropped therefore leave only as
+/// members that hold the log take their place.
+const VOTERS_MIN: usize = 3;
+
 /// Most bytes of entries in one catch-up message (a catch-up that needs more is sent in
 /// several). Keeps every message far below the transport's request limit.
 const CATCHUP_BYTES_MAX: usize = 4 << 20;
@@ -484,7 +493,9 @@ impl Gup {
     }
 
     /// The voters the view asks for: its members that vote already or hold the log (have
-    /// acknowledged it in this epoch up to near the committed position), and me.
+    /// acknowledged it in this epoch up to near the committed position), and me — kept at
+    /// [`VOTERS_MIN`] at least (as far as the configuration and the view have voters) by
+    /// keeping voters the view dropped, those that acknowledged most in this epoch first.
     fn wanted_voters(&self, current: &VotingConfig) -> Vec<NodeId> {
         let Some(view) = &self.view else { return current.voters.to_vec() };
         let mut wanted: Vec<NodeId> = view
@@ -499,6 +510,12 @@ impl Gup {
             .collect();
         if !wanted.contains(&self.me) {
             wanted.push(self.me);
+        }
+        let mut dropped: Vec<NodeId> = current.voters.iter().copied().filter(|n| !wanted.contains(n)).collect();
+        let floor = VOTERS_MIN.min(wanted.len() + dropped.len());
+        if wanted.len() < floor {
+            dropped.sort_by_key(|n| (std::cmp::Reverse(self.peer_prefix.get(n).copied().unwrap_or(0)), *n));
+            wanted.extend(dropped.into_iter().take(floor - wanted.len()));
         }
         wanted.sort_unstable();
         wanted

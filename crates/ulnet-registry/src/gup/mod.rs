@@ -69,7 +69,10 @@
 //!   only when the latest configuration entry is committed and not joint, and the entry of
 //!   `new` alone only when the joint entry is committed. `new` is the view's members that
 //!   hold the log (a joining node is first brought up to date by state transfer, then
-//!   voted in), plus the locker.
+//!   voted in), plus the locker — and, while that makes fewer than three and the
+//!   configuration has more, voters the view dropped, so that no set of voters ever
+//!   depends on every one of two nodes (the view may still list one that has just lost
+//!   its log for good).
 //! - **Sync.** A new locker's decided log `D` is the union of the logs reporting the newest
 //!   epoch among the states it collected; it finishes only when those states include a
 //!   quorum of `K(D)`, the configuration at the end of `D` (and every position some state
