@@ -300,6 +300,9 @@ pub struct Gup {
     applied: u64,
     commit: u64,
     commit_recorded: u64,
+    /// Highest commit this node worked out from acknowledgements itself (as the transmitter
+    /// of a position): the one the locker may not know yet, which an Unlock tells it.
+    commit_by_acks: u64,
     /// Highest position known to be granted (from heartbeats and batches).
     granted_known: u64,
     /// Snapshots from peers installed so far (they hide which batches they contain).
@@ -466,6 +469,7 @@ impl Gup {
             applied: 0,
             commit: 0,
             commit_recorded: 0,
+            commit_by_acks: 0,
             granted_known: 0,
             snapshot_installs: 0,
             next_lsn: 1,
@@ -908,7 +912,10 @@ impl Gup {
         for (start, config) in regions {
             let reached = config.quorum_value(prefix).min(end);
             if reached >= start {
-                self.commit = self.commit.max(reached);
+                if reached > self.commit {
+                    self.commit = reached;
+                    self.commit_by_acks = reached;
+                }
                 return;
             }
             if start <= self.commit + 1 {

@@ -77,7 +77,13 @@ impl Gup {
 
     /// Forms batches while the window has room and sends their lock requests.
     pub(super) fn sender_pump(&mut self, now: Instant) {
-        if self.normal && !self.is_locker() && self.sender.unlocked < self.commit && self.commit <= self.granted_known {
+        // Only a commit worked out here from acknowledgements (of a position this node
+        // transmitted) is news to the locker; one learned from the locker is not.
+        if self.normal
+            && !self.is_locker()
+            && self.sender.unlocked < self.commit_by_acks
+            && self.commit <= self.granted_known
+        {
             self.sender.unlocked = self.commit;
             let epoch = self.promised;
             let upto = self.commit;
