@@ -81,6 +81,23 @@ pub struct GupConfig {
     /// A sender that has not asked for the lock for this long is no longer waited for by
     /// the grant hold. A few holds: a closed-loop client asks again well within it.
     pub sender_idle_after: Duration,
+    /// Voters beyond a bare quorum to which the locker delivers a combined entry at once
+    /// (its senders always get it at once: it is their grant, and they answer their
+    /// clients from it). The other members get the entries later, several at a time
+    /// (`lazy_delivery_max`): a position then wakes, fsyncs and is acknowledged by a quorum
+    /// and the spares, not by every member — at 32 nodes about half the work per position.
+    /// The commit needs a quorum of acknowledgements either way, so spares absorb slow
+    /// members; a missing one costs at most `lazy_delivery_max`, after which the others
+    /// get the entry (and acknowledge it) too. Default 2 on loopback: two of the 32
+    /// processes may be descheduled without delaying the commit. `usize::MAX`: every
+    /// member at once (no lazy delivery).
+    pub eager_spare: usize,
+    /// How long a member outside the eager set may wait for a position: the locker
+    /// delivers its owed positions together when the oldest has waited this long (or many
+    /// have piled up, or with a heartbeat, or before confirming its read). Longer gathers
+    /// more positions per wake-up of those members; it is also how late they apply. Default
+    /// 10 ms on loopback: a few positions per delivery at 32 nodes, below `repair_after`.
+    pub lazy_delivery_max: Duration,
     /// Checks a snapshot received from a peer before it replaces the local state; one that
     /// fails is dropped with the message and counted as malformed. The registry sets its
     /// decoder here; the default accepts any bytes.
@@ -109,6 +126,8 @@ impl GupConfig {
             grant_delay: Duration::ZERO,
             grant_hold_max: Duration::from_millis(2),
             sender_idle_after: Duration::from_millis(20),
+            eager_spare: 2,
+            lazy_delivery_max: Duration::from_millis(10),
             snapshot_valid: |_| true,
         }
     }
@@ -140,6 +159,9 @@ impl GupConfig {
             grant_delay: Duration::from_micros(300),
             grant_hold_max: Duration::from_micros(500),
             sender_idle_after: Duration::from_millis(5),
+            // No spare, so that the lazy delivery paths run in every schedule.
+            eager_spare: 0,
+            lazy_delivery_max: Duration::from_millis(3),
             ..Self::local()
         }
     }

@@ -19,6 +19,10 @@ pub(super) const LOCK_QUEUE_MAX: usize = 1 << 16;
 /// older batch is a delayed duplicate and is refused (granting it would apply it twice).
 pub(super) const GRANT_MEMORY: u64 = 64;
 
+/// Most positions a member outside the eager sets is owed before the locker delivers them
+/// (with `catchup_entries_max`, whichever is smaller): one catch-up message carries them.
+const LAZY_POSITIONS_MAX: u64 = 32;
+
 /// A member whose acknowledged log is at most this many positions behind the committed
 /// position counts as holding the log, and is voted in.
 const VOTE_IN_LAG_MAX: u64 = 64;
@@ -53,6 +57,10 @@ pub(super) struct LockerState {
     senders: HashMap<NodeId, SenderSeen>,
     /// Combined positions whose senders are told when they are committed.
     notify: BTreeMap<u64, Vec<NodeId>>,
+    /// Members outside the eager set of some combined positions (see
+    /// [`crate::gup::GupConfig::eager_spare`]): the first position each is owed, and since
+    /// when. Bounded by the members.
+    owed: HashMap<NodeId, (u64, Instant)>,
     /// When each uncommitted position was granted or last transmitted by me.
     pending: BTreeMap<u64, Instant>,
     /// Nodes known to hold this epoch's log (answered a catch-up).
@@ -123,7 +131,11 @@ impl LockerState {
 
     /// Whether anything waits for the tick: requests, uncommitted positions, reads.
     pub(super) fn busy(&self, commit: u64) -> bool {
-        !self.queued.is_empty() || self.granted > commit || !self.notify.is_empty() || !self.reads.is_empty()
+        !self.queued.is_empty()
+            || self.granted > commit
+            || !self.notify.is_empty()
+            || !self.reads.is_empty()
+            || !self.owed.is_empty()
     }
 
     pub(super) fn next_heartbeat(&self, interval: std::time::Duration) -> Instant {
@@ -288,6 +300,7 @@ impl Gup {
             grantable_since: None,
             senders: HashMap::new(),
             notify: BTreeMap::new(),
+            owed: HashMap::new(),
             pending: BTreeMap::new(),
             synced: vec![self.me],
             round: 0,
@@ -375,6 +388,72 @@ impl Gup {
         }
     }
 
+    /// Delivers a combined entry at once to its senders and to enough voters (in circular
+    /// order after me) for a quorum and `eager_spare` more; the other members are owed it
+    /// and get it with later positions ([`Gup::deliver_owed`]).
+    fn deliver_combined(&mut self, now: Instant, epoch: Epoch, seq: u64, entry: Entry, origins: &[NodeId]) {
+        let targets = self.targets_after(self.me);
+        let eager = self.eager_targets(&targets, origins);
+        let commit = self.commit;
+        for to in targets {
+            if eager.contains(&to) {
+                self.send(to, Msg::Batch { epoch, seq, commit, entry: entry.clone() });
+            } else {
+                let locker = self.locker.as_mut().expect("locker");
+                locker.owed.entry(to).or_insert((seq, now));
+            }
+        }
+    }
+
+    /// The members that get a combined entry at once: its senders, and voters up to a
+    /// quorum of the configuration with me plus `eager_spare`. Everyone during a joint
+    /// configuration (two majorities to gather) or without a configuration.
+    fn eager_targets(&self, targets: &[NodeId], origins: &[NodeId]) -> Vec<NodeId> {
+        let Some(config) = self.voting_config().filter(|c| !c.is_joint()) else { return targets.to_vec() };
+        let voters = &config.voters;
+        let others_needed = voters.len() / 2 + 1 - usize::from(voters.contains(&self.me));
+        let wanted = others_needed.saturating_add(self.config.eager_spare);
+        let mut eager: Vec<NodeId> = targets.iter().copied().filter(|t| origins.contains(t)).collect();
+        let mut counted = eager.iter().filter(|t| voters.contains(t)).count();
+        for &t in targets {
+            if counted >= wanted {
+                break;
+            }
+            if voters.contains(&t) && !eager.contains(&t) {
+                eager.push(t);
+                counted += 1;
+            }
+        }
+        eager
+    }
+
+    /// Sends the members outside the eager sets the positions they are owed: those whose
+    /// oldest has waited `lazy_delivery_max`, or that are owed many — or all of them
+    /// (`all`: a heartbeat), or one (`only`: before its read is confirmed).
+    pub(super) fn deliver_owed(&mut self, now: Instant, all: bool, only: Option<NodeId>) {
+        let Some(locker) = self.locker.as_mut().filter(|_| self.normal) else { return };
+        if locker.owed.is_empty() {
+            return;
+        }
+        let granted = locker.granted;
+        let wait = self.config.lazy_delivery_max;
+        let many = (self.config.catchup_entries_max as u64).clamp(1, LAZY_POSITIONS_MAX);
+        let due: Vec<(NodeId, u64)> = locker
+            .owed
+            .iter()
+            .filter(|(n, (first, since))| match only {
+                Some(o) => **n == o,
+                None => all || *since + wait <= now || granted + 1 - *first >= many,
+            })
+            .map(|(n, (first, _))| (*n, *first))
+            .collect();
+        for (to, first) in due {
+            self.locker.as_mut().expect("locker").owed.remove(&to);
+            self.counters.owed_deliveries += 1;
+            self.send_catchup(to, false, first, granted);
+        }
+    }
+
     /// Grants every queued request: one alone gets its own position, delivered by its
     /// sender as in MSCS; several share one position (one entry, one fsync per member, one
     /// acknowledgement each), which the locker delivers itself. Holds them while
@@ -440,7 +519,8 @@ impl Gup {
             let entry = Entry::Updates { parts: Arc::from(chunk) };
             self.persist_entry(seq, entry.clone());
             if combined {
-                self.transmit(epoch, seq, entry, None);
+                let origins: Vec<NodeId> = chunk.iter().map(|p| p.origin).collect();
+                self.deliver_combined(now, epoch, seq, entry, &origins);
             }
             // The delivery of a combined entry is its senders' grant (see `on_batch`).
             let me = self.me;
@@ -670,6 +750,8 @@ impl Gup {
         let locker = self.locker.as_ref().expect("locker");
         if locker.last_heartbeat + self.config.heartbeat_interval <= now {
             self.heartbeat(now);
+        } else {
+            self.deliver_owed(now, false, None);
         }
         let unsynced =
             self.targets_after(self.me).iter().any(|n| !self.locker.as_ref().expect("locker").synced.contains(n));
@@ -681,6 +763,8 @@ impl Gup {
     /// A heartbeat round: the committed position to everyone, and a confirmation of my
     /// reign for the reads waiting on it.
     pub(super) fn heartbeat(&mut self, now: Instant) {
+        // Owed positions first, so that a heartbeat's `granted` shows nobody a hole.
+        self.deliver_owed(now, true, None);
         let epoch = self.promised;
         let commit = self.commit;
         let Some(locker) = self.locker.as_mut() else { return };

@@ -15,6 +15,10 @@
 //!   which the locker delivers itself ([`Msg::GrantCombined`], [`Msg::Committed`]); the
 //!   locker briefly holds a grant for the next updates of senders whose clients it just
 //!   answered (`grant_hold_max`), so that many senders of one update each share a position.
+//!   A combined entry goes at once only to its senders and to enough voters for a quorum
+//!   and a few spares (`eager_spare`); the other members get the positions they are owed
+//!   several at a time, at most `lazy_delivery_max` later (or with a heartbeat), so that a
+//!   position wakes and fsyncs about a quorum of the members rather than all of them.
 //!   The lock is a sequencer: receivers take positions in any order and apply them in log
 //!   order.
 //! - **No blocking RPC.** Every step is a one-way message answered by a one-way message;
@@ -255,6 +259,9 @@ pub struct Counters {
     pub indeterminate: u64,
     /// Configuration entries written (as locker).
     pub config_changes: u64,
+    /// Catch-ups that delivered owed positions to members outside the eager sets (as
+    /// locker; see [`GupConfig::eager_spare`]).
+    pub owed_deliveries: u64,
 }
 
 /// One position of the in-memory log, with the LSN of the record that persisted it.

@@ -95,6 +95,10 @@ impl Gup {
             locker.reads = waiting;
             let epoch = self.promised;
             for (asker, id, index, _) in ready {
+                if asker != self.me {
+                    // The asker applies up to `index` sooner if it is owed positions.
+                    self.deliver_owed(now, false, Some(asker));
+                }
                 if asker == self.me {
                     if let Some(w) = self.reads.waiting.iter_mut().find(|w| w.id.0 == id) {
                         w.index = Some(index);
