@@ -682,24 +682,28 @@ impl Gup {
     }
 
     /// When [`Gup::handle_timeout`] should next be called: every `tick` while something is
-    /// under way (updates, reads, a sync, a gap in the log), otherwise only for the locker's
-    /// next heartbeat — an idle node sleeps.
+    /// under way (reads, a sync, a gap in the log, the locker's work), when a sender's
+    /// retransmission or deadline is due, otherwise only for the locker's next heartbeat —
+    /// an idle node sleeps.
     pub fn poll_timeout(&self) -> Option<Instant> {
         // Requests held back by `grants_in_flight_max` wait for a commit (input), not a timer.
         let grant_at = self.locker.as_ref().and_then(|l| l.grant_at(self.last_now, self.commit, &self.config));
         let tick = if self.busy() {
             self.next_tick
-        } else if let Some(l) = self.locker.as_ref().filter(|_| self.normal) {
-            self.next_tick.max(l.next_heartbeat(self.config.heartbeat_interval))
         } else {
-            self.next_tick.max(self.last_now + IDLE_WAKE)
+            let idle = match self.locker.as_ref().filter(|_| self.normal) {
+                Some(l) => l.next_heartbeat(self.config.heartbeat_interval),
+                None => self.last_now + IDLE_WAKE,
+            };
+            let due = self.sender.next_due(self.commit, self.config.retransmit_after).map_or(idle, |d| d.min(idle));
+            self.next_tick.max(due)
         };
         Some(grant_at.map_or(tick, |g| g.min(tick)))
     }
 
     /// Whether anything waits for the housekeeping tick.
     fn busy(&self) -> bool {
-        self.sender.busy()
+        self.sender.resolving()
             || !self.reads.is_empty()
             || self.sync.is_some()
             || self.establishing.is_some()
