@@ -8,25 +8,30 @@
 #     (same load and JSON shape).
 # Writes bench/results/registry.jsonl (one JSON object per system and size) and prints a
 # table. Re-run with: bench/registry.sh   (SECONDS_PER_RUN=10 CLIENTS=16 VALUE_BYTES=64)
+# Only some sizes, without etcd: NODES=32 ETCD=0 bench/registry.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${SECONDS_PER_RUN:-10}
 CLIENTS=${CLIENTS:-16}
 VALUE=${VALUE_BYTES:-64}
+NODES=${NODES:-3 8 32}   # ulnet cluster sizes measured
+ETCD=${ETCD:-1}          # 0: skip the etcd row
 WORK=${REGISTRY_BENCH_DIR:-/var/tmp/ulnet-registry-bench}   # on disk, not tmpfs: fsync must mean it
-OUT=bench/results/registry.jsonl
+OUT=${OUT:-bench/results/registry.jsonl}
+ULNET=${ULNET:-}         # a prebuilt ulnet binary to measure (default: build this checkout)
 mkdir -p bench/results
 : >"$OUT"
 
+pids=()
+cleanup() { for p in "${pids[@]:-}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+if [ "$ETCD" != 0 ]; then
 if ! command -v etcd >/dev/null; then
   apt-get install -y etcd-server >/dev/null || { apt-get update >/dev/null && apt-get install -y etcd-server >/dev/null; }
 fi
 (cd bench/peers/etcd-load && go build -o "$WORK/etcd-load" . ) 2>/dev/null || {
   mkdir -p "$WORK" && (cd bench/peers/etcd-load && go build -o "$WORK/etcd-load" .); }
-
-pids=()
-cleanup() { for p in "${pids[@]:-}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
 
 # --- etcd, 3 members on loopback ---------------------------------------------------------
 rm -rf "$WORK/etcd" && mkdir -p "$WORK/etcd"
@@ -46,21 +51,26 @@ done
 "$WORK/etcd-load" --endpoints 127.0.0.1:23791,127.0.0.1:23792,127.0.0.1:23793 \
   --clients "$CLIENTS" --value-bytes "$VALUE" --seconds "$SECS" | sed 's/}$/,"nodes":3}/' >>"$OUT"
 cleanup; pids=()
+fi
 
-# --- ulnet, 3, 8 and 32 nodes --------------------------------------------------------------
-if cargo build --release --locked -p ulnet >/dev/null 2>&1 && target/release/ulnet registry --help 2>/dev/null | grep -q load; then
-  for n in 3 8 32; do
+# --- ulnet, 3, 8 and 32 nodes (NODES) ----------------------------------------------------------
+if [ -z "$ULNET" ]; then
+  cargo build --release --locked -p ulnet >/dev/null 2>&1 || true
+  ULNET=target/release/ulnet
+fi
+if "$ULNET" registry --help 2>/dev/null | grep -q load; then
+  for n in $NODES; do
     rm -rf "$WORK/ulnet" && mkdir -p "$WORK/ulnet"
     seeds=""
     for i in $(seq 0 $((n - 1))); do
       port=$((24000 + i))
-      target/release/ulnet node --name "n$i" --listen "127.0.0.1:$port" ${seeds:+--seeds "$seeds"} \
+      "$ULNET" node --name "n$i" --listen "127.0.0.1:$port" ${seeds:+--seeds "$seeds"} \
         --data-dir "$WORK/ulnet/n$i" >"$WORK/ulnet/n$i.log" 2>&1 &
       pids+=($!)
       seeds=${seeds:-127.0.0.1:24000}
     done
     addrs=$(seq -s, 24000 $((24000 + n - 1)) | sed 's/\([0-9]*\)/127.0.0.1:\1/g')
-    target/release/ulnet registry load --connect "$addrs" --clients "$CLIENTS" --value-bytes "$VALUE" \
+    "$ULNET" registry load --connect "$addrs" --clients "$CLIENTS" --value-bytes "$VALUE" \
       --seconds "$SECS" --wait-members "$n" --json | sed "s/}\$/,\"nodes\":$n}/" >>"$OUT"
     cleanup; pids=()
   done

@@ -209,3 +209,21 @@ fn a_locker_that_restarts_in_place_locks_again_in_a_new_round() {
     c.run_for(Duration::from_millis(100)).unwrap();
     c.check_settled().unwrap();
 }
+
+#[test]
+fn a_view_of_two_leaves_three_voters() {
+    // A view that keeps two of five voters (a late or partial one) must not leave a set of
+    // two voters: the view may still list a node that has just lost its log for good, and a
+    // set of two without that node never has a quorum again (seed 5592 of
+    // `gup_sim::seven_nodes_heavy_loss`). A voter the view dropped stays as the third.
+    let mut c = Cluster::ordered(18, 5, 0, Faults::default());
+    c.run_for(Duration::from_millis(30)).unwrap();
+    let (a, b) = (c.identities[0], c.identities[1]);
+    c.install_view_now(vec![a, b]);
+    c.run_for(Duration::from_millis(100)).unwrap();
+    let locker = &c.node(0).unwrap().gup;
+    assert!(locker.counters().config_changes > 0, "the configuration followed the view");
+    let config = locker.applied_config().unwrap();
+    assert!(!config.is_joint() && config.voters.len() == 3, "{config}");
+    assert!(config.contains(a) && config.contains(b), "{config}");
+}

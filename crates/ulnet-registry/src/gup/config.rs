@@ -58,7 +58,9 @@ pub struct GupConfig {
     /// member a message, a log write and an acknowledgement, whatever it carries. Fewer
     /// means bigger batches and less work per update, more means more pipelining. It also
     /// bounds the uncommitted tail of the log when a quorum is missing (and with it every
-    /// sync state and snapshot record).
+    /// sync state and snapshot record). Default 1 on loopback: with the grant hold below,
+    /// every sender's next updates join one position while the previous one commits (2
+    /// split the senders into two groups that alternate, half as much per position).
     pub grants_in_flight_max: u64,
     /// How long the locker holds the first queued lock request for others to join it under
     /// one grant. Zero: requests are granted when the host next polls, after the burst of
@@ -66,6 +68,36 @@ pub struct GupConfig {
     /// latency. The simulator polls after every message, so its profile waits a little to
     /// exercise combined grants.
     pub grant_delay: Duration,
+    /// How long the locker holds grantable lock requests for a recently active sender that
+    /// has nothing queued and nothing in flight — its clients were just answered and their
+    /// next updates are on the way — so that they share the next position instead of
+    /// taking one of their own. With many senders of one update each (16 clients over 32
+    /// nodes) every position costs every member a wake-up, a log write, an fsync and an
+    /// acknowledgement, and the locker a message from and to each of them, whatever it
+    /// carries: gathering them is what makes the work per update small. Bounded, so a
+    /// sender that stops costs the others at most this much once. Zero: no holding. Default
+    /// 2 ms on loopback: a client's round trip through its node on a loaded machine.
+    pub grant_hold_max: Duration,
+    /// A sender that has not asked for the lock for this long is no longer waited for by
+    /// the grant hold. A few holds: a closed-loop client asks again well within it.
+    pub sender_idle_after: Duration,
+    /// Voters beyond a bare quorum to which the locker delivers a combined entry at once
+    /// (its senders always get it at once: it is their grant, and they answer their
+    /// clients from it). The other members get the entries later, several at a time
+    /// (`lazy_delivery_max`): a position then wakes, fsyncs and is acknowledged by a quorum
+    /// and the spares, not by every member — at 32 nodes about half the work per position.
+    /// The commit needs a quorum of acknowledgements either way, so spares absorb slow
+    /// members; a missing one costs at most `lazy_delivery_max`, after which the others
+    /// get the entry (and acknowledge it) too. Default 2 on loopback: two of the 32
+    /// processes may be descheduled without delaying the commit. `usize::MAX`: every
+    /// member at once (no lazy delivery).
+    pub eager_spare: usize,
+    /// How long a member outside the eager set may wait for a position: the locker
+    /// delivers its owed positions together when the oldest has waited this long (or many
+    /// have piled up, or with a heartbeat, or before confirming its read). Longer gathers
+    /// more positions per wake-up of those members; it is also how late they apply. Default
+    /// 10 ms on loopback: a few positions per delivery at 32 nodes, below `repair_after`.
+    pub lazy_delivery_max: Duration,
     /// Checks a snapshot received from a peer before it replaces the local state; one that
     /// fails is dropped with the message and counted as malformed. The registry sets its
     /// decoder here; the default accepts any bytes.
@@ -90,8 +122,12 @@ impl GupConfig {
             batch_bytes_max: 1 << 20,
             queue_max: 1 << 16,
             catchup_entries_max: 4096,
-            grants_in_flight_max: 2,
+            grants_in_flight_max: 1,
             grant_delay: Duration::ZERO,
+            grant_hold_max: Duration::from_millis(2),
+            sender_idle_after: Duration::from_millis(20),
+            eager_spare: 2,
+            lazy_delivery_max: Duration::from_millis(10),
             snapshot_valid: |_| true,
         }
     }
@@ -121,6 +157,11 @@ impl GupConfig {
             grants_in_flight_max: 4,
             window: 4,
             grant_delay: Duration::from_micros(300),
+            grant_hold_max: Duration::from_micros(500),
+            sender_idle_after: Duration::from_millis(5),
+            // No spare, so that the lazy delivery paths run in every schedule.
+            eager_spare: 0,
+            lazy_delivery_max: Duration::from_millis(3),
             ..Self::local()
         }
     }

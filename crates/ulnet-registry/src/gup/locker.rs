@@ -19,9 +19,22 @@ pub(super) const LOCK_QUEUE_MAX: usize = 1 << 16;
 /// older batch is a delayed duplicate and is refused (granting it would apply it twice).
 pub(super) const GRANT_MEMORY: u64 = 64;
 
+/// Most positions a member outside the eager sets is owed before the locker delivers them
+/// (with `catchup_entries_max`, whichever is smaller): one catch-up message carries them.
+const LAZY_POSITIONS_MAX: u64 = 32;
+
 /// A member whose acknowledged log is at most this many positions behind the committed
 /// position counts as holding the log, and is voted in.
 const VOTE_IN_LAG_MAX: u64 = 64;
+
+/// The smallest voter set the locker moves to while the configuration has at least this
+/// many voters: three is the smallest set that keeps a quorum when one voter is lost for
+/// good. A view can be late — it may still list a member that has just failed and lost its
+/// log (it comes back under a new identity) — so a set of two picked from it may already
+/// depend on a voter that is gone, and then no quorum of it, hence no sync and no commit
+/// under it, is ever possible again. Voters the view dropped therefore leave only as
+/// members that hold the log take their place.
+const VOTERS_MIN: usize = 3;
 
 /// Most bytes of entries in one catch-up message (a catch-up that needs more is sent in
 /// several). Keeps every message far below the transport's request limit.
@@ -36,8 +49,18 @@ pub(super) struct LockerState {
     /// Lock requests waiting for the next grant, and since when the first waits.
     queued: Vec<Part>,
     pub(super) queued_since: Option<Instant>,
+    /// Since when the queued requests could be granted (`grants_in_flight_max` allowed it);
+    /// the grant hold ([`crate::gup::GupConfig::grant_hold_max`]) counts from here.
+    pub(super) grantable_since: Option<Instant>,
+    /// Senders seen recently: when each last asked for the lock and the last position it was
+    /// granted. Bounded by the members (entries idle for `sender_idle_after` are dropped).
+    senders: HashMap<NodeId, SenderSeen>,
     /// Combined positions whose senders are told when they are committed.
     notify: BTreeMap<u64, Vec<NodeId>>,
+    /// Members outside the eager set of some combined positions (see
+    /// [`crate::gup::GupConfig::eager_spare`]): the first position each is owed, and since
+    /// when. Bounded by the members.
+    owed: HashMap<NodeId, (u64, Instant)>,
     /// When each uncommitted position was granted or last transmitted by me.
     pending: BTreeMap<u64, Instant>,
     /// Nodes known to hold this epoch's log (answered a catch-up).
@@ -49,6 +72,14 @@ pub(super) struct LockerState {
     last_heartbeat: Instant,
     /// Read-index requests: (asker, id, index, round that must be confirmed).
     pub(super) reads: Vec<(NodeId, u64, u64, u64)>,
+}
+
+/// What the locker remembers of a sender, to hold a grant for it (see
+/// [`LockerState::awaits_sender`]).
+#[derive(Clone, Copy, Debug)]
+struct SenderSeen {
+    last_request: Instant,
+    last_granted: u64,
 }
 
 /// A peer's answer to a sync request.
@@ -72,9 +103,39 @@ pub(super) struct SyncCollect {
 }
 
 impl LockerState {
+    /// Whether a recently active sender has neither a request queued nor a position in
+    /// flight: its clients were answered and are likely sending their next updates, which
+    /// are worth waiting for (briefly) so that they share the next position.
+    pub(super) fn awaits_sender(&self, now: Instant, commit: u64, idle_after: std::time::Duration) -> bool {
+        self.senders.iter().any(|(origin, seen)| {
+            now < seen.last_request + idle_after
+                && seen.last_granted <= commit
+                && !self.queued.iter().any(|q| q.origin == *origin)
+        })
+    }
+
+    /// When the queued requests are granted, if nothing else stops them first.
+    pub(super) fn grant_at(&self, now: Instant, commit: u64, config: &super::GupConfig) -> Option<Instant> {
+        let queued_since = self.queued_since?;
+        if self.granted >= commit + config.grants_in_flight_max.max(1) {
+            return None;
+        }
+        let mut at = queued_since + config.grant_delay;
+        if let Some(since) = self.grantable_since {
+            if self.awaits_sender(now, commit, config.sender_idle_after) {
+                at = at.max(since + config.grant_hold_max);
+            }
+        }
+        Some(at)
+    }
+
     /// Whether anything waits for the tick: requests, uncommitted positions, reads.
     pub(super) fn busy(&self, commit: u64) -> bool {
-        !self.queued.is_empty() || self.granted > commit || !self.notify.is_empty() || !self.reads.is_empty()
+        !self.queued.is_empty()
+            || self.granted > commit
+            || !self.notify.is_empty()
+            || !self.reads.is_empty()
+            || !self.owed.is_empty()
     }
 
     pub(super) fn next_heartbeat(&self, interval: std::time::Duration) -> Instant {
@@ -236,7 +297,10 @@ impl Gup {
             grants: HashMap::new(),
             queued: Vec::new(),
             queued_since: None,
+            grantable_since: None,
+            senders: HashMap::new(),
             notify: BTreeMap::new(),
+            owed: HashMap::new(),
             pending: BTreeMap::new(),
             synced: vec![self.me],
             round: 0,
@@ -310,6 +374,8 @@ impl Gup {
         }
         locker.queued.push(Part { origin, batch, updates });
         locker.queued_since.get_or_insert(now);
+        let seen = locker.senders.entry(origin).or_insert(SenderSeen { last_request: now, last_granted: 0 });
+        seen.last_request = now;
     }
 
     fn answer_grant(&mut self, now: Instant, origin: NodeId, batch: BatchId, seq: u64, combined: bool) {
@@ -319,6 +385,72 @@ impl Gup {
             (true, true) => self.on_grant_combined(now, origin, epoch, batch, seq),
             (false, false) => self.send(origin, Msg::Grant { epoch, batch, seq }),
             (false, true) => self.send(origin, Msg::GrantCombined { epoch, batch, seq }),
+        }
+    }
+
+    /// Delivers a combined entry at once to its senders and to enough voters (in circular
+    /// order after me) for a quorum and `eager_spare` more; the other members are owed it
+    /// and get it with later positions ([`Gup::deliver_owed`]).
+    fn deliver_combined(&mut self, now: Instant, epoch: Epoch, seq: u64, entry: Entry, origins: &[NodeId]) {
+        let targets = self.targets_after(self.me);
+        let eager = self.eager_targets(&targets, origins);
+        let commit = self.commit;
+        for to in targets {
+            if eager.contains(&to) {
+                self.send(to, Msg::Batch { epoch, seq, commit, entry: entry.clone() });
+            } else {
+                let locker = self.locker.as_mut().expect("locker");
+                locker.owed.entry(to).or_insert((seq, now));
+            }
+        }
+    }
+
+    /// The members that get a combined entry at once: its senders, and voters up to a
+    /// quorum of the configuration with me plus `eager_spare`. Everyone during a joint
+    /// configuration (two majorities to gather) or without a configuration.
+    fn eager_targets(&self, targets: &[NodeId], origins: &[NodeId]) -> Vec<NodeId> {
+        let Some(config) = self.voting_config().filter(|c| !c.is_joint()) else { return targets.to_vec() };
+        let voters = &config.voters;
+        let others_needed = voters.len() / 2 + 1 - usize::from(voters.contains(&self.me));
+        let wanted = others_needed.saturating_add(self.config.eager_spare);
+        let mut eager: Vec<NodeId> = targets.iter().copied().filter(|t| origins.contains(t)).collect();
+        let mut counted = eager.iter().filter(|t| voters.contains(t)).count();
+        for &t in targets {
+            if counted >= wanted {
+                break;
+            }
+            if voters.contains(&t) && !eager.contains(&t) {
+                eager.push(t);
+                counted += 1;
+            }
+        }
+        eager
+    }
+
+    /// Sends the members outside the eager sets the positions they are owed: those whose
+    /// oldest has waited `lazy_delivery_max`, or that are owed many — or all of them
+    /// (`all`: a heartbeat), or one (`only`: before its read is confirmed).
+    pub(super) fn deliver_owed(&mut self, now: Instant, all: bool, only: Option<NodeId>) {
+        let Some(locker) = self.locker.as_mut().filter(|_| self.normal) else { return };
+        if locker.owed.is_empty() {
+            return;
+        }
+        let granted = locker.granted;
+        let wait = self.config.lazy_delivery_max;
+        let many = (self.config.catchup_entries_max as u64).clamp(1, LAZY_POSITIONS_MAX);
+        let due: Vec<(NodeId, u64)> = locker
+            .owed
+            .iter()
+            .filter(|(n, (first, since))| match only {
+                Some(o) => **n == o,
+                None => all || *since + wait <= now || granted + 1 - *first >= many,
+            })
+            .map(|(n, (first, _))| (*n, *first))
+            .collect();
+        for (to, first) in due {
+            self.locker.as_mut().expect("locker").owed.remove(&to);
+            self.counters.owed_deliveries += 1;
+            self.send_catchup(to, false, first, granted);
         }
     }
 
@@ -332,17 +464,24 @@ impl Gup {
             return;
         }
         let now = self.last_now;
-        let delay = self.config.grant_delay;
         let commit = self.commit;
         let in_flight_max = self.config.grants_in_flight_max.max(1);
+        let idle_after = self.config.sender_idle_after;
         let locker = self.locker.as_mut().expect("locker");
-        if locker.queued.is_empty()
-            || locker.queued_since.is_some_and(|t| now < t + delay)
-            || locker.granted >= commit + in_flight_max
-        {
+        if locker.queued.is_empty() {
+            return;
+        }
+        if locker.granted >= commit + in_flight_max {
+            locker.grantable_since = None;
+            return;
+        }
+        locker.grantable_since.get_or_insert(now);
+        locker.senders.retain(|_, seen| now < seen.last_request + idle_after);
+        if locker.grant_at(now, commit, &self.config).is_some_and(|at| now < at) {
             return;
         }
         locker.queued_since = None;
+        locker.grantable_since = None;
         let queued = std::mem::take(&mut locker.queued);
         let mut fresh = Vec::with_capacity(queued.len());
         for part in queued {
@@ -361,6 +500,9 @@ impl Gup {
             locker.granted += 1;
             let seq = locker.granted;
             for p in chunk {
+                if let Some(seen) = locker.senders.get_mut(&p.origin) {
+                    seen.last_granted = seq;
+                }
                 let recent = locker.grants.entry((p.origin, p.batch.incarnation)).or_default();
                 recent.insert(p.batch.counter, (seq, combined));
                 while recent.len() as u64 > GRANT_MEMORY {
@@ -377,9 +519,12 @@ impl Gup {
             let entry = Entry::Updates { parts: Arc::from(chunk) };
             self.persist_entry(seq, entry.clone());
             if combined {
-                self.transmit(epoch, seq, entry, None);
+                let origins: Vec<NodeId> = chunk.iter().map(|p| p.origin).collect();
+                self.deliver_combined(now, epoch, seq, entry, &origins);
             }
-            for p in chunk {
+            // The delivery of a combined entry is its senders' grant (see `on_batch`).
+            let me = self.me;
+            for p in chunk.iter().filter(|p| !combined || p.origin == me) {
                 self.answer_grant(now, p.origin, p.batch, seq, combined);
             }
         }
@@ -428,7 +573,9 @@ impl Gup {
     }
 
     /// The voters the view asks for: its members that vote already or hold the log (have
-    /// acknowledged it in this epoch up to near the committed position), and me.
+    /// acknowledged it in this epoch up to near the committed position), and me — kept at
+    /// [`VOTERS_MIN`] at least (as far as the configuration and the view have voters) by
+    /// keeping voters the view dropped, those that acknowledged most in this epoch first.
     fn wanted_voters(&self, current: &VotingConfig) -> Vec<NodeId> {
         let Some(view) = &self.view else { return current.voters.to_vec() };
         let mut wanted: Vec<NodeId> = view
@@ -443,6 +590,12 @@ impl Gup {
             .collect();
         if !wanted.contains(&self.me) {
             wanted.push(self.me);
+        }
+        let mut dropped: Vec<NodeId> = current.voters.iter().copied().filter(|n| !wanted.contains(n)).collect();
+        let floor = VOTERS_MIN.min(wanted.len() + dropped.len());
+        if wanted.len() < floor {
+            dropped.sort_by_key(|n| (std::cmp::Reverse(self.peer_prefix.get(n).copied().unwrap_or(0)), *n));
+            wanted.extend(dropped.into_iter().take(floor - wanted.len()));
         }
         wanted.sort_unstable();
         wanted
@@ -597,6 +750,8 @@ impl Gup {
         let locker = self.locker.as_ref().expect("locker");
         if locker.last_heartbeat + self.config.heartbeat_interval <= now {
             self.heartbeat(now);
+        } else {
+            self.deliver_owed(now, false, None);
         }
         let unsynced =
             self.targets_after(self.me).iter().any(|n| !self.locker.as_ref().expect("locker").synced.contains(n));
@@ -608,6 +763,8 @@ impl Gup {
     /// A heartbeat round: the committed position to everyone, and a confirmation of my
     /// reign for the reads waiting on it.
     pub(super) fn heartbeat(&mut self, now: Instant) {
+        // Owed positions first, so that a heartbeat's `granted` shows nobody a hole.
+        self.deliver_owed(now, true, None);
         let epoch = self.promised;
         let commit = self.commit;
         let Some(locker) = self.locker.as_mut() else { return };

@@ -12,8 +12,15 @@
 //! - **Pipelined and batched.** A sender keeps up to `window` lock requests outstanding and
 //!   puts every update its clients submitted meanwhile under one lock grant; lock requests
 //!   of several senders that reach the locker together are granted as one combined entry,
-//!   which the locker delivers itself ([`Msg::GrantCombined`], [`Msg::Committed`]). The lock
-//!   is a sequencer: receivers take positions in any order and apply them in log order.
+//!   which the locker delivers itself ([`Msg::GrantCombined`], [`Msg::Committed`]); the
+//!   locker briefly holds a grant for the next updates of senders whose clients it just
+//!   answered (`grant_hold_max`), so that many senders of one update each share a position.
+//!   A combined entry goes at once only to its senders and to enough voters for a quorum
+//!   and a few spares (`eager_spare`); the other members get the positions they are owed
+//!   several at a time, at most `lazy_delivery_max` later (or with a heartbeat), so that a
+//!   position wakes and fsyncs about a quorum of the members rather than all of them.
+//!   The lock is a sequencer: receivers take positions in any order and apply them in log
+//!   order.
 //! - **No blocking RPC.** Every step is a one-way message answered by a one-way message;
 //!   losses are repaired by retransmission after `retransmit_after`, and every client wait
 //!   is bounded (`update_timeout`).
@@ -66,7 +73,10 @@
 //!   only when the latest configuration entry is committed and not joint, and the entry of
 //!   `new` alone only when the joint entry is committed. `new` is the view's members that
 //!   hold the log (a joining node is first brought up to date by state transfer, then
-//!   voted in), plus the locker.
+//!   voted in), plus the locker — and, while that makes fewer than three and the
+//!   configuration has more, voters the view dropped, so that no set of voters ever
+//!   depends on every one of two nodes (the view may still list one that has just lost
+//!   its log for good).
 //! - **Sync.** A new locker's decided log `D` is the union of the logs reporting the newest
 //!   epoch among the states it collected; it finishes only when those states include a
 //!   quorum of `K(D)`, the configuration at the end of `D` (and every position some state
@@ -249,6 +259,9 @@ pub struct Counters {
     pub indeterminate: u64,
     /// Configuration entries written (as locker).
     pub config_changes: u64,
+    /// Catch-ups that delivered owed positions to members outside the eager sets (as
+    /// locker; see [`GupConfig::eager_spare`]).
+    pub owed_deliveries: u64,
 }
 
 /// One position of the in-memory log, with the LSN of the record that persisted it.
@@ -294,6 +307,9 @@ pub struct Gup {
     applied: u64,
     commit: u64,
     commit_recorded: u64,
+    /// Highest commit this node worked out from acknowledgements itself (as the transmitter
+    /// of a position): the one the locker may not know yet, which an Unlock tells it.
+    commit_by_acks: u64,
     /// Highest position known to be granted (from heartbeats and batches).
     granted_known: u64,
     /// Snapshots from peers installed so far (they hide which batches they contain).
@@ -460,6 +476,7 @@ impl Gup {
             applied: 0,
             commit: 0,
             commit_recorded: 0,
+            commit_by_acks: 0,
             granted_known: 0,
             snapshot_installs: 0,
             next_lsn: 1,
@@ -665,30 +682,28 @@ impl Gup {
     }
 
     /// When [`Gup::handle_timeout`] should next be called: every `tick` while something is
-    /// under way (updates, reads, a sync, a gap in the log), otherwise only for the locker's
-    /// next heartbeat — an idle node sleeps.
+    /// under way (reads, a sync, a gap in the log, the locker's work), when a sender's
+    /// retransmission or deadline is due, otherwise only for the locker's next heartbeat —
+    /// an idle node sleeps.
     pub fn poll_timeout(&self) -> Option<Instant> {
         // Requests held back by `grants_in_flight_max` wait for a commit (input), not a timer.
-        let in_flight_max = self.config.grants_in_flight_max.max(1);
-        let grant_at = self
-            .locker
-            .as_ref()
-            .filter(|l| l.granted < self.commit + in_flight_max)
-            .and_then(|l| l.queued_since)
-            .map(|t| t + self.config.grant_delay);
+        let grant_at = self.locker.as_ref().and_then(|l| l.grant_at(self.last_now, self.commit, &self.config));
         let tick = if self.busy() {
             self.next_tick
-        } else if let Some(l) = self.locker.as_ref().filter(|_| self.normal) {
-            self.next_tick.max(l.next_heartbeat(self.config.heartbeat_interval))
         } else {
-            self.next_tick.max(self.last_now + IDLE_WAKE)
+            let idle = match self.locker.as_ref().filter(|_| self.normal) {
+                Some(l) => l.next_heartbeat(self.config.heartbeat_interval),
+                None => self.last_now + IDLE_WAKE,
+            };
+            let due = self.sender.next_due(self.commit, self.config.retransmit_after).map_or(idle, |d| d.min(idle));
+            self.next_tick.max(due)
         };
         Some(grant_at.map_or(tick, |g| g.min(tick)))
     }
 
     /// Whether anything waits for the housekeeping tick.
     fn busy(&self) -> bool {
-        self.sender.busy()
+        self.sender.resolving()
             || !self.reads.is_empty()
             || self.sync.is_some()
             || self.establishing.is_some()
@@ -908,7 +923,10 @@ impl Gup {
         for (start, config) in regions {
             let reached = config.quorum_value(prefix).min(end);
             if reached >= start {
-                self.commit = self.commit.max(reached);
+                if reached > self.commit {
+                    self.commit = reached;
+                    self.commit_by_acks = reached;
+                }
                 return;
             }
             if start <= self.commit + 1 {

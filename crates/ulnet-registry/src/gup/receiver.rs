@@ -3,7 +3,7 @@
 //! linearizable reads (read index confirmed by a heartbeat round of the locker).
 
 use super::locker::PeerState;
-use super::{AfterDurable, Entry, Epoch, Event, Gup, Msg, NodeId, ReadId, Record};
+use super::{AfterDurable, BatchId, Entry, Epoch, Event, Gup, Msg, NodeId, ReadId, Record};
 use crate::codec::SnapshotPart;
 use crate::codec::ENTRIES_PER_MESSAGE_MAX;
 use std::time::Instant;
@@ -95,6 +95,10 @@ impl Gup {
             locker.reads = waiting;
             let epoch = self.promised;
             for (asker, id, index, _) in ready {
+                if asker != self.me {
+                    // The asker applies up to `index` sooner if it is owed positions.
+                    self.deliver_owed(now, false, Some(asker));
+                }
                 if asker == self.me {
                     if let Some(w) = self.reads.waiting.iter_mut().find(|w| w.id.0 == id) {
                         w.index = Some(index);
@@ -117,10 +121,21 @@ impl Gup {
         }
     }
 
-    pub(super) fn on_batch(&mut self, _now: Instant, from: NodeId, epoch: Epoch, seq: u64, commit: u64, entry: Entry) {
+    pub(super) fn on_batch(&mut self, now: Instant, from: NodeId, epoch: Epoch, seq: u64, commit: u64, entry: Entry) {
         if epoch != self.promised || !self.normal {
             self.counters.stale += 1;
             return;
+        }
+        // A combined entry from the locker is also the grant of each of its parts: their
+        // senders get no separate `GrantCombined` (one message fewer per sender and
+        // position); a sender whose delivery was lost asks again and is answered with one.
+        if let Entry::Updates { parts } = &entry {
+            if from == epoch.locker && parts.len() > 1 {
+                let mine: Vec<BatchId> = parts.iter().filter(|p| p.origin == self.me).map(|p| p.batch).collect();
+                for batch in mine {
+                    self.on_grant_combined(now, from, epoch, batch, seq);
+                }
+            }
         }
         if seq > self.base && !self.log.contains_key(&seq) {
             self.persist_entry(seq, entry);

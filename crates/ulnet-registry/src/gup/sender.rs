@@ -41,9 +41,25 @@ struct Flight {
 }
 
 impl SenderState {
-    /// Whether updates are queued or in flight.
-    pub(super) fn busy(&self) -> bool {
-        !self.queue.is_empty() || !self.flights.is_empty() || self.resolve_at.is_some()
+    /// Whether an epoch change is being resolved (which the housekeeping tick drives).
+    pub(super) fn resolving(&self) -> bool {
+        self.resolve_at.is_some()
+    }
+
+    /// When the sender's timers next matter: a lock request or a delivery to send again,
+    /// or a client's deadline. Updates in flight otherwise wait for messages, so a sender
+    /// sleeps until then instead of waking every tick (at 32 nodes, half of every sender's
+    /// wake-ups were ticks that found nothing due).
+    pub(super) fn next_due(&self, commit: u64, retransmit_after: std::time::Duration) -> Option<Instant> {
+        let mut due = self.queue.front().map(|q| q.deadline);
+        for f in self.flights.values() {
+            let expiry = f.ids.iter().map(|&(_, d)| d).max();
+            let resend = (!f.by_locker && f.seq.is_none_or(|s| s > commit)).then_some(f.last_sent + retransmit_after);
+            for t in [expiry, resend].into_iter().flatten() {
+                due = Some(due.map_or(t, |d| d.min(t)));
+            }
+        }
+        due
     }
 }
 
@@ -77,7 +93,13 @@ impl Gup {
 
     /// Forms batches while the window has room and sends their lock requests.
     pub(super) fn sender_pump(&mut self, now: Instant) {
-        if self.normal && !self.is_locker() && self.sender.unlocked < self.commit && self.commit <= self.granted_known {
+        // Only a commit worked out here from acknowledgements (of a position this node
+        // transmitted) is news to the locker; one learned from the locker is not.
+        if self.normal
+            && !self.is_locker()
+            && self.sender.unlocked < self.commit_by_acks
+            && self.commit <= self.granted_known
+        {
             self.sender.unlocked = self.commit;
             let epoch = self.promised;
             let upto = self.commit;

@@ -152,7 +152,8 @@ pub enum Msg {
         index: u64,
     },
     /// Locker to sender: the batch holds position `seq` in an entry that combines several
-    /// senders' batches, which the locker delivers itself.
+    /// senders' batches, which the locker delivers itself. The delivery ([`Msg::Batch`])
+    /// is the grant; this message answers a sender that asks again.
     GrantCombined {
         /// The locker's epoch.
         epoch: Epoch,
