@@ -10,13 +10,19 @@
 //!                                                                  (writing group i-1)
 //! ```
 //!
+//! Each append writes a group's buckets one after the other, and the records of each are
+//! counted ([`GroupFiles::append`]), so the second pass reads a group file in one piece
+//! into a half and finds every bucket's records in it without looking at a key: a bucket
+//! is sorted from its pieces of each append.
+//!
 //! A group is a run of consecutive key-range buckets; the buckets hold about equal numbers
 //! of sampled keys, so groups stay about equal on skewed keys too. A group that still
 //! does not fit in a half (sampling missed a heavy key range, or one key repeats past a
 //! half) is not lost or truncated: the loader sorts it half by half into runs and the node
 //! merges them ([`Loaded::Runs`]), counted in [`GroupReport::merged_groups`].
 
-use super::bucket::{BucketArena, KeyBuckets};
+use super::bucket::{copy_record, BucketArena, KeyBuckets};
+use super::radix::{entry, index_of, sort_entries};
 use super::store::{emit_sorted, merge_runs, Run};
 use crate::error::RiverError;
 use crate::flow::{Sink, SpaceSink};
@@ -57,6 +63,8 @@ pub struct GroupFiles {
     files: Vec<File>,
     ranges: Vec<Range<usize>>,
     records: Vec<u64>,
+    /// Per group: records of each of its buckets in each append, append after append.
+    counts: Vec<Vec<u32>>,
     record_size: usize,
     /// Halves appended.
     appends: usize,
@@ -69,6 +77,7 @@ impl GroupFiles {
             paths: Vec::with_capacity(ranges.len()),
             files: Vec::with_capacity(ranges.len()),
             records: vec![0; ranges.len()],
+            counts: vec![Vec::new(); ranges.len()],
             ranges,
             record_size,
             appends: 0,
@@ -110,7 +119,12 @@ impl GroupFiles {
         let mut slices: Vec<IoSlice<'_>> = Vec::new();
         for (g, range) in self.ranges.iter().enumerate() {
             slices.clear();
-            slices.extend(range.clone().flat_map(|b| arena.bucket_blocks(b)).map(IoSlice::new));
+            for b in range.clone() {
+                let before = slices.len();
+                slices.extend(arena.bucket_blocks(b).map(IoSlice::new));
+                let bytes: usize = slices[before..].iter().map(|s| s.len()).sum();
+                self.counts[g].push((bytes / self.record_size) as u32);
+            }
             let bytes: usize = slices.iter().map(|s| s.len()).sum();
             write_all_vectored(&mut self.files[g], &mut slices)
                 .map_err(|e| RiverError::io(format!("appending to group {}", self.paths[g].display()), e))?;
@@ -155,8 +169,8 @@ pub struct GroupReport {
 
 /// A group read back, ready for the node thread.
 enum Loaded {
-    /// The whole group, in one half.
-    Whole(BucketArena),
+    /// The whole group, read flat into a half: group number and bytes.
+    Whole(BucketArena, usize, usize),
     /// A group larger than a half: its sorted runs on disk and its last part in memory.
     Runs { runs: Vec<Run>, last: BucketArena },
 }
@@ -178,13 +192,15 @@ pub struct PassTwo {
 /// while this thread sorts the current one and `out` writes the one before. Each group
 /// file is removed once read.
 pub fn sort_groups<S: SpaceSink + ?Sized>(
-    groups: GroupFiles,
+    mut groups: GroupFiles,
     halves: [BucketArena; 2],
     pass: &PassTwo,
     out: &mut S,
 ) -> Result<GroupReport, RiverError> {
     let n = groups.len();
     let rs = groups.record_size;
+    let layouts: Vec<(Range<usize>, Vec<u32>)> =
+        groups.ranges.iter().cloned().zip(std::mem::take(&mut groups.counts)).collect();
     std::thread::scope(|scope| {
         let (loaded_tx, loaded_rx) = mpsc::sync_channel::<Loaded>(1);
         let (free_tx, free_rx) = mpsc::channel::<BucketArena>();
@@ -199,8 +215,9 @@ pub fn sort_groups<S: SpaceSink + ?Sized>(
         let sorted = (|| {
             for loaded in loaded_rx.iter() {
                 let mut arena = match loaded {
-                    Loaded::Whole(arena) => {
-                        emit_sorted(&arena, out)?;
+                    Loaded::Whole(arena, g, bytes) => {
+                        let (range, counts) = &layouts[g];
+                        emit_flat_group(&arena.flat()[..bytes], rs, range.len(), counts, out)?;
                         arena
                     }
                     Loaded::Runs { runs, last } => {
@@ -243,7 +260,7 @@ fn load_groups(
     pass: &PassTwo,
 ) -> Result<(), RiverError> {
     let rs = groups.record_size;
-    let mut buf = vec![0u8; pass.io_buffer_bytes.max(rs) / rs * rs];
+    let mut buf = Vec::new();
     for g in 0..groups.len() {
         // The node thread stopped (it failed, and reports why): nothing more to do.
         let Ok(mut arena) = free.recv() else { return Ok(()) };
@@ -251,6 +268,24 @@ fn load_groups(
         let path = groups.paths[g].clone();
         let read_err = |e| RiverError::io(format!("reading group {}", path.display()), e);
         let mut file = File::open(&path).map_err(read_err)?;
+        let bytes = groups.records[g] as usize * rs;
+        if bytes <= arena.flat().len() {
+            let n = read_full(&mut file, &mut arena.flat_mut()[..bytes]).map_err(read_err)?;
+            if n != bytes || read_full(&mut file, &mut [0u8; 1]).map_err(read_err)? != 0 {
+                return Err(RiverError::io(
+                    format!("reading group {}", path.display()),
+                    std::io::Error::other(format!("{n} bytes read, {bytes} written")),
+                ));
+            }
+            drop(file);
+            let _ = std::fs::remove_file(&path);
+            if loaded.send(Loaded::Whole(arena, g, bytes)).is_err() {
+                return Ok(());
+            }
+            continue;
+        }
+        // Larger than a half: taken in through the buckets, half by half, as sorted runs.
+        buf.resize(pass.io_buffer_bytes.max(rs) / rs * rs, 0);
         let mut runs: Vec<Run> = Vec::new();
         let mut read = 0u64;
         loop {
@@ -282,18 +317,61 @@ fn load_groups(
         }
         drop(file);
         let _ = std::fs::remove_file(&path);
-        let msg = if runs.is_empty() {
-            Loaded::Whole(arena)
-        } else {
-            tracing::info!(group = g, runs = runs.len(), "a group larger than half the memory bound is merged");
-            Loaded::Runs { runs, last: arena }
-        };
-        if loaded.send(msg).is_err() {
+        tracing::info!(group = g, runs = runs.len(), "a group larger than half the memory bound is merged");
+        if loaded.send(Loaded::Runs { runs, last: arena }).is_err() {
             return Ok(());
         }
     }
     // Every file is read and removed; dropping `groups` removes nothing more.
     groups.paths.clear();
+    Ok(())
+}
+
+/// Sorts a group read flat (`data`, the appends one after the other, each holding the
+/// group's `buckets` buckets in turn with `counts` records each) bucket by bucket into
+/// `out`.
+fn emit_flat_group<S: SpaceSink + ?Sized>(
+    data: &[u8],
+    rs: usize,
+    buckets: usize,
+    counts: &[u32],
+    out: &mut S,
+) -> Result<(), RiverError> {
+    assert!(buckets > 0 && counts.len() % buckets == 0, "whole appends");
+    let appends = counts.len() / buckets;
+    // Where each piece starts (records), in the order the appends wrote them.
+    let mut starts = Vec::with_capacity(counts.len());
+    let mut at = 0usize;
+    for &c in counts {
+        starts.push(at);
+        at += c as usize;
+    }
+    assert_eq!(at * rs, data.len(), "the counts cover the group");
+    let mut entries: Vec<u128> = Vec::new();
+    let mut scratch: Vec<u128> = Vec::new();
+    for b in 0..buckets {
+        entries.clear();
+        for a in 0..appends {
+            let piece = a * buckets + b;
+            let first = starts[piece];
+            let records = &data[first * rs..(first + counts[piece] as usize) * rs];
+            entries.extend(records.chunks_exact(rs).enumerate().map(|(i, r)| entry(r, (first + i) as u64)));
+        }
+        if entries.is_empty() {
+            continue;
+        }
+        let mut sorted = sort_entries(&mut entries, &mut scratch);
+        while !sorted.is_empty() {
+            let space = out.space()?;
+            let n = (space.len() / rs).min(sorted.len());
+            for (d, &e) in space[..n * rs].chunks_exact_mut(rs).zip(&sorted[..n]) {
+                let i = index_of(e) * rs;
+                copy_record(d, &data[i..i + rs]);
+            }
+            out.commit(n * rs)?;
+            sorted = &sorted[n..];
+        }
+    }
     Ok(())
 }
 
