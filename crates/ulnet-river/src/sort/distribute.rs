@@ -337,7 +337,7 @@ fn emit_flat_group<S: SpaceSink + ?Sized>(
     counts: &[u32],
     out: &mut S,
 ) -> Result<(), RiverError> {
-    assert!(buckets > 0 && counts.len() % buckets == 0, "whole appends");
+    assert!(buckets > 0 && counts.len().is_multiple_of(buckets), "whole appends");
     let appends = counts.len() / buckets;
     // Where each piece starts (records), in the order the appends wrote them.
     let mut starts = Vec::with_capacity(counts.len());
