@@ -9,6 +9,8 @@ its --json report (medians over the rounds). Every ulnet output is checked with
 
 usage: bench/sort.py [--rounds N] [--dir DIR] [--markdown FILE] [--cases datamation,1e7,external]
   DIR holds the generated inputs (default target/sort-bench); they are deleted at the end.
+  ULNET_BASELINE=PATH also runs another ulnet binary (an older build) with the same
+  arguments in every round, labelled "baseline", for a side-by-side of two versions.
 """
 import argparse, json, os, shutil, statistics, subprocess, sys, time
 
@@ -41,8 +43,13 @@ def gensort(path, n, args):
         subprocess.run([ULNET, "gensort", *args, str(n), path], check=True)
 
 
+BASELINE = os.environ.get("ULNET_BASELINE")
+
+
 def run_case(name, peer_name, peer_cmd, ours, rounds, records, outputs, goal):
     """ours: list of (label, argv); peer_cmd: argv. Returns rows for the report."""
+    if BASELINE:
+        ours = ours + [(f"{l}, baseline", [BASELINE, *argv[1:]]) for l, argv in ours]
     peer_t, our_t, phases = [], {l: [] for l, _ in ours}, {l: [] for l, _ in ours}
     for r in range(rounds):
         for o in outputs:
@@ -69,7 +76,7 @@ def run_case(name, peer_name, peer_cmd, ours, rounds, records, outputs, goal):
         ratio = mo / mp
         rows.append(dict(case=name, label=label, ours=mo, peer=mp, peer_name=peer_name, ratio=ratio, goal=goal,
                          ok=ratio <= goal, phases=ph, our_runs=our_t[label], peer_runs=peer_t,
-                         cmd=" ".join(a if a != ULNET else "ulnet" for a in argv), peer_cmd=" ".join(peer_cmd),
+                         cmd=" ".join(a if a not in (ULNET, BASELINE) else "ulnet" for a in argv), peer_cmd=" ".join(peer_cmd),
                          mode=phases[label][0]["mode"], imbalance=phases[label][0]["imbalance"],
                          rss_mib=max(n.get("usage", {}).get("max_rss_kib", 0) / 1024
                                      for p in phases[label] for n in p["per_node"])))
