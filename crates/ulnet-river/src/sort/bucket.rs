@@ -251,18 +251,6 @@ impl BucketArena {
         taken
     }
 
-    /// The whole mapping as flat bytes, for a caller that fills it without buckets (a
-    /// group read back in one piece); only while the arena holds no records.
-    pub fn flat_mut(&mut self) -> &mut [u8] {
-        assert!(self.is_empty(), "only an empty arena is lent flat");
-        &mut self.map[..self.blocks_total * self.block_records * self.record_size]
-    }
-
-    /// The mapping as flat bytes (what [`BucketArena::flat_mut`] filled).
-    pub fn flat(&self) -> &[u8] {
-        &self.map[..self.blocks_total * self.block_records * self.record_size]
-    }
-
     /// The filled bytes of each block of bucket `b`, in filling order (whole records).
     pub fn bucket_blocks(&self, b: usize) -> impl Iterator<Item = &[u8]> + '_ {
         let list = &self.lists[b];

@@ -1,46 +1,46 @@
 //! The distribution pass of external mode: instead of sorted runs that a second pass must
-//! merge, the first pass appends each full half of memory to key-range *group* files, and
+//! merge, the first pass appends every record to the file of its key-range *group*, and
 //! the second pass sorts one group at a time in memory and appends it to the output.
 //!
 //! ```text
-//!  pass 1   arena half full ──► its buckets, group by group, appended to group files
-//!           (large vectored writes of the buckets' blocks, on a spill thread)
-//!  pass 2   loader thread:  read group i+1 into a free half  ─┐
-//!           node thread:    sort group i bucket by bucket ◄───┘ ─► output writer thread
-//!                                                                  (writing group i-1)
+//!  pass 1   record ──► its group's staging buffer ──(full: one large write)──► group file
+//!  pass 2   loader thread:  read group i+1 flat into a free half  ─┐
+//!           node thread:    sort group i by bucket, then each  ◄───┘ ─► output writer
+//!                           bucket                                      (group i-1)
 //! ```
 //!
-//! Each append writes a group's buckets one after the other, and the records of each are
-//! counted ([`GroupFiles::append`]), so the second pass reads a group file in one piece
-//! into a half and finds every bucket's records in it without looking at a key: a bucket
-//! is sorted from its pieces of each append.
-//!
 //! A group is a run of consecutive key-range buckets; the buckets hold about equal numbers
-//! of sampled keys, so groups stay about equal on skewed keys too. A group that still
-//! does not fit in a half (sampling missed a heavy key range, or one key repeats past a
-//! half) is not lost or truncated: the loader sorts it half by half into runs and the node
-//! merges them ([`Loaded::Runs`]), counted in [`GroupReport::merged_groups`].
+//! of sampled keys, so groups stay about equal on skewed keys too. Records are staged per
+//! group and written from the buffer they were just copied into (the kernel's copy reads
+//! cached memory). In pass 2 a group's records are ordered by 16-byte entries: counted and
+//! placed by bucket, then each bucket (a few hundred kilobytes of records) radix-sorted and
+//! its records gathered into the output. A group that does not fit in a half (a key
+//! repeated past it, or sampling that missed a heavy key range) is not lost or truncated:
+//! the loader sorts it half by half into runs and the node merges them
+//! ([`GroupReport::merged_groups`]).
 
-use super::bucket::{copy_record, BucketArena, KeyBuckets};
-use super::radix::{entry, index_of, sort_entries};
-use super::store::{emit_sorted, merge_runs, Run};
+use super::bucket::{copy_record, KeyBuckets};
+use super::radix::{entry, index_of, key, sort_entries};
+use super::store::{merge_runs, Run};
 use crate::error::RiverError;
 use crate::flow::{Sink, SpaceSink};
 use crate::pool::MemPool;
 use crate::DiskSink;
+use memmap2::{Advice, MmapMut, MmapOptions};
 use std::fs::File;
-use std::io::{IoSlice, Read, Write};
+use std::io::{Read, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
 
-/// Most slices handed to one `writev(2)` (the kernel's `IOV_MAX`).
-const MAX_IOVECS: usize = 1024;
 /// Room left in a half for what sampling misjudged when choosing the number of groups: a
 /// group is planned at 4/5 of a half, so a partition up to 25% larger than the mean still
 /// has groups that fit.
 const GROUP_FILL: f64 = 0.8;
+/// Most bytes staged per group before they are written: 1 MiB, a write large enough that
+/// per-call costs vanish.
+const STAGE_BYTES_MAX: usize = 1 << 20;
 
 /// Splits `buckets` into key-range groups so that a partition of `partition_bytes` puts
 /// at most [`GROUP_FILL`] of `half_bytes` in each: consecutive ranges of the same number
@@ -55,32 +55,50 @@ pub fn plan_groups(buckets: &KeyBuckets, partition_bytes: u64, half_bytes: usize
     (0..n.div_ceil(per_group)).map(|i| i * per_group..((i + 1) * per_group).min(n)).collect()
 }
 
-/// The group files of a node: each holds the records of its bucket range, in no order.
-/// The files are removed when this is dropped.
+/// The group files of a node: each holds the records of its bucket range, in arrival
+/// order. The files are removed when this is dropped.
 #[derive(Debug)]
 pub struct GroupFiles {
     paths: Vec<PathBuf>,
     files: Vec<File>,
     ranges: Vec<Range<usize>>,
+    buckets: Arc<KeyBuckets>,
+    /// The group of each bucket.
+    group_of: Vec<u32>,
+    /// Records staged for each group, written when [`GroupFiles::stage_bytes`] is reached.
+    stages: Vec<Vec<u8>>,
+    stage_bytes: usize,
     records: Vec<u64>,
-    /// Per group: records of each of its buckets in each append, append after append.
-    counts: Vec<Vec<u32>>,
     record_size: usize,
-    /// Halves appended.
-    appends: usize,
 }
 
 impl GroupFiles {
-    /// Creates one file per group (`prefix.gN`).
-    pub fn create(prefix: &Path, ranges: Vec<Range<usize>>, record_size: usize) -> Result<Self, RiverError> {
+    /// Creates one file per group (`prefix.gN`) and its staging buffer: at most 1 MiB, and
+    /// all of them together at most `stage_budget` bytes.
+    pub fn create(
+        prefix: &Path,
+        buckets: Arc<KeyBuckets>,
+        ranges: Vec<Range<usize>>,
+        record_size: usize,
+        stage_budget: usize,
+    ) -> Result<Self, RiverError> {
+        let mut group_of = vec![0u32; buckets.len()];
+        for (g, r) in ranges.iter().enumerate() {
+            group_of[r.clone()].iter_mut().for_each(|x| *x = g as u32);
+        }
+        let stage_bytes = (stage_budget / ranges.len().max(1)).clamp(record_size, STAGE_BYTES_MAX.max(record_size))
+            / record_size
+            * record_size;
         let mut g = GroupFiles {
             paths: Vec::with_capacity(ranges.len()),
             files: Vec::with_capacity(ranges.len()),
+            stages: vec![Vec::new(); ranges.len()],
             records: vec![0; ranges.len()],
-            counts: vec![Vec::new(); ranges.len()],
             ranges,
+            buckets,
+            group_of,
+            stage_bytes,
             record_size,
-            appends: 0,
         };
         for i in 0..g.ranges.len() {
             let path = PathBuf::from(format!("{}.g{i}", prefix.display()));
@@ -103,34 +121,43 @@ impl GroupFiles {
         self.ranges.is_empty()
     }
 
-    /// Records appended to each group.
+    /// Records taken by each group.
     pub fn records(&self) -> &[u64] {
         &self.records
     }
 
-    /// Halves of memory appended so far.
-    pub fn appends(&self) -> usize {
-        self.appends
+    /// Stages one record (whole) for its group, writing the group's buffer when full.
+    #[inline]
+    pub fn push(&mut self, record: &[u8]) -> Result<(), RiverError> {
+        let g = self.group_of[self.buckets.bucket_of(key(record))] as usize;
+        let stage = &mut self.stages[g];
+        if stage.capacity() == 0 {
+            stage.reserve_exact(self.stage_bytes);
+        }
+        stage.extend_from_slice(record);
+        self.records[g] += 1;
+        if stage.len() >= self.stage_bytes {
+            self.write_stage(g)?;
+        }
+        Ok(())
     }
 
-    /// Appends the records of `arena`, each bucket's blocks to its group's file, with
-    /// vectored writes straight from the blocks (no copy).
-    pub fn append(&mut self, arena: &BucketArena) -> Result<(), RiverError> {
-        let mut slices: Vec<IoSlice<'_>> = Vec::new();
-        for (g, range) in self.ranges.iter().enumerate() {
-            slices.clear();
-            for b in range.clone() {
-                let before = slices.len();
-                slices.extend(arena.bucket_blocks(b).map(IoSlice::new));
-                let bytes: usize = slices[before..].iter().map(|s| s.len()).sum();
-                self.counts[g].push((bytes / self.record_size) as u32);
+    fn write_stage(&mut self, g: usize) -> Result<(), RiverError> {
+        self.files[g]
+            .write_all(&self.stages[g])
+            .map_err(|e| RiverError::io(format!("appending to group {}", self.paths[g].display()), e))?;
+        self.stages[g].clear();
+        Ok(())
+    }
+
+    /// Writes what is staged and frees the staging buffers.
+    pub fn flush(&mut self) -> Result<(), RiverError> {
+        for g in 0..self.len() {
+            if !self.stages[g].is_empty() {
+                self.write_stage(g)?;
             }
-            let bytes: usize = slices.iter().map(|s| s.len()).sum();
-            write_all_vectored(&mut self.files[g], &mut slices)
-                .map_err(|e| RiverError::io(format!("appending to group {}", self.paths[g].display()), e))?;
-            self.records[g] += (bytes / self.record_size) as u64;
+            self.stages[g] = Vec::new();
         }
-        self.appends += 1;
         Ok(())
     }
 }
@@ -141,19 +168,6 @@ impl Drop for GroupFiles {
             let _ = std::fs::remove_file(p);
         }
     }
-}
-
-fn write_all_vectored(file: &mut File, mut slices: &mut [IoSlice<'_>]) -> std::io::Result<()> {
-    while !slices.is_empty() {
-        let end = slices.len().min(MAX_IOVECS);
-        match file.write_vectored(&slices[..end]) {
-            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut slices, n),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// What the second pass did.
@@ -169,17 +183,18 @@ pub struct GroupReport {
 
 /// A group read back, ready for the node thread.
 enum Loaded {
-    /// The whole group, read flat into a half: group number and bytes.
-    Whole(BucketArena, usize, usize),
-    /// A group larger than a half: its sorted runs on disk and its last part in memory.
-    Runs { runs: Vec<Run>, last: BucketArena },
+    /// The whole group, read flat into a half: the half, the group and its bytes.
+    Whole(MmapMut, usize, usize),
+    /// A group larger than a half: its sorted runs on disk (the half comes back free).
+    Runs(Vec<Run>, MmapMut),
 }
 
 /// How the second pass reads and merges.
 #[derive(Clone, Debug)]
 pub struct PassTwo {
-    /// Size of the loader's read buffer (and of each run write buffer of an over-size
-    /// group).
+    /// Bytes of each of the two halves a group is read into.
+    pub half_bytes: usize,
+    /// Size of each run write buffer of an over-size group.
     pub io_buffer_bytes: usize,
     /// Read-ahead memory for merging the runs of an over-size group.
     pub merge_read_bytes: usize,
@@ -187,23 +202,36 @@ pub struct PassTwo {
     pub run_prefix: PathBuf,
 }
 
-/// The second pass: sorts the groups in key order into `out`, each in one of `halves`
-/// (emptied arenas over the node's buckets), reading the next group on a loader thread
-/// while this thread sorts the current one and `out` writes the one before. Each group
-/// file is removed once read.
+/// An anonymous mapping of `bytes` (address space until touched; huge pages where the
+/// kernel allows).
+fn half(bytes: usize) -> Result<MmapMut, RiverError> {
+    let map = MmapOptions::new()
+        .len(bytes.max(1))
+        .no_reserve_swap()
+        .map_anon()
+        .map_err(|e| RiverError::io("reserving memory for a group", e))?;
+    let _ = map.advise(Advice::HugePage);
+    Ok(map)
+}
+
+/// The second pass: sorts the groups in key order into `out`, each read into one of two
+/// halves of `pass.half_bytes`, the next group read on a loader thread while this thread
+/// sorts the current one and `out` writes the one before. Each group file is removed once
+/// read.
 pub fn sort_groups<S: SpaceSink + ?Sized>(
     mut groups: GroupFiles,
-    halves: [BucketArena; 2],
     pass: &PassTwo,
     out: &mut S,
 ) -> Result<GroupReport, RiverError> {
+    groups.flush()?;
     let n = groups.len();
     let rs = groups.record_size;
-    let layouts: Vec<(Range<usize>, Vec<u32>)> =
-        groups.ranges.iter().cloned().zip(std::mem::take(&mut groups.counts)).collect();
+    let buckets = groups.buckets.clone();
+    let ranges = groups.ranges.clone();
+    let halves = [half(pass.half_bytes)?, half(pass.half_bytes)?];
     std::thread::scope(|scope| {
         let (loaded_tx, loaded_rx) = mpsc::sync_channel::<Loaded>(1);
-        let (free_tx, free_rx) = mpsc::channel::<BucketArena>();
+        let (free_tx, free_rx) = mpsc::channel::<MmapMut>();
         for h in halves {
             free_tx.send(h).expect("the receiver is here");
         }
@@ -212,25 +240,24 @@ pub fn sort_groups<S: SpaceSink + ?Sized>(
             .spawn_scoped(scope, move || load_groups(groups, free_rx, loaded_tx, pass))
             .map_err(|e| RiverError::io("starting the group loader", e))?;
         let mut report = GroupReport::default();
+        let mut sorter = FlatSorter::default();
         let sorted = (|| {
             for loaded in loaded_rx.iter() {
-                let mut arena = match loaded {
-                    Loaded::Whole(arena, g, bytes) => {
-                        let (range, counts) = &layouts[g];
-                        emit_flat_group(&arena.flat()[..bytes], rs, range.len(), counts, out)?;
-                        arena
+                let half = match loaded {
+                    Loaded::Whole(half, g, bytes) => {
+                        sorter.emit(&half[..bytes], rs, &buckets, ranges[g].clone(), out)?;
+                        half
                     }
-                    Loaded::Runs { runs, last } => {
+                    Loaded::Runs(runs, half) => {
                         report.merged_groups += 1;
                         report.runs += runs.len();
-                        merge_runs(&runs, rs, pass.merge_read_bytes, Some(&last), out)?;
-                        last
+                        merge_runs(&runs, rs, pass.merge_read_bytes, out)?;
+                        half
                     }
                 };
                 report.groups += 1;
-                arena.clear();
                 // The loader stops taking halves once every group is read.
-                let _ = free_tx.send(arena);
+                let _ = free_tx.send(half);
             }
             Ok::<(), RiverError>(())
         })();
@@ -252,126 +279,58 @@ pub fn sort_groups<S: SpaceSink + ?Sized>(
 }
 
 /// The loader: reads each group into a free half and hands it over, in group order. A
-/// group that overflows its half is sorted into runs, half by half.
+/// group larger than a half is sorted into runs, half by half.
 fn load_groups(
     mut groups: GroupFiles,
-    free: mpsc::Receiver<BucketArena>,
+    free: mpsc::Receiver<MmapMut>,
     loaded: mpsc::SyncSender<Loaded>,
     pass: &PassTwo,
 ) -> Result<(), RiverError> {
     let rs = groups.record_size;
-    let mut buf = Vec::new();
+    let mut sorter = FlatSorter::default();
     for g in 0..groups.len() {
         // The node thread stopped (it failed, and reports why): nothing more to do.
-        let Ok(mut arena) = free.recv() else { return Ok(()) };
-        debug_assert!(arena.is_empty());
+        let Ok(mut half) = free.recv() else { return Ok(()) };
         let path = groups.paths[g].clone();
         let read_err = |e| RiverError::io(format!("reading group {}", path.display()), e);
         let mut file = File::open(&path).map_err(read_err)?;
         let bytes = groups.records[g] as usize * rs;
-        if bytes <= arena.flat().len() {
-            let n = read_full(&mut file, &mut arena.flat_mut()[..bytes]).map_err(read_err)?;
-            if n != bytes || read_full(&mut file, &mut [0u8; 1]).map_err(read_err)? != 0 {
-                return Err(RiverError::io(
-                    format!("reading group {}", path.display()),
-                    std::io::Error::other(format!("{n} bytes read, {bytes} written")),
-                ));
-            }
-            drop(file);
-            let _ = std::fs::remove_file(&path);
-            if loaded.send(Loaded::Whole(arena, g, bytes)).is_err() {
-                return Ok(());
-            }
-            continue;
-        }
-        // Larger than a half: taken in through the buckets, half by half, as sorted runs.
-        buf.resize(pass.io_buffer_bytes.max(rs) / rs * rs, 0);
-        let mut runs: Vec<Run> = Vec::new();
-        let mut read = 0u64;
+        let room = half.len() / rs * rs;
+        let mut runs = Vec::new();
+        let mut read = 0usize;
         loop {
-            let n = read_full(&mut file, &mut buf).map_err(read_err)?;
-            if n == 0 {
+            let want = (bytes - read).min(room);
+            let n = read_full(&mut file, &mut half[..want]).map_err(read_err)?;
+            if n != want {
+                return Err(read_err(std::io::Error::other(format!("{} bytes read, {bytes} written", read + n))));
+            }
+            read += n;
+            if read == bytes && runs.is_empty() {
                 break;
             }
-            if n % rs != 0 {
-                return Err(RiverError::PartialRecord { len: n, record_size: rs });
-            }
-            read += (n / rs) as u64;
-            let mut records = &buf[..n];
-            loop {
-                let taken = arena.push_records(records);
-                records = &records[taken * rs..];
-                if records.is_empty() {
-                    break;
-                }
-                // The half is full before the group ends: sort what it holds as a run.
-                runs.push(write_run(&arena, pass, g, runs.len(), rs)?);
-                arena.clear();
+            // Larger than a half: this part is sorted as a run.
+            runs.push(write_run(&mut sorter, &half[..n], &groups, g, runs.len(), pass)?);
+            if read == bytes {
+                break;
             }
         }
-        if read != groups.records[g] {
-            return Err(RiverError::io(
-                format!("reading group {}", path.display()),
-                std::io::Error::other(format!("{read} records read, {} written", groups.records[g])),
-            ));
+        if read_full(&mut file, &mut [0u8; 1]).map_err(read_err)? != 0 {
+            return Err(read_err(std::io::Error::other(format!("more than the {bytes} bytes written"))));
         }
         drop(file);
         let _ = std::fs::remove_file(&path);
-        tracing::info!(group = g, runs = runs.len(), "a group larger than half the memory bound is merged");
-        if loaded.send(Loaded::Runs { runs, last: arena }).is_err() {
+        let msg = if runs.is_empty() {
+            Loaded::Whole(half, g, bytes)
+        } else {
+            tracing::info!(group = g, runs = runs.len(), "a group larger than half the memory bound is merged");
+            Loaded::Runs(runs, half)
+        };
+        if loaded.send(msg).is_err() {
             return Ok(());
         }
     }
     // Every file is read and removed; dropping `groups` removes nothing more.
     groups.paths.clear();
-    Ok(())
-}
-
-/// Sorts a group read flat (`data`, the appends one after the other, each holding the
-/// group's `buckets` buckets in turn with `counts` records each) bucket by bucket into
-/// `out`.
-fn emit_flat_group<S: SpaceSink + ?Sized>(
-    data: &[u8],
-    rs: usize,
-    buckets: usize,
-    counts: &[u32],
-    out: &mut S,
-) -> Result<(), RiverError> {
-    assert!(buckets > 0 && counts.len().is_multiple_of(buckets), "whole appends");
-    let appends = counts.len() / buckets;
-    // Where each piece starts (records), in the order the appends wrote them.
-    let mut starts = Vec::with_capacity(counts.len());
-    let mut at = 0usize;
-    for &c in counts {
-        starts.push(at);
-        at += c as usize;
-    }
-    assert_eq!(at * rs, data.len(), "the counts cover the group");
-    let mut entries: Vec<u128> = Vec::new();
-    let mut scratch: Vec<u128> = Vec::new();
-    for b in 0..buckets {
-        entries.clear();
-        for a in 0..appends {
-            let piece = a * buckets + b;
-            let first = starts[piece];
-            let records = &data[first * rs..(first + counts[piece] as usize) * rs];
-            entries.extend(records.chunks_exact(rs).enumerate().map(|(i, r)| entry(r, (first + i) as u64)));
-        }
-        if entries.is_empty() {
-            continue;
-        }
-        let mut sorted = sort_entries(&mut entries, &mut scratch);
-        while !sorted.is_empty() {
-            let space = out.space()?;
-            let n = (space.len() / rs).min(sorted.len());
-            for (d, &e) in space[..n * rs].chunks_exact_mut(rs).zip(&sorted[..n]) {
-                let i = index_of(e) * rs;
-                copy_record(d, &data[i..i + rs]);
-            }
-            out.commit(n * rs)?;
-            sorted = &sorted[n..];
-        }
-    }
     Ok(())
 }
 
@@ -388,15 +347,86 @@ fn read_full(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(at)
 }
 
-fn write_run(arena: &BucketArena, pass: &PassTwo, group: usize, index: usize, rs: usize) -> Result<Run, RiverError> {
+fn write_run(
+    sorter: &mut FlatSorter,
+    data: &[u8],
+    groups: &GroupFiles,
+    group: usize,
+    index: usize,
+    pass: &PassTwo,
+) -> Result<Run, RiverError> {
+    let rs = groups.record_size;
     let path = PathBuf::from(format!("{}.g{group}.r{index}", pass.run_prefix.display()));
     let file = File::create(&path).map_err(|e| RiverError::io(format!("creating run {}", path.display()), e))?;
-    let run = Run { path, records: arena.records() };
+    let run = Run { path, records: (data.len() / rs) as u64 };
     let pool = MemPool::heap(2, pass.io_buffer_bytes.max(rs) / rs * rs);
     let mut sink = DiskSink::new(Arc::new(file), 0, pool, rs);
-    emit_sorted(arena, &mut sink)?;
+    sorter.emit(data, rs, &groups.buckets, groups.ranges[group].clone(), &mut sink)?;
     sink.close()?;
     Ok(run)
+}
+
+/// Sorts records held flat: entries placed by bucket (a counting pass), then each bucket's
+/// entries sorted and its records gathered. Keeps its vectors from one group to the next.
+#[derive(Default)]
+struct FlatSorter {
+    entries: Vec<u128>,
+    by_bucket: Vec<u128>,
+    scratch: Vec<u128>,
+    starts: Vec<usize>,
+}
+
+impl FlatSorter {
+    /// Writes the records of `data` (all in the buckets `range` of `buckets`) sorted into
+    /// `out`.
+    fn emit<S: SpaceSink + ?Sized>(
+        &mut self,
+        data: &[u8],
+        rs: usize,
+        buckets: &KeyBuckets,
+        range: Range<usize>,
+        out: &mut S,
+    ) -> Result<(), RiverError> {
+        let n = data.len() / rs;
+        self.entries.clear();
+        self.entries.extend(data.chunks_exact(rs).enumerate().map(|(i, r)| entry(r, i as u64)));
+        // An entry's bucket is its key's: bounds have no index bits.
+        let bucket = |e: u128| buckets.bucket_of(e).clamp(range.start, range.end - 1) - range.start;
+        self.starts.clear();
+        self.starts.resize(range.len() + 1, 0);
+        for &e in &self.entries {
+            self.starts[bucket(e) + 1] += 1;
+        }
+        for b in 0..range.len() {
+            self.starts[b + 1] += self.starts[b];
+        }
+        self.by_bucket.clear();
+        self.by_bucket.resize(n, 0);
+        let mut fill = self.starts.clone();
+        for &e in &self.entries {
+            let b = bucket(e);
+            self.by_bucket[fill[b]] = e;
+            fill[b] += 1;
+        }
+        for b in 0..range.len() {
+            let bucket_entries = &mut self.by_bucket[self.starts[b]..self.starts[b + 1]];
+            if bucket_entries.is_empty() {
+                continue;
+            }
+            let mut sorted = sort_entries(bucket_entries, &mut self.scratch);
+            while !sorted.is_empty() {
+                let space = out.space()?;
+                let k = (space.len() / rs).min(sorted.len());
+                for (d, &e) in space[..k * rs].chunks_exact_mut(rs).zip(&sorted[..k]) {
+                    let i = index_of(e) * rs;
+                    copy_record(d, &data[i..i + rs]);
+                }
+                out.commit(k * rs)?;
+                sorted = &sorted[k..];
+            }
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

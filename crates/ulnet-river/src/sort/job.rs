@@ -108,7 +108,8 @@ pub struct NodeReport {
     pub records_read: u64,
     /// Records in its partition.
     pub records: u64,
-    /// Halves of memory spilled to key-range group files (external mode).
+    /// 1 when the node's memory bound was reached and its records went to key-range group
+    /// files (external mode), else 0.
     #[serde(default)]
     pub spills: usize,
     /// Key-range groups sorted one by one in the second pass (external mode).
@@ -119,7 +120,7 @@ pub struct NodeReport {
     pub merged_groups: usize,
     /// Sorted runs those groups were written as.
     pub runs: usize,
-    /// Seconds receiving waited for a spill to be written (external mode).
+    /// Seconds receiving stopped to move the full arena to the group files (external mode).
     pub spill_s: f64,
     /// Records sent to other nodes.
     pub records_sent: u64,

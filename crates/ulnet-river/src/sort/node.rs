@@ -90,8 +90,10 @@ impl MemoryPlan {
     /// The plan for a bound of `memory` bytes per node (`None`: unbounded) among `nodes`.
     /// With a bound, the terms are: 8 I/O buffers of `memory / 64` (at most 4 MB), the
     /// river's network buffers (send staging and channel receive buffers), slack, and the
-    /// arena with its sort overhead in the rest (two halves: one fills while the other is
-    /// spilled, then one is sorted while the other is read).
+    /// arena with its sort overhead in the rest (external mode: the arena fills, then its
+    /// records and all later ones go to key-range group files through staging buffers
+    /// taken from it; the groups are sorted in two halves of it, one sorted while the
+    /// other is read, with the sort's entries in the overhead).
     pub fn new(memory: Option<u64>, nodes: usize, river: &RiverConfig) -> Result<Self, RiverError> {
         let Some(m) = memory else {
             return Ok(MemoryPlan {

@@ -8,7 +8,7 @@
 use super::bucket::BLOCK_BYTES;
 use super::bucket::{copy_record, BucketArena, KeyBuckets};
 use super::distribute::{plan_groups, sort_groups, GroupFiles, GroupReport, PassTwo};
-use super::radix::{entry, index_of};
+use super::radix::entry;
 use crate::disk::DiskSource;
 use crate::error::RiverError;
 use crate::flow::{Sink, Source, SpaceSink};
@@ -37,25 +37,22 @@ impl Drop for Run {
 #[derive(Debug)]
 pub struct RecordStore {
     record_size: usize,
-    /// Room for the records (in memory) or for each half (external mode).
+    /// Room for the records (in memory) or the memory bound (external mode).
     sizing: Sizing,
     /// The records, once the buckets are known ([`RecordStore::set_buckets`]) …
     arena: Option<BucketArena>,
     /// … and those that arrived before (from a node that learned the splitters sooner).
     early: Vec<u8>,
-    /// External mode: the bucket ranges of the groups …
+    /// External mode: the buckets …
+    buckets: Option<Arc<KeyBuckets>>,
+    /// … and the groups' bucket ranges …
     group_ranges: Vec<Range<usize>>,
-    /// … their files once the first half was spilled (`None` while a spill has them) …
+    /// … and, once the arena filled, the group files every record goes to …
     groups: Option<GroupFiles>,
     /// … named after this.
     spill_prefix: PathBuf,
     spill_time: Duration,
-    spills: usize,
     records: u64,
-    /// External mode: the other half of the memory, free to fill next …
-    spare: Option<BucketArena>,
-    /// … or being appended to the group files on a thread of its own.
-    spilling: Option<std::thread::JoinHandle<Result<(BucketArena, GroupFiles), RiverError>>>,
 }
 
 /// How a store is sized.
@@ -63,10 +60,13 @@ pub struct RecordStore {
 enum Sizing {
     /// One arena for this many records; more is an error.
     Records(usize),
-    /// Two halves of this many bytes each; a full one is spilled to the group files. The
-    /// partition is expected to hold about `partition_bytes`.
-    HalfBytes { half: usize, partition_bytes: u64 },
+    /// At most `arena_bytes` of records in memory; past them every record goes to the
+    /// group files. The partition is expected to hold about `partition_bytes`.
+    Bounded { arena_bytes: usize, partition_bytes: u64 },
 }
+
+/// Share of the arena kept for the groups' staging buffers: 1/16.
+const STAGE_SHARE: usize = 16;
 
 impl RecordStore {
     /// An in-memory store with room for `records` records (address space only, until
@@ -75,13 +75,12 @@ impl RecordStore {
         Self::new(record_size, Sizing::Records(records), PathBuf::new())
     }
 
-    /// A store that holds at most `arena_bytes` of records, in two halves, for a
-    /// partition of about `partition_bytes`: when one half is full it is appended to the
-    /// group files (`spill_prefix.gN`) on a thread of its own while the other fills, so
-    /// receiving goes on during a spill; it waits only when the second half fills before
-    /// the first is written.
+    /// A store that holds at most `arena_bytes` of records, for a partition of about
+    /// `partition_bytes`: when the arena is full, its records and every later one are
+    /// appended to key-range group files (`spill_prefix.gN`), to be sorted group by group
+    /// in halves of the arena ([`RecordStore::write_sorted`]).
     pub fn spilling(record_size: usize, arena_bytes: usize, partition_bytes: u64, spill_prefix: PathBuf) -> Self {
-        Self::new(record_size, Sizing::HalfBytes { half: arena_bytes / 2, partition_bytes }, spill_prefix)
+        Self::new(record_size, Sizing::Bounded { arena_bytes, partition_bytes }, spill_prefix)
     }
 
     fn new(record_size: usize, sizing: Sizing, spill_prefix: PathBuf) -> Self {
@@ -90,29 +89,28 @@ impl RecordStore {
             sizing,
             arena: None,
             early: Vec::new(),
+            buckets: None,
             group_ranges: Vec::new(),
             groups: None,
             spill_prefix,
             spill_time: Duration::ZERO,
-            spills: 0,
             records: 0,
-            spare: None,
-            spilling: None,
         }
     }
 
     /// Sets the key-range buckets records are kept in (once), making the arena (and, in
-    /// external mode, the groups), and takes the records that arrived before.
+    /// external mode, planning the groups), and takes the records that arrived before.
     pub fn set_buckets(&mut self, buckets: Arc<KeyBuckets>) -> Result<(), RiverError> {
-        assert!(self.arena.is_none(), "buckets are set once");
+        assert!(self.arena.is_none() && self.groups.is_none(), "buckets are set once");
         let rs = self.record_size;
         let reserve = |e| RiverError::io("reserving the record arena", e);
         match self.sizing {
             Sizing::Records(n) => self.arena = Some(BucketArena::new(buckets, rs, n).map_err(reserve)?),
-            Sizing::HalfBytes { half, partition_bytes } => {
-                self.group_ranges = plan_groups(&buckets, partition_bytes, half);
-                self.arena = Some(BucketArena::bounded(buckets.clone(), rs, half).map_err(reserve)?);
-                self.spare = Some(BucketArena::bounded(buckets, rs, half).map_err(reserve)?);
+            Sizing::Bounded { arena_bytes, partition_bytes } => {
+                self.group_ranges = plan_groups(&buckets, partition_bytes, arena_bytes / 2);
+                let stages = arena_bytes / STAGE_SHARE;
+                self.arena = Some(BucketArena::bounded(buckets.clone(), rs, arena_bytes - stages).map_err(reserve)?);
+                self.buckets = Some(buckets);
             }
         }
         let early = std::mem::take(&mut self.early);
@@ -125,94 +123,83 @@ impl RecordStore {
         self.records
     }
 
-    /// Halves spilled to the group files so far (0: everything is in memory).
+    /// 1 once the memory bound was reached and records went to the group files, else 0.
     pub fn spills(&self) -> usize {
-        self.spills
+        usize::from(self.groups.is_some())
     }
 
-    /// Time receiving waited for a spill to finish (the second half filled first).
+    /// Time taken to move the full arena to the group files.
     pub fn spill_time(&self) -> Duration {
         self.spill_time
     }
 
-    /// Waits for the spill in progress, if any; returns its half, emptied.
-    fn finish_spill(&mut self) -> Result<Option<BucketArena>, RiverError> {
-        let Some(thread) = self.spilling.take() else { return Ok(None) };
+    /// The arena is full: its records go to the group files, as every later record will
+    /// (an in-memory store has nowhere to go: more records than it was sized for is an
+    /// error).
+    fn spill(&mut self) -> Result<(), RiverError> {
+        let arena_bytes = match self.sizing {
+            Sizing::Records(n) => {
+                return Err(RiverError::Input(format!(
+                    "a partition of more than the {n} records it was sized for arrived"
+                )))
+            }
+            Sizing::Bounded { arena_bytes, .. } => arena_bytes,
+        };
         let started = Instant::now();
-        let (arena, groups) = thread
-            .join()
-            .unwrap_or_else(|_| Err(RiverError::io("spilling to the groups", std::io::Error::other("panicked"))))?;
+        let arena = self.arena.take().expect("a full arena");
+        let buckets = self.buckets.clone().expect("set with the arena");
+        let mut groups = GroupFiles::create(
+            &self.spill_prefix,
+            buckets.clone(),
+            self.group_ranges.clone(),
+            self.record_size,
+            arena_bytes / STAGE_SHARE,
+        )?;
+        for b in 0..buckets.len() {
+            for block in arena.bucket_blocks(b) {
+                for r in block.chunks_exact(self.record_size) {
+                    groups.push(r)?;
+                }
+            }
+        }
+        drop(arena);
         self.groups = Some(groups);
         self.spill_time += started.elapsed();
-        Ok(Some(arena))
-    }
-
-    /// The group files, created at the first spill.
-    fn take_groups(&mut self) -> Result<GroupFiles, RiverError> {
-        match self.groups.take() {
-            Some(g) => Ok(g),
-            None => GroupFiles::create(&self.spill_prefix, self.group_ranges.clone(), self.record_size),
-        }
-    }
-
-    /// The arena is full: hands it to a spill thread and goes on with the other half (an
-    /// in-memory store has no other half: more records than it was sized for is an error).
-    fn spill(&mut self) -> Result<(), RiverError> {
-        if let Sizing::Records(n) = self.sizing {
-            return Err(RiverError::Input(format!(
-                "a partition of more than the {n} records it was sized for arrived"
-            )));
-        }
-        let next = match self.spare.take() {
-            Some(a) => a,
-            None => self.finish_spill()?.expect("a half is spare or spilling"),
-        };
-        let mut full = self.arena.replace(next).expect("a full arena");
-        assert!(!full.is_empty(), "a full arena holds records");
-        let mut groups = self.take_groups()?;
-        self.spills += 1;
-        let thread = std::thread::Builder::new()
-            .name("river-spill".into())
-            .spawn(move || {
-                groups.append(&full)?;
-                full.clear();
-                Ok((full, groups))
-            })
-            .map_err(|e| RiverError::io("starting a spill thread", e))?;
-        self.spilling = Some(thread);
         Ok(())
     }
 
-    /// Writes the partition, sorted, to `out`: the arena in one pass when nothing was
-    /// spilled; else the last half is spilled too and the groups are sorted one by one
-    /// ([`sort_groups`]), reading with buffers of `io_buffer_bytes` and merging a group
-    /// too large for a half with `merge_read_bytes` of read-ahead.
+    /// Writes the partition, sorted, to `out`: the arena in one pass when it held
+    /// everything; else the groups one by one ([`sort_groups`]) in two halves of the
+    /// arena, writing over-size groups' runs with buffers of `io_buffer_bytes` and
+    /// merging them with `merge_read_bytes` of read-ahead.
     pub fn write_sorted<S: SpaceSink + ?Sized>(
         mut self,
         out: &mut S,
         io_buffer_bytes: usize,
         merge_read_bytes: usize,
     ) -> Result<GroupReport, RiverError> {
-        if self.arena.is_none() {
+        if self.arena.is_none() && self.groups.is_none() {
             self.set_buckets(Arc::new(KeyBuckets::single()))?;
         }
-        let mut arena = self.arena.take().expect("set above");
-        if self.spills == 0 {
-            emit_sorted(&arena, out)?;
-            return Ok(GroupReport::default());
+        match (self.groups.take(), self.arena.take()) {
+            (None, Some(arena)) => {
+                emit_sorted(&arena, out)?;
+                Ok(GroupReport::default())
+            }
+            (Some(groups), _) => {
+                let Sizing::Bounded { arena_bytes, .. } = self.sizing else {
+                    unreachable!("only bounded stores spill")
+                };
+                let pass = PassTwo {
+                    half_bytes: arena_bytes / 2,
+                    io_buffer_bytes,
+                    merge_read_bytes,
+                    run_prefix: self.spill_prefix.clone(),
+                };
+                sort_groups(groups, &pass, out)
+            }
+            (None, None) => unreachable!("set above"),
         }
-        let other = match self.spare.take() {
-            Some(a) => a,
-            None => self.finish_spill()?.expect("a half is spare or spilling"),
-        };
-        let mut groups = self.groups.take().expect("spilled before, and the spill is finished");
-        if !arena.is_empty() {
-            groups.append(&arena)?;
-            arena.clear();
-            self.spills += 1;
-        }
-        let pass = PassTwo { io_buffer_bytes, merge_read_bytes, run_prefix: self.spill_prefix.clone() };
-        sort_groups(groups, [arena, other], &pass, out)
     }
 }
 
@@ -221,6 +208,13 @@ impl Sink for RecordStore {
         let rs = self.record_size;
         if !records.len().is_multiple_of(rs) {
             return Err(RiverError::PartialRecord { len: records.len(), record_size: rs });
+        }
+        if let Some(groups) = self.groups.as_mut() {
+            for r in records.chunks_exact(rs) {
+                groups.push(r)?;
+            }
+            self.records += (records.len() / rs) as u64;
+            return Ok(());
         }
         loop {
             let taken = match self.arena.as_mut() {
@@ -236,6 +230,7 @@ impl Sink for RecordStore {
                 return Ok(());
             }
             self.spill()?;
+            return self.sink_records(records);
         }
     }
 
@@ -245,6 +240,13 @@ impl Sink for RecordStore {
             return Err(RiverError::Config(format!(
                 "records of {record_size} bytes given to a store of {rs}-byte records"
             )));
+        }
+        if let Some(groups) = self.groups.as_mut() {
+            for &i in which {
+                groups.push(&records[i as usize * rs..(i as usize + 1) * rs])?;
+            }
+            self.records += which.len() as u64;
+            return Ok(());
         }
         loop {
             let taken = match self.arena.as_mut() {
@@ -262,18 +264,12 @@ impl Sink for RecordStore {
                 return Ok(());
             }
             self.spill()?;
+            return self.sink_gathered(records, record_size, which);
         }
     }
 
     fn close(&mut self) -> Result<(), RiverError> {
         Ok(())
-    }
-}
-
-impl Drop for RecordStore {
-    fn drop(&mut self) {
-        // Joins the spill, so that its group files are removed with the rest.
-        let _ = self.finish_spill();
     }
 }
 
@@ -358,64 +354,48 @@ pub fn emit_sorted<S: SpaceSink + ?Sized>(arena: &BucketArena, out: &mut S) -> R
     })
 }
 
-/// A sorted run being merged: read ahead from its file, or in memory in sorted order.
-enum RunReader<'a> {
-    Disk { source: DiskSource, buffer: Option<Buffer>, at: usize },
-    Memory { arena: &'a BucketArena, order: Vec<u32>, at: usize },
+/// A sorted run being merged, read ahead from its file.
+struct RunReader {
+    source: DiskSource,
+    buffer: Option<Buffer>,
+    at: usize,
 }
 
-impl RunReader<'_> {
+impl RunReader {
     #[inline]
     fn current(&self, record_size: usize) -> Option<&[u8]> {
-        match self {
-            RunReader::Disk { buffer, at, .. } => buffer.as_ref().map(|b| &b.as_slice()[*at..*at + record_size]),
-            RunReader::Memory { arena, order, at } => order.get(*at).map(|&i| arena.record(i as usize)),
-        }
+        self.buffer.as_ref().map(|b| &b.as_slice()[self.at..self.at + record_size])
     }
 
     #[inline]
     fn advance(&mut self, record_size: usize) -> Result<(), RiverError> {
-        match self {
-            RunReader::Disk { source, buffer, at } => {
-                *at += record_size;
-                if buffer.as_ref().is_some_and(|b| *at >= b.len()) {
-                    *buffer = None;
-                    *at = 0;
-                    *buffer = source.next_buffer()?;
-                }
-            }
-            RunReader::Memory { at, .. } => *at += 1,
+        self.at += record_size;
+        if self.buffer.as_ref().is_some_and(|b| self.at >= b.len()) {
+            self.buffer = None;
+            self.at = 0;
+            self.buffer = self.source.next_buffer()?;
         }
         Ok(())
     }
 }
 
-/// Merges sorted runs into `out` with a tree of losers over the runs' current keys: the
-/// spilled ones, each read ahead by a [`DiskSource`] with two buffers of its share of
-/// `read_pool_bytes` (at least 64 KiB each), and the records of `in_memory` as one more run.
+/// Merges sorted runs into `out` with a tree of losers over the runs' current keys, each
+/// run read ahead by a [`DiskSource`] with two buffers of its share of `read_pool_bytes`
+/// (at least 64 KiB each).
 pub fn merge_runs<S: SpaceSink + ?Sized>(
     runs: &[Run],
     record_size: usize,
     read_pool_bytes: usize,
-    in_memory: Option<&BucketArena>,
     out: &mut S,
 ) -> Result<(), RiverError> {
     let per_buffer = (read_pool_bytes / (2 * runs.len().max(1))).clamp(64 << 10, 8 << 20) / record_size * record_size;
-    let mut readers = Vec::with_capacity(runs.len() + 1);
+    let mut readers = Vec::with_capacity(runs.len());
     for run in runs {
         let pool = MemPool::heap(2, per_buffer);
         let len = run.records * record_size as u64;
         let mut source = DiskSource::open(&run.path, 0..len, record_size, pool, None)?;
         let buffer = source.next_buffer()?;
-        readers.push(RunReader::Disk { source, buffer, at: 0 });
-    }
-    if let Some(arena) = in_memory.filter(|a| !a.is_empty()) {
-        let mut order = Vec::with_capacity(arena.records() as usize);
-        arena.for_each_sorted(|_, entries| {
-            order.extend(entries.iter().map(|&e| index_of(e) as u32));
-            Ok::<(), RiverError>(())
-        })?;
-        readers.push(RunReader::Memory { arena, order, at: 0 });
+        readers.push(RunReader { source, buffer, at: 0 });
     }
     let keys = readers
         .iter()
@@ -506,7 +486,7 @@ mod tests {
             store.sink_records(piece).unwrap();
         }
         assert_eq!(store.records(), (data.len() / 100) as u64);
-        assert!(store.spills() >= 2, "spills: {}", store.spills());
+        assert_eq!(store.spills(), 1, "the arena filled");
         let (out, report) = sorted_out(store, 1 << 20).unwrap();
         check_sorted(&out, data);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "group and run files are removed");
