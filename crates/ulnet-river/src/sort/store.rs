@@ -216,22 +216,21 @@ impl Sink for RecordStore {
             self.records += (records.len() / rs) as u64;
             return Ok(());
         }
-        loop {
-            let taken = match self.arena.as_mut() {
-                Some(arena) => arena.push_records(records),
-                None => {
-                    self.early.extend_from_slice(records);
-                    records.len() / rs
-                }
-            };
-            self.records += taken as u64;
-            records = &records[taken * rs..];
-            if records.is_empty() {
-                return Ok(());
+        let taken = match self.arena.as_mut() {
+            Some(arena) => arena.push_records(records),
+            None => {
+                self.early.extend_from_slice(records);
+                records.len() / rs
             }
-            self.spill()?;
-            return self.sink_records(records);
+        };
+        self.records += taken as u64;
+        records = &records[taken * rs..];
+        if records.is_empty() {
+            return Ok(());
         }
+        // The arena is full: from now on records go to the groups.
+        self.spill()?;
+        self.sink_records(records)
     }
 
     fn sink_gathered(&mut self, records: &[u8], record_size: usize, mut which: &[u32]) -> Result<(), RiverError> {
@@ -248,24 +247,23 @@ impl Sink for RecordStore {
             self.records += which.len() as u64;
             return Ok(());
         }
-        loop {
-            let taken = match self.arena.as_mut() {
-                Some(arena) => arena.push_gathered(records, which),
-                None => {
-                    for &i in which {
-                        self.early.extend_from_slice(&records[i as usize * rs..(i as usize + 1) * rs]);
-                    }
-                    which.len()
+        let taken = match self.arena.as_mut() {
+            Some(arena) => arena.push_gathered(records, which),
+            None => {
+                for &i in which {
+                    self.early.extend_from_slice(&records[i as usize * rs..(i as usize + 1) * rs]);
                 }
-            };
-            self.records += taken as u64;
-            which = &which[taken..];
-            if which.is_empty() {
-                return Ok(());
+                which.len()
             }
-            self.spill()?;
-            return self.sink_gathered(records, record_size, which);
+        };
+        self.records += taken as u64;
+        which = &which[taken..];
+        if which.is_empty() {
+            return Ok(());
         }
+        // The arena is full: from now on records go to the groups.
+        self.spill()?;
+        self.sink_gathered(records, record_size, which)
     }
 
     fn close(&mut self) -> Result<(), RiverError> {
