@@ -3,20 +3,22 @@
 //! the second pass sorts one group at a time in memory and appends it to the output.
 //!
 //! ```text
-//!  pass 1   record ──► its group's staging buffer ──(full: one large write)──► group file
+//!  pass 1   record ──► its group's staging buffer ──(full: bucket order, one write)──► group file
 //!  pass 2   loader thread:  read group i+1 flat into a free half  ─┐
-//!           node thread:    sort group i by bucket, then each  ◄───┘ ─► output writer
-//!                           bucket                                      (group i-1)
+//!           node thread:    sort group i bucket by bucket      ◄───┘ ─► output writer
+//!                                                                       (group i-1)
 //! ```
 //!
 //! A group is a run of consecutive key-range buckets; the buckets hold about equal numbers
 //! of sampled keys, so groups stay about equal on skewed keys too. Records are staged per
-//! group and written from the buffer they were just copied into (the kernel's copy reads
-//! cached memory). In pass 2 a group's records are ordered by 16-byte entries: counted and
-//! placed by bucket, then each bucket (a few hundred kilobytes of records) radix-sorted and
-//! its records gathered into the output. A group that does not fit in a half (a key
-//! repeated past it, or sampling that missed a heavy key range) is not lost or truncated:
-//! the loader sorts it half by half into runs and the node merges them
+//! group; a full stage is put in bucket order (a counting pass over records still in
+//! cache) and written from that buffer, and the records of each bucket in each write are
+//! counted. Pass 2 reads a group file flat into a half and finds every bucket's pieces
+//! from the counts, without looking at a key; each bucket (a few hundred kilobytes of
+//! records) is radix-sorted and its records gathered into the output. A group that does
+//! not fit in a half (a key repeated past it, or sampling that missed a heavy key range)
+//! is not lost or truncated: the loader sorts it half by half into runs (placing entries
+//! by bucket itself, [`FlatSorter`]) and the node merges them
 //! ([`GroupReport::merged_groups`]).
 
 use super::bucket::{copy_record, KeyBuckets};
@@ -65,9 +67,16 @@ pub struct GroupFiles {
     buckets: Arc<KeyBuckets>,
     /// The group of each bucket.
     group_of: Vec<u32>,
-    /// Records staged for each group, written when [`GroupFiles::stage_bytes`] is reached.
+    /// Records staged for each group, written when `stage_bytes` is reached …
     stages: Vec<Vec<u8>>,
+    /// … and the bucket of each (counted from the group's first) …
+    stage_buckets: Vec<Vec<u32>>,
+    /// … put in bucket order here before the write.
+    ordered: Vec<u8>,
     stage_bytes: usize,
+    /// Per group: records of each of its buckets in each write, write after write.
+    counts: Vec<Vec<u32>>,
+    bucket_fill: Vec<usize>,
     records: Vec<u64>,
     record_size: usize,
 }
@@ -93,6 +102,10 @@ impl GroupFiles {
             paths: Vec::with_capacity(ranges.len()),
             files: Vec::with_capacity(ranges.len()),
             stages: vec![Vec::new(); ranges.len()],
+            stage_buckets: vec![Vec::new(); ranges.len()],
+            ordered: Vec::new(),
+            counts: vec![Vec::new(); ranges.len()],
+            bucket_fill: Vec::new(),
             records: vec![0; ranges.len()],
             ranges,
             buckets,
@@ -129,12 +142,19 @@ impl GroupFiles {
     /// Stages one record (whole) for its group, writing the group's buffer when full.
     #[inline]
     pub fn push(&mut self, record: &[u8]) -> Result<(), RiverError> {
-        let g = self.group_of[self.buckets.bucket_of(key(record))] as usize;
+        let b = self.buckets.bucket_of(key(record));
+        let g = self.group_of[b] as usize;
         let stage = &mut self.stages[g];
         if stage.capacity() == 0 {
             stage.reserve_exact(self.stage_bytes);
+            self.stage_buckets[g].reserve_exact(self.stage_bytes / self.record_size);
         }
-        stage.extend_from_slice(record);
+        // A Sort Benchmark record is copied as a fixed-size move, not a call per record.
+        match <&[u8; ulnet_sortbench::RECORD_SIZE]>::try_from(record) {
+            Ok(r) => stage.extend_from_slice(r),
+            Err(_) => stage.extend_from_slice(record),
+        }
+        self.stage_buckets[g].push((b - self.ranges[g].start) as u32);
         self.records[g] += 1;
         if stage.len() >= self.stage_bytes {
             self.write_stage(g)?;
@@ -142,11 +162,35 @@ impl GroupFiles {
         Ok(())
     }
 
+    /// Writes group `g`'s staged records in bucket order (a counting pass over records
+    /// still in cache), recording how many each bucket has.
     fn write_stage(&mut self, g: usize) -> Result<(), RiverError> {
+        let rs = self.record_size;
+        let nb = self.ranges[g].len();
+        let fill = &mut self.bucket_fill;
+        fill.clear();
+        fill.resize(nb, 0);
+        for &b in &self.stage_buckets[g] {
+            fill[b as usize] += 1;
+        }
+        self.counts[g].extend(fill.iter().map(|&c| c as u32));
+        let mut at = 0;
+        for f in fill.iter_mut() {
+            let c = *f;
+            *f = at;
+            at += c * rs;
+        }
+        self.ordered.resize(self.stages[g].len(), 0);
+        for (r, &b) in self.stages[g].chunks_exact(rs).zip(&self.stage_buckets[g]) {
+            let to = &mut fill[b as usize];
+            copy_record(&mut self.ordered[*to..*to + rs], r);
+            *to += rs;
+        }
         self.files[g]
-            .write_all(&self.stages[g])
+            .write_all(&self.ordered)
             .map_err(|e| RiverError::io(format!("appending to group {}", self.paths[g].display()), e))?;
         self.stages[g].clear();
+        self.stage_buckets[g].clear();
         Ok(())
     }
 
@@ -157,7 +201,9 @@ impl GroupFiles {
                 self.write_stage(g)?;
             }
             self.stages[g] = Vec::new();
+            self.stage_buckets[g] = Vec::new();
         }
+        self.ordered = Vec::new();
         Ok(())
     }
 }
@@ -226,8 +272,8 @@ pub fn sort_groups<S: SpaceSink + ?Sized>(
     groups.flush()?;
     let n = groups.len();
     let rs = groups.record_size;
-    let buckets = groups.buckets.clone();
     let ranges = groups.ranges.clone();
+    let counts = std::mem::take(&mut groups.counts);
     let halves = [half(pass.half_bytes)?, half(pass.half_bytes)?];
     std::thread::scope(|scope| {
         let (loaded_tx, loaded_rx) = mpsc::sync_channel::<Loaded>(1);
@@ -240,12 +286,11 @@ pub fn sort_groups<S: SpaceSink + ?Sized>(
             .spawn_scoped(scope, move || load_groups(groups, free_rx, loaded_tx, pass))
             .map_err(|e| RiverError::io("starting the group loader", e))?;
         let mut report = GroupReport::default();
-        let mut sorter = FlatSorter::default();
         let sorted = (|| {
             for loaded in loaded_rx.iter() {
                 let half = match loaded {
                     Loaded::Whole(half, g, bytes) => {
-                        sorter.emit(&half[..bytes], rs, &buckets, ranges[g].clone(), out)?;
+                        emit_flat_group(&half[..bytes], rs, ranges[g].len(), &counts[g], out)?;
                         half
                     }
                     Loaded::Runs(runs, half) => {
@@ -334,6 +379,54 @@ fn load_groups(
     Ok(())
 }
 
+/// Sorts a group read flat (`data`, the appends one after the other, each holding the
+/// group's `buckets` buckets in turn with `counts` records each) bucket by bucket into
+/// `out`.
+fn emit_flat_group<S: SpaceSink + ?Sized>(
+    data: &[u8],
+    rs: usize,
+    buckets: usize,
+    counts: &[u32],
+    out: &mut S,
+) -> Result<(), RiverError> {
+    assert!(buckets > 0 && counts.len().is_multiple_of(buckets), "whole appends");
+    let appends = counts.len() / buckets;
+    // Where each piece starts (records), in the order the appends wrote them.
+    let mut starts = Vec::with_capacity(counts.len());
+    let mut at = 0usize;
+    for &c in counts {
+        starts.push(at);
+        at += c as usize;
+    }
+    assert_eq!(at * rs, data.len(), "the counts cover the group");
+    let mut entries: Vec<u128> = Vec::new();
+    let mut scratch: Vec<u128> = Vec::new();
+    for b in 0..buckets {
+        entries.clear();
+        for a in 0..appends {
+            let piece = a * buckets + b;
+            let first = starts[piece];
+            let records = &data[first * rs..(first + counts[piece] as usize) * rs];
+            entries.extend(records.chunks_exact(rs).enumerate().map(|(i, r)| entry(r, (first + i) as u64)));
+        }
+        if entries.is_empty() {
+            continue;
+        }
+        let mut sorted = sort_entries(&mut entries, &mut scratch);
+        while !sorted.is_empty() {
+            let space = out.space()?;
+            let n = (space.len() / rs).min(sorted.len());
+            for (d, &e) in space[..n * rs].chunks_exact_mut(rs).zip(&sorted[..n]) {
+                let i = index_of(e) * rs;
+                copy_record(d, &data[i..i + rs]);
+            }
+            out.commit(n * rs)?;
+            sorted = &sorted[n..];
+        }
+    }
+    Ok(())
+}
+
 fn read_full(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut at = 0;
     while at < buf.len() {
@@ -366,8 +459,9 @@ fn write_run(
     Ok(run)
 }
 
-/// Sorts records held flat: entries placed by bucket (a counting pass), then each bucket's
-/// entries sorted and its records gathered. Keeps its vectors from one group to the next.
+/// Sorts records held flat in no order (part of an over-size group): entries placed by
+/// bucket (a counting pass), then each bucket's entries sorted and its records gathered.
+/// Keeps its vectors from one run to the next.
 #[derive(Default)]
 struct FlatSorter {
     entries: Vec<u128>,
