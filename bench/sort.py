@@ -146,7 +146,7 @@ def main():
                 p = r["phases"]
                 f.write(f"| {r['case']} | {r['label']} | {p['startup_s']:.3f} | {p['read_distribute_s']:.3f} | "
                         f"{p['sort_s']:.3f} | {p['write_s']:.3f} | {p['total_s']:.3f} | {r['imbalance']:.3f} | "
-                        f"{r['rss_mib']:.0f} |\n" if r["rss_mib"] else "n/a (not reported by this build) |\n")
+                        + (f"{r['rss_mib']:.0f} |\n" if r["rss_mib"] else "n/a (not reported by this build) |\n"))
             f.write("\nCommands (run alternately, peer first in each round):\n\n")
             for r in rows:
                 f.write(f"- {r['case']}, {r['label']}: `{r['cmd']}` vs `{r['peer_cmd']}`; ulnet runs "
