@@ -9,6 +9,8 @@ its --json report (medians over the rounds). Every ulnet output is checked with
 
 usage: bench/sort.py [--rounds N] [--dir DIR] [--markdown FILE] [--cases datamation,1e7,external]
   DIR holds the generated inputs (default target/sort-bench); they are deleted at the end.
+  ULNET_BASELINE=PATH also runs another ulnet binary (an older build) with the same
+  arguments in every round, labelled "baseline", for a side-by-side of two versions.
 """
 import argparse, json, os, shutil, statistics, subprocess, sys, time
 
@@ -41,8 +43,13 @@ def gensort(path, n, args):
         subprocess.run([ULNET, "gensort", *args, str(n), path], check=True)
 
 
+BASELINE = os.environ.get("ULNET_BASELINE")
+
+
 def run_case(name, peer_name, peer_cmd, ours, rounds, records, outputs, goal):
     """ours: list of (label, argv); peer_cmd: argv. Returns rows for the report."""
+    if BASELINE:
+        ours = ours + [(f"{l}, baseline", [BASELINE, *argv[1:]]) for l, argv in ours]
     peer_t, our_t, phases = [], {l: [] for l, _ in ours}, {l: [] for l, _ in ours}
     for r in range(rounds):
         for o in outputs:
@@ -69,8 +76,10 @@ def run_case(name, peer_name, peer_cmd, ours, rounds, records, outputs, goal):
         ratio = mo / mp
         rows.append(dict(case=name, label=label, ours=mo, peer=mp, peer_name=peer_name, ratio=ratio, goal=goal,
                          ok=ratio <= goal, phases=ph, our_runs=our_t[label], peer_runs=peer_t,
-                         cmd=" ".join(a if a != ULNET else "ulnet" for a in argv), peer_cmd=" ".join(peer_cmd),
-                         mode=phases[label][0]["mode"], imbalance=phases[label][0]["imbalance"]))
+                         cmd=" ".join(a if a not in (ULNET, BASELINE) else "ulnet" for a in argv), peer_cmd=" ".join(peer_cmd),
+                         mode=phases[label][0]["mode"], imbalance=phases[label][0]["imbalance"],
+                         rss_mib=max(n.get("usage", {}).get("max_rss_kib", 0) / 1024
+                                     for p in phases[label] for n in p["per_node"])))
         print(f"{name:12} {label:28} ulnet {mo:8.3f} s  {peer_name} {mp:8.3f} s  ratio {ratio:6.3f}  "
               f"goal <={goal}  {'PASS' if ratio <= goal else 'MISS'}", flush=True)
     return rows
@@ -130,12 +139,14 @@ def main():
                         f"{r['peer']:.3f} | {r['ratio']:.3f} | <={r['goal']} | {'yes' if r['ok'] else 'no'} |\n")
             f.write("\nPer-phase times of ulnet (medians over the rounds, slowest node, seconds; total is node 0's "
                     "command start to commit, the wall time above includes process exit):\n\n"
-                    "| case | ulnet | startup | read+distribute | sort | write | total | largest partition / mean |\n"
-                    "|---|---|---|---|---|---|---|---|\n")
+                    "| case | ulnet | startup | read+distribute | sort | write | total | largest partition / mean "
+                    "| peak RSS of a node (MiB, max over rounds) |\n"
+                    "|---|---|---|---|---|---|---|---|---|\n")
             for r in rows:
                 p = r["phases"]
                 f.write(f"| {r['case']} | {r['label']} | {p['startup_s']:.3f} | {p['read_distribute_s']:.3f} | "
-                        f"{p['sort_s']:.3f} | {p['write_s']:.3f} | {p['total_s']:.3f} | {r['imbalance']:.3f} |\n")
+                        f"{p['sort_s']:.3f} | {p['write_s']:.3f} | {p['total_s']:.3f} | {r['imbalance']:.3f} | "
+                        + (f"{r['rss_mib']:.0f} |\n" if r["rss_mib"] else "n/a (not reported by this build) |\n"))
             f.write("\nCommands (run alternately, peer first in each round):\n\n")
             for r in rows:
                 f.write(f"- {r['case']}, {r['label']}: `{r['cmd']}` vs `{r['peer_cmd']}`; ulnet runs "

@@ -3,13 +3,14 @@
 #   Datamation: 10^6 ASCII records, 2 and 4 local nodes, goal <= 0.25 x `LC_ALL=C sort -S 2G`
 #   10^7 ASCII records, 2 and 4 local nodes, goal <= 0.25 x GNU sort
 #   external: 4 x 10^7 records, 1 GiB of memory in total (2 nodes x 512 MiB), goal <= 3 x `cp`
-# Writes bench/results/sort.md. ROUNDS (default 5) and SORT_BENCH_DIR (default
-# target/sort-bench; about 13 GB free needed for the external case) may be set; CASES picks
-# a subset (e.g. CASES=datamation). Inputs are deleted at the end.
+# Writes bench/results/sort.md (SORT_OUT to write elsewhere). ROUNDS (default 5) and
+# SORT_BENCH_DIR (default target/sort-bench; about 12 GB free needed for the external case:
+# input, output and the key-range group files) may be set; CASES picks a subset (e.g.
+# CASES=datamation). Inputs are deleted at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --locked -p ulnet >/dev/null 2>&1
-OUT=bench/results/sort.md
+OUT=${SORT_OUT:-bench/results/sort.md}
 TMP=$(mktemp)
 status=0
 python3 bench/sort.py --rounds "${ROUNDS:-5}" --dir "${SORT_BENCH_DIR:-target/sort-bench}" \

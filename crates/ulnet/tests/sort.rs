@@ -82,6 +82,9 @@ fn matrix(format: RecordFormat) {
         let r = sort_and_check(&input, &output, sum, n, &["--nodes", nodes, "--memory", "24MiB", "--verify"]);
         assert_eq!(r["mode"], "external", "{r}");
         assert_eq!(r["verified"], true);
+        let per_node = r["per_node"].as_array().unwrap();
+        assert!(per_node.iter().all(|n| n["groups"].as_u64().unwrap() >= 2), "distribution pass: {r}");
+        assert!(per_node.iter().all(|n| n["merged_groups"] == 0), "sampled groups fit in memory: {r}");
         assert!(r["imbalance"].as_f64().unwrap() < 1.15, "partitions unbalanced: {r}");
     }
 }
@@ -148,6 +151,29 @@ fn partitioned_output_validates_with_valsort_summaries() {
     let text = String::from_utf8_lossy(&v.stderr);
     assert!(v.status.success() && text.contains("SUCCESS"), "{text}");
     assert!(text.contains(&format!("Checksum: {sum}")), "{text}");
+}
+
+#[test]
+fn a_key_repeated_past_the_memory_bound_is_merged_not_lost() {
+    // A third of the records share one key: whichever node holds it has a key-range group
+    // larger than half its memory, which it sorts as runs and merges.
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.dat");
+    let output = dir.path().join("out.dat");
+    let n = 600_000u64;
+    gensort(&input, n, RecordFormat::BINARY);
+    let mut data = std::fs::read(&input).unwrap();
+    for r in data.chunks_mut(100).step_by(3) {
+        r[..10].copy_from_slice(b"DUPLICATE!");
+    }
+    std::fs::write(&input, &data).unwrap();
+    let sum = Checksum::of_records(&data);
+    let r = sort_and_check(&input, &output, sum, n, &["--nodes", "2", "--memory", "24MiB", "--verify"]);
+    assert_eq!(r["mode"], "external", "{r}");
+    let merged: u64 = r["per_node"].as_array().unwrap().iter().map(|n| n["merged_groups"].as_u64().unwrap()).sum();
+    assert!(merged >= 1, "the duplicate key's group was merged: {r}");
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(left.len(), 2, "group and run files are removed: {left:?}");
 }
 
 #[test]

@@ -251,6 +251,18 @@ impl BucketArena {
         taken
     }
 
+    /// The filled bytes of each block of bucket `b`, in filling order (whole records).
+    pub fn bucket_blocks(&self, b: usize) -> impl Iterator<Item = &[u8]> + '_ {
+        let list = &self.lists[b];
+        let last = list.len().saturating_sub(1);
+        let fill = self.fill[b] as usize;
+        list.iter().enumerate().map(move |(k, &block)| {
+            let n = if k == last { fill } else { self.block_records };
+            let first = block as usize * self.block_records * self.record_size;
+            &self.map[first..first + n * self.record_size]
+        })
+    }
+
     /// Record number `index` (as in the entries [`BucketArena::for_each_sorted`] gives).
     #[inline(always)]
     pub fn record(&self, index: usize) -> &[u8] {

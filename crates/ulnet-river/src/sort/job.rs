@@ -26,8 +26,8 @@ pub struct SortJob {
     pub output: PathBuf,
     /// Number of nodes.
     pub nodes: usize,
-    /// Memory bound per node in bytes: past it a node spills sorted runs and merges them
-    /// (two passes). `None`: one pass, in memory.
+    /// Memory bound per node in bytes: past it a node spills its records to key-range
+    /// group files and sorts them group by group (two passes). `None`: one pass, in memory.
     pub memory: Option<u64>,
     /// Where runs go (default: beside the output).
     pub temp_dir: Option<PathBuf>,
@@ -108,9 +108,19 @@ pub struct NodeReport {
     pub records_read: u64,
     /// Records in its partition.
     pub records: u64,
-    /// Runs spilled (external mode).
+    /// 1 when the node's memory bound was reached and its records went to key-range group
+    /// files (external mode), else 0.
+    #[serde(default)]
+    pub spills: usize,
+    /// Key-range groups sorted one by one in the second pass (external mode).
+    #[serde(default)]
+    pub groups: usize,
+    /// Groups that did not fit in half the memory and were merged from sorted runs.
+    #[serde(default)]
+    pub merged_groups: usize,
+    /// Sorted runs those groups were written as.
     pub runs: usize,
-    /// Seconds receiving waited for a run to be written (external mode).
+    /// Seconds receiving stopped to move the full arena to the group files (external mode).
     pub spill_s: f64,
     /// Records sent to other nodes.
     pub records_sent: u64,
@@ -150,7 +160,7 @@ pub struct SortReport {
     pub write_s: f64,
     /// `ascii` or `binary`.
     pub format: String,
-    /// `memory` (one pass) or `external` (runs spilled and merged on some node).
+    /// `memory` (one pass) or `external` (some node spilled to group files).
     pub mode: String,
     /// Records in the largest partition over the mean (1.0 is perfect balance).
     pub imbalance: f64,

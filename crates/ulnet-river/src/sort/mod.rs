@@ -1,16 +1,19 @@
 //! The distributed sort: a one-pass disk-to-disk sort of Sort Benchmark records over a
 //! river (Millennium Sort), with sampled range partitioning, a radix sort core, writing
-//! behind the sort, and a two-pass external mode past a memory bound.
+//! behind the sort, and a two-pass external mode past a memory bound (a distribution pass
+//! into key-range groups, then each group sorted in memory).
 //!
 //! * [`job`]: what to sort and the report.
 //! * [`node`]: one node's program ([`node::run_node`]).
 //! * [`radix`]: the sort core.
 //! * [`bucket`]: records kept in key-range buckets as they arrive, sorted one bucket at a time.
-//! * [`store`]: the node's records, in memory or spilled as sorted runs, and the merge.
+//! * [`store`]: the node's records, in memory or spilled to key-range groups; merging runs.
+//! * [`distribute`]: external mode's group files and the group-by-group second pass.
 //! * [`launch`]: rank and size from Slurm's and MPI launchers' environments.
 //! * [`usage`]: CPU time, faults and context switches of a node, for its report.
 
 pub mod bucket;
+pub mod distribute;
 pub mod job;
 pub mod launch;
 pub mod node;

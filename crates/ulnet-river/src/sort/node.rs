@@ -7,8 +7,8 @@
 //!               while NetSources fill this node's store; until the queue runs dry
 //!  sort         radix sort (or merge of spilled runs), bucket by bucket into …
 //!  write        … a DiskSink at the partition's offset, writing behind the sort
-//!  commit       every node reports to node 0, which validates, renames the output into
-//!               place and tells everyone to exit
+//!  commit       every node reports to node 0, which validates and renames the output
+//!               into place (partition files: tells every node to rename its own)
 //! ```
 //!
 //! A failure anywhere aborts the river (the peers learn why), removes the partial output
@@ -77,7 +77,8 @@ pub struct MemoryPlan {
     pub io_buffer_bytes: usize,
     /// Most bytes of records held before spilling a run (`None`: no bound).
     pub arena_bytes: Option<usize>,
-    /// Read-ahead memory for the merge of runs.
+    /// Read-ahead memory for merging the runs of a key-range group too large for half the
+    /// arena (external mode's fallback): the read buffers of the first pass, free by then.
     pub merge_read_bytes: usize,
     /// Most key-range buckets the store may use: with a bound, each half of the arena
     /// keeps eight blocks per bucket, so that the partly filled last blocks of the buckets
@@ -89,8 +90,10 @@ impl MemoryPlan {
     /// The plan for a bound of `memory` bytes per node (`None`: unbounded) among `nodes`.
     /// With a bound, the terms are: 8 I/O buffers of `memory / 64` (at most 4 MB), the
     /// river's network buffers (send staging and channel receive buffers), slack, and the
-    /// arena with its sort overhead in the rest; the merge reads runs with everything but
-    /// the write buffers.
+    /// arena with its sort overhead in the rest (external mode: the arena fills, then its
+    /// records and all later ones go to key-range group files through staging buffers
+    /// taken from it; the groups are sorted in two halves of it, one sorted while the
+    /// other is read, with the sort's entries in the overhead).
     pub fn new(memory: Option<u64>, nodes: usize, river: &RiverConfig) -> Result<Self, RiverError> {
         let Some(m) = memory else {
             return Ok(MemoryPlan {
@@ -113,7 +116,7 @@ impl MemoryPlan {
             )));
         }
         let arena = ((m - fixed) as f64 / SORT_OVERHEAD) as usize / RECORD_SIZE * RECORD_SIZE;
-        let merge_read_bytes = (m - (IO_BUFFERS * io) as u64 - network - SLACK_BYTES) as usize;
+        let merge_read_bytes = IO_BUFFERS * io;
         let max_buckets = (arena / 2 / BLOCK_BYTES / 8).max(1);
         Ok(MemoryPlan { io_buffer_bytes: io, arena_bytes: Some(arena), merge_read_bytes, max_buckets })
     }
@@ -382,17 +385,17 @@ pub fn run_node(
 
     let store = match plan.arena_bytes {
         // Address space for the whole input: a partition can never be larger.
-        None => RecordStore::in_memory(RECORD_SIZE, total as usize, write_pool.clone()),
+        None => RecordStore::in_memory(RECORD_SIZE, total as usize),
         Some(arena) => {
             let dir = job.temp_dir.clone().unwrap_or_else(|| {
                 job.output.parent().filter(|p| !p.as_os_str().is_empty()).map_or_else(|| ".".into(), Path::to_path_buf)
             });
-            let prefix = dir.join(format!(".ulnet-sort-{}-{rank}.run", job.job));
+            let prefix = dir.join(format!(".ulnet-sort-{}-{rank}", job.job));
             RecordStore::spilling(
                 RECORD_SIZE,
                 arena.min(expected + expected / 8).max(RECORD_SIZE),
+                expected as u64,
                 prefix,
-                write_pool.clone(),
             )
         }
     };
@@ -543,7 +546,7 @@ fn node_body(
     let t_dry = since_start();
     let store = river.take_store().expect("the store is taken once");
     let my_records = store.records();
-    let runs = store.runs().len();
+    let spills = store.spills();
     let spill_s = store.spill_time().as_secs_f64();
 
     // Where our partition goes: after every lower node's. Our count goes out now; the
@@ -597,7 +600,7 @@ fn node_body(
         progress,
         last_progress: Instant::now(),
     };
-    store.write_sorted(&mut out, plan.merge_read_bytes)?;
+    let groups = store.write_sorted(&mut out, plan.io_buffer_bytes, plan.merge_read_bytes)?;
     out.hand_over()?;
     let t_sorted = since_start();
     out.close()?;
@@ -628,7 +631,10 @@ fn node_body(
         done_s: t_written,
         records_read,
         records: my_records,
-        runs,
+        spills,
+        groups: groups.groups,
+        merged_groups: groups.merged_groups,
+        runs: groups.runs,
         spill_s,
         records_sent: counters.records_sent,
         credit_waits: counters.credit_waits,
@@ -638,14 +644,20 @@ fn node_body(
         summary,
     };
 
-    // Commit.
+    // Commit. With one output file node 0 commits it alone (a rename) once every node has
+    // reported, so the others are done once they have: they leave at once (their end of
+    // stream was declared, so closing is no failure) instead of waiting to be released,
+    // a round trip through the scheduler less at the end of a short sort. Partition files
+    // are renamed by their own nodes, after node 0 says everyone succeeded.
     if rank != 0 {
         let json = serde_json::to_vec(&report).expect("a report serializes");
         river.send_control(0, TAG_DONE, &json)?;
-        river.recv_control(Some(0), TAG_COMMIT, STEP_TIMEOUT)?;
-        river.finish();
         if job.partitioned {
+            river.recv_control(Some(0), TAG_COMMIT, STEP_TIMEOUT)?;
+            river.finish();
             rename(&job.partial_partition_file(rank), &job.partition_file(rank))?;
+        } else {
+            river.finish();
         }
         return Ok(None);
     }
@@ -672,8 +684,10 @@ fn node_body(
     } else {
         rename(&job.partial_output(), &job.output)?;
     }
-    for j in 1..size {
-        river.send_control(j, TAG_COMMIT, b"")?;
+    if job.partitioned {
+        for j in 1..size {
+            river.send_control(j, TAG_COMMIT, b"")?;
+        }
     }
     let critical = reports.iter().max_by(|a, b| a.done_s.total_cmp(&b.done_s)).expect("at least one node").clone();
     let mean = total as f64 / size as f64;
@@ -692,7 +706,7 @@ fn node_body(
         sort_s: critical.sort_s,
         write_s: critical.write_s,
         format: if ascii { "ascii" } else { "binary" }.into(),
-        mode: if reports.iter().any(|r| r.runs > 0) { "external" } else { "memory" }.into(),
+        mode: if reports.iter().any(|r| r.spills > 0) { "external" } else { "memory" }.into(),
         imbalance: reports.iter().map(|r| r.records).max().unwrap_or(0) as f64 / mean,
         verified,
         output,

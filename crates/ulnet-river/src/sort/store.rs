@@ -1,47 +1,58 @@
 //! Where a node keeps the records of its partition: a [`BucketArena`], which in external
-//! mode spills sorted runs to disk whenever it reaches its memory bound; and the ways out
-//! of it: a one-pass sort of the arena, bucket by bucket, or a merge of the runs.
+//! mode appends itself to key-range group files whenever it reaches its memory bound (the
+//! distribution pass, [`super::distribute`]); and the ways out of it: a one-pass sort of
+//! the arena, bucket by bucket, or group by group from the group files, with a merge of
+//! sorted runs for a group too large for memory.
 
+#[cfg(test)]
+use super::bucket::BLOCK_BYTES;
 use super::bucket::{copy_record, BucketArena, KeyBuckets};
-use super::radix::{entry, index_of};
+use super::distribute::{plan_groups, sort_groups, GroupFiles, GroupReport, PassTwo};
+use super::radix::entry;
 use crate::disk::DiskSource;
 use crate::error::RiverError;
 use crate::flow::{Sink, Source, SpaceSink};
 use crate::pool::{Buffer, MemPool};
-use crate::DiskSink;
-use std::fs::File;
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// A spilled, sorted run.
+/// A spilled, sorted run; its file is removed when it is dropped.
 #[derive(Debug)]
 pub struct Run {
-    /// Its file (removed when the store is dropped).
+    /// Its file.
     pub path: PathBuf,
     /// Records in it.
     pub records: u64,
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 /// The records of a node's partition.
 #[derive(Debug)]
 pub struct RecordStore {
     record_size: usize,
-    /// Room for the records (in memory) or for each half (external mode).
+    /// Room for the records (in memory) or the memory bound (external mode).
     sizing: Sizing,
     /// The records, once the buckets are known ([`RecordStore::set_buckets`]) …
     arena: Option<BucketArena>,
     /// … and those that arrived before (from a node that learned the splitters sooner).
     early: Vec<u8>,
-    runs: Vec<Run>,
-    run_prefix: PathBuf,
-    write_pool: MemPool,
+    /// External mode: the buckets …
+    buckets: Option<Arc<KeyBuckets>>,
+    /// … and the groups' bucket ranges …
+    group_ranges: Vec<Range<usize>>,
+    /// … and, once the arena filled, the group files every record goes to …
+    groups: Option<GroupFiles>,
+    /// … named after this.
+    spill_prefix: PathBuf,
     spill_time: Duration,
     records: u64,
-    /// External mode: the other half of the memory, free to fill next …
-    spare: Option<BucketArena>,
-    /// … or being sorted and written as a run on a thread of its own.
-    spilling: Option<std::thread::JoinHandle<Result<BucketArena, RiverError>>>,
 }
 
 /// How a store is sized.
@@ -49,52 +60,57 @@ pub struct RecordStore {
 enum Sizing {
     /// One arena for this many records; more is an error.
     Records(usize),
-    /// Two halves of this many bytes each; a full one spills as a run.
-    HalfBytes(usize),
+    /// At most `arena_bytes` of records in memory; past them every record goes to the
+    /// group files. The partition is expected to hold about `partition_bytes`.
+    Bounded { arena_bytes: usize, partition_bytes: u64 },
 }
+
+/// Share of the arena kept for the groups' staging buffers: 1/16.
+const STAGE_SHARE: usize = 16;
 
 impl RecordStore {
     /// An in-memory store with room for `records` records (address space only, until
     /// written). It takes records once its buckets are set.
-    pub fn in_memory(record_size: usize, records: usize, write_pool: MemPool) -> Self {
-        Self::new(record_size, Sizing::Records(records), PathBuf::new(), write_pool)
+    pub fn in_memory(record_size: usize, records: usize) -> Self {
+        Self::new(record_size, Sizing::Records(records), PathBuf::new())
     }
 
-    /// A store that holds at most `arena_bytes` of records, in two halves: when one is
-    /// full it is sorted and written as a run (`run_prefix.N`) on a thread of its own
-    /// while the other fills, so receiving goes on during a spill; it waits only when the
-    /// second half fills before the first is written.
-    pub fn spilling(record_size: usize, arena_bytes: usize, run_prefix: PathBuf, write_pool: MemPool) -> Self {
-        Self::new(record_size, Sizing::HalfBytes(arena_bytes / 2), run_prefix, write_pool)
+    /// A store that holds at most `arena_bytes` of records, for a partition of about
+    /// `partition_bytes`: when the arena is full, its records and every later one are
+    /// appended to key-range group files (`spill_prefix.gN`), to be sorted group by group
+    /// in halves of the arena ([`RecordStore::write_sorted`]).
+    pub fn spilling(record_size: usize, arena_bytes: usize, partition_bytes: u64, spill_prefix: PathBuf) -> Self {
+        Self::new(record_size, Sizing::Bounded { arena_bytes, partition_bytes }, spill_prefix)
     }
 
-    fn new(record_size: usize, sizing: Sizing, run_prefix: PathBuf, write_pool: MemPool) -> Self {
+    fn new(record_size: usize, sizing: Sizing, spill_prefix: PathBuf) -> Self {
         RecordStore {
             record_size,
             sizing,
             arena: None,
             early: Vec::new(),
-            runs: Vec::new(),
-            run_prefix,
-            write_pool,
+            buckets: None,
+            group_ranges: Vec::new(),
+            groups: None,
+            spill_prefix,
             spill_time: Duration::ZERO,
             records: 0,
-            spare: None,
-            spilling: None,
         }
     }
 
-    /// Sets the key-range buckets records are kept in (once), making the arena, and
-    /// takes the records that arrived before.
+    /// Sets the key-range buckets records are kept in (once), making the arena (and, in
+    /// external mode, planning the groups), and takes the records that arrived before.
     pub fn set_buckets(&mut self, buckets: Arc<KeyBuckets>) -> Result<(), RiverError> {
-        assert!(self.arena.is_none(), "buckets are set once");
+        assert!(self.arena.is_none() && self.groups.is_none(), "buckets are set once");
         let rs = self.record_size;
         let reserve = |e| RiverError::io("reserving the record arena", e);
         match self.sizing {
             Sizing::Records(n) => self.arena = Some(BucketArena::new(buckets, rs, n).map_err(reserve)?),
-            Sizing::HalfBytes(half) => {
-                self.arena = Some(BucketArena::bounded(buckets.clone(), rs, half).map_err(reserve)?);
-                self.spare = Some(BucketArena::bounded(buckets, rs, half).map_err(reserve)?);
+            Sizing::Bounded { arena_bytes, partition_bytes } => {
+                self.group_ranges = plan_groups(&buckets, partition_bytes, arena_bytes / 2);
+                let stages = arena_bytes / STAGE_SHARE;
+                self.arena = Some(BucketArena::bounded(buckets.clone(), rs, arena_bytes - stages).map_err(reserve)?);
+                self.buckets = Some(buckets);
             }
         }
         let early = std::mem::take(&mut self.early);
@@ -107,81 +123,83 @@ impl RecordStore {
         self.records
     }
 
-    /// Runs spilled so far.
-    pub fn runs(&self) -> &[Run] {
-        &self.runs
+    /// 1 once the memory bound was reached and records went to the group files, else 0.
+    pub fn spills(&self) -> usize {
+        usize::from(self.groups.is_some())
     }
 
-    /// Time receiving waited for a spill to finish (the second half filled first).
+    /// Time taken to move the full arena to the group files.
     pub fn spill_time(&self) -> Duration {
         self.spill_time
     }
 
-    /// Waits for the spill in progress, if any; returns its half, emptied.
-    fn finish_spill(&mut self) -> Result<Option<BucketArena>, RiverError> {
-        let Some(thread) = self.spilling.take() else { return Ok(None) };
-        let started = Instant::now();
-        let arena = thread
-            .join()
-            .unwrap_or_else(|_| Err(RiverError::io("spilling a run", std::io::Error::other("panicked"))))?;
-        self.spill_time += started.elapsed();
-        Ok(Some(arena))
-    }
-
-    /// The arena is full: hands it to a spill thread and goes on with the other half (an
-    /// in-memory store has no other half: more records than it was sized for is an error).
+    /// The arena is full: its records go to the group files, as every later record will
+    /// (an in-memory store has nowhere to go: more records than it was sized for is an
+    /// error).
     fn spill(&mut self) -> Result<(), RiverError> {
-        if let Sizing::Records(n) = self.sizing {
-            return Err(RiverError::Input(format!(
-                "a partition of more than the {n} records it was sized for arrived"
-            )));
-        }
-        let next = match self.spare.take() {
-            Some(a) => a,
-            None => self.finish_spill()?.expect("a half is spare or spilling"),
+        let arena_bytes = match self.sizing {
+            Sizing::Records(n) => {
+                return Err(RiverError::Input(format!(
+                    "a partition of more than the {n} records it was sized for arrived"
+                )))
+            }
+            Sizing::Bounded { arena_bytes, .. } => arena_bytes,
         };
-        let mut full = self.arena.replace(next).expect("a full arena");
-        assert!(!full.is_empty(), "a full arena holds records");
-        let path = PathBuf::from(format!("{}.{}", self.run_prefix.display(), self.runs.len()));
-        let file = File::create(&path).map_err(|e| RiverError::io(format!("creating run {}", path.display()), e))?;
-        // Register the run before writing, so a failure still removes its file.
-        self.runs.push(Run { path, records: full.records() });
-        let (pool, rs) = (self.write_pool.clone(), self.record_size);
-        let thread = std::thread::Builder::new()
-            .name("river-spill".into())
-            .spawn(move || {
-                let mut sink = DiskSink::new(Arc::new(file), 0, pool, rs);
-                emit_sorted(&full, &mut sink)?;
-                sink.close()?;
-                full.clear();
-                Ok(full)
-            })
-            .map_err(|e| RiverError::io("starting a spill thread", e))?;
-        self.spilling = Some(thread);
+        let started = Instant::now();
+        let arena = self.arena.take().expect("a full arena");
+        let buckets = self.buckets.clone().expect("set with the arena");
+        let mut groups = GroupFiles::create(
+            &self.spill_prefix,
+            buckets.clone(),
+            self.group_ranges.clone(),
+            self.record_size,
+            arena_bytes / STAGE_SHARE,
+        )?;
+        for b in 0..buckets.len() {
+            for block in arena.bucket_blocks(b) {
+                for r in block.chunks_exact(self.record_size) {
+                    groups.push(r)?;
+                }
+            }
+        }
+        drop(arena);
+        self.groups = Some(groups);
+        self.spill_time += started.elapsed();
         Ok(())
     }
 
-    /// Writes the partition, sorted, to `out`: the arena in one pass when nothing was
-    /// spilled, else the arena as a last run in memory and every run merged, the runs read
-    /// ahead with `read_pool_bytes` of buffers.
+    /// Writes the partition, sorted, to `out`: the arena in one pass when it held
+    /// everything; else the groups one by one ([`sort_groups`]) in two halves of the
+    /// arena, writing over-size groups' runs with buffers of `io_buffer_bytes` and
+    /// merging them with `merge_read_bytes` of read-ahead.
     pub fn write_sorted<S: SpaceSink + ?Sized>(
         mut self,
         out: &mut S,
-        read_pool_bytes: usize,
-    ) -> Result<(), RiverError> {
-        if self.arena.is_none() {
+        io_buffer_bytes: usize,
+        merge_read_bytes: usize,
+    ) -> Result<GroupReport, RiverError> {
+        if self.arena.is_none() && self.groups.is_none() {
             self.set_buckets(Arc::new(KeyBuckets::single()))?;
         }
-        let arena = self.arena.take().expect("set above");
-        if self.runs.is_empty() {
-            return emit_sorted(&arena, out);
+        match (self.groups.take(), self.arena.take()) {
+            (None, Some(arena)) => {
+                emit_sorted(&arena, out)?;
+                Ok(GroupReport::default())
+            }
+            (Some(groups), _) => {
+                let Sizing::Bounded { arena_bytes, .. } = self.sizing else {
+                    unreachable!("only bounded stores spill")
+                };
+                let pass = PassTwo {
+                    half_bytes: arena_bytes / 2,
+                    io_buffer_bytes,
+                    merge_read_bytes,
+                    run_prefix: self.spill_prefix.clone(),
+                };
+                sort_groups(groups, &pass, out)
+            }
+            (None, None) => unreachable!("set above"),
         }
-        // The half being filled stays in memory as the last run; the other is released,
-        // and the merge reads the spilled runs with what is left.
-        self.finish_spill()?;
-        self.spare = None;
-        let kept = (arena.capacity() as f64 * SORT_MEMORY_PER_BYTE) as usize;
-        merge_runs(&self.runs, self.record_size, read_pool_bytes.saturating_sub(kept), Some(&arena), out)
     }
 }
 
@@ -191,21 +209,28 @@ impl Sink for RecordStore {
         if !records.len().is_multiple_of(rs) {
             return Err(RiverError::PartialRecord { len: records.len(), record_size: rs });
         }
-        loop {
-            let taken = match self.arena.as_mut() {
-                Some(arena) => arena.push_records(records),
-                None => {
-                    self.early.extend_from_slice(records);
-                    records.len() / rs
-                }
-            };
-            self.records += taken as u64;
-            records = &records[taken * rs..];
-            if records.is_empty() {
-                return Ok(());
+        if let Some(groups) = self.groups.as_mut() {
+            for r in records.chunks_exact(rs) {
+                groups.push(r)?;
             }
-            self.spill()?;
+            self.records += (records.len() / rs) as u64;
+            return Ok(());
         }
+        let taken = match self.arena.as_mut() {
+            Some(arena) => arena.push_records(records),
+            None => {
+                self.early.extend_from_slice(records);
+                records.len() / rs
+            }
+        };
+        self.records += taken as u64;
+        records = &records[taken * rs..];
+        if records.is_empty() {
+            return Ok(());
+        }
+        // The arena is full: from now on records go to the groups.
+        self.spill()?;
+        self.sink_records(records)
     }
 
     fn sink_gathered(&mut self, records: &[u8], record_size: usize, mut which: &[u32]) -> Result<(), RiverError> {
@@ -215,36 +240,34 @@ impl Sink for RecordStore {
                 "records of {record_size} bytes given to a store of {rs}-byte records"
             )));
         }
-        loop {
-            let taken = match self.arena.as_mut() {
-                Some(arena) => arena.push_gathered(records, which),
-                None => {
-                    for &i in which {
-                        self.early.extend_from_slice(&records[i as usize * rs..(i as usize + 1) * rs]);
-                    }
-                    which.len()
-                }
-            };
-            self.records += taken as u64;
-            which = &which[taken..];
-            if which.is_empty() {
-                return Ok(());
+        if let Some(groups) = self.groups.as_mut() {
+            for &i in which {
+                groups.push(&records[i as usize * rs..(i as usize + 1) * rs])?;
             }
-            self.spill()?;
+            self.records += which.len() as u64;
+            return Ok(());
         }
+        let taken = match self.arena.as_mut() {
+            Some(arena) => arena.push_gathered(records, which),
+            None => {
+                for &i in which {
+                    self.early.extend_from_slice(&records[i as usize * rs..(i as usize + 1) * rs]);
+                }
+                which.len()
+            }
+        };
+        self.records += taken as u64;
+        which = &which[taken..];
+        if which.is_empty() {
+            return Ok(());
+        }
+        // The arena is full: from now on records go to the groups.
+        self.spill()?;
+        self.sink_gathered(records, record_size, which)
     }
 
     fn close(&mut self) -> Result<(), RiverError> {
         Ok(())
-    }
-}
-
-impl Drop for RecordStore {
-    fn drop(&mut self) {
-        let _ = self.finish_spill();
-        for run in &self.runs {
-            let _ = std::fs::remove_file(&run.path);
-        }
     }
 }
 
@@ -313,11 +336,6 @@ impl LoserTree {
     }
 }
 
-/// Memory an in-memory run takes per byte of records while it is merged: the records and
-/// a 4-byte index per record, plus the sort's two 16-byte entries per record of the
-/// largest bucket (all of them, at worst, when every key is equal).
-const SORT_MEMORY_PER_BYTE: f64 = 1.36;
-
 /// Sorts the arena bucket by bucket and writes the records in order straight into the
 /// space `out` lends (one copy per record).
 pub fn emit_sorted<S: SpaceSink + ?Sized>(arena: &BucketArena, out: &mut S) -> Result<(), RiverError> {
@@ -334,64 +352,48 @@ pub fn emit_sorted<S: SpaceSink + ?Sized>(arena: &BucketArena, out: &mut S) -> R
     })
 }
 
-/// A sorted run being merged: read ahead from its file, or in memory in sorted order.
-enum RunReader<'a> {
-    Disk { source: DiskSource, buffer: Option<Buffer>, at: usize },
-    Memory { arena: &'a BucketArena, order: Vec<u32>, at: usize },
+/// A sorted run being merged, read ahead from its file.
+struct RunReader {
+    source: DiskSource,
+    buffer: Option<Buffer>,
+    at: usize,
 }
 
-impl RunReader<'_> {
+impl RunReader {
     #[inline]
     fn current(&self, record_size: usize) -> Option<&[u8]> {
-        match self {
-            RunReader::Disk { buffer, at, .. } => buffer.as_ref().map(|b| &b.as_slice()[*at..*at + record_size]),
-            RunReader::Memory { arena, order, at } => order.get(*at).map(|&i| arena.record(i as usize)),
-        }
+        self.buffer.as_ref().map(|b| &b.as_slice()[self.at..self.at + record_size])
     }
 
     #[inline]
     fn advance(&mut self, record_size: usize) -> Result<(), RiverError> {
-        match self {
-            RunReader::Disk { source, buffer, at } => {
-                *at += record_size;
-                if buffer.as_ref().is_some_and(|b| *at >= b.len()) {
-                    *buffer = None;
-                    *at = 0;
-                    *buffer = source.next_buffer()?;
-                }
-            }
-            RunReader::Memory { at, .. } => *at += 1,
+        self.at += record_size;
+        if self.buffer.as_ref().is_some_and(|b| self.at >= b.len()) {
+            self.buffer = None;
+            self.at = 0;
+            self.buffer = self.source.next_buffer()?;
         }
         Ok(())
     }
 }
 
-/// Merges sorted runs into `out` with a tree of losers over the runs' current keys: the
-/// spilled ones, each read ahead by a [`DiskSource`] with two buffers of its share of
-/// `read_pool_bytes` (at least 64 KiB each), and the records of `in_memory` as one more run.
+/// Merges sorted runs into `out` with a tree of losers over the runs' current keys, each
+/// run read ahead by a [`DiskSource`] with two buffers of its share of `read_pool_bytes`
+/// (at least 64 KiB each).
 pub fn merge_runs<S: SpaceSink + ?Sized>(
     runs: &[Run],
     record_size: usize,
     read_pool_bytes: usize,
-    in_memory: Option<&BucketArena>,
     out: &mut S,
 ) -> Result<(), RiverError> {
     let per_buffer = (read_pool_bytes / (2 * runs.len().max(1))).clamp(64 << 10, 8 << 20) / record_size * record_size;
-    let mut readers = Vec::with_capacity(runs.len() + 1);
+    let mut readers = Vec::with_capacity(runs.len());
     for run in runs {
         let pool = MemPool::heap(2, per_buffer);
         let len = run.records * record_size as u64;
         let mut source = DiskSource::open(&run.path, 0..len, record_size, pool, None)?;
         let buffer = source.next_buffer()?;
-        readers.push(RunReader::Disk { source, buffer, at: 0 });
-    }
-    if let Some(arena) = in_memory.filter(|a| !a.is_empty()) {
-        let mut order = Vec::with_capacity(arena.records() as usize);
-        arena.for_each_sorted(|_, entries| {
-            order.extend(entries.iter().map(|&e| index_of(e) as u32));
-            Ok::<(), RiverError>(())
-        })?;
-        readers.push(RunReader::Memory { arena, order, at: 0 });
+        readers.push(RunReader { source, buffer, at: 0 });
     }
     let keys = readers
         .iter()
@@ -442,44 +444,101 @@ mod tests {
     }
 
     fn buckets_of(data: &[u8]) -> Arc<KeyBuckets> {
-        let samples: Vec<u128> = data.chunks(100).step_by(50).enumerate().map(|(i, r)| entry(r, i as u64)).collect();
-        Arc::new(KeyBuckets::from_samples(0, u128::MAX, &samples, 4, 1 << 16))
+        bounded_buckets_of(data, 1 << 16)
     }
 
-    fn sorted_out(store: RecordStore, read_pool_bytes: usize) -> Result<Vec<u8>, RiverError> {
+    fn bounded_buckets_of(data: &[u8], max_buckets: usize) -> Arc<KeyBuckets> {
+        let samples: Vec<u128> = data.chunks(100).step_by(47).enumerate().map(|(i, r)| entry(r, i as u64)).collect();
+        Arc::new(KeyBuckets::from_samples(0, u128::MAX, &samples, 4, max_buckets))
+    }
+
+    fn sorted_out(store: RecordStore, merge_read_bytes: usize) -> Result<(Vec<u8>, GroupReport), RiverError> {
         let mut out = Vec::new();
         let mut sink = VecSink::new(&mut out, 100);
         let mut staged = crate::StagedSink::new(&mut sink, 100, 640);
-        store.write_sorted(&mut staged, read_pool_bytes)?;
+        let report = store.write_sorted(&mut staged, 64 << 10, merge_read_bytes)?;
         staged.flush()?;
-        Ok(out)
+        Ok((out, report))
     }
 
-    #[test]
-    fn spilling_store_merges_to_the_same_order_as_one_pass() {
-        let dir = tempfile::tempdir().unwrap();
-        let data = records(40_000, 7);
-        let pool = MemPool::heap(2, 64 << 10);
-        let arena_bytes = 2 * 40 * 32_700;
-        let mut store = RecordStore::spilling(100, arena_bytes, dir.path().join("run"), pool.clone());
-        // Records that come before the buckets are set wait for them.
-        store.sink_records(&data[..100 * 100]).unwrap();
-        store.set_buckets(buckets_of(&data)).unwrap();
-        for piece in data[100 * 100..].chunks(300 * 100) {
-            store.sink_records(piece).unwrap();
-        }
-        assert_eq!(store.records(), 40_000);
-        assert!(store.runs().len() >= 3, "runs: {}", store.runs().len());
-        let out = sorted_out(store, 1 << 20).unwrap();
+    fn check_sorted(out: &[u8], data: &[u8]) {
         let got: Vec<Vec<u8>> = out.chunks(100).map(|r| r.to_vec()).collect();
-        let want = sorted_keys(&data);
+        let want = sorted_keys(data);
         assert_eq!(got.len(), want.len());
         for (g, w) in got.iter().zip(&want) {
             assert_eq!(g[..10], w[..10]);
         }
-        assert_eq!(ulnet_sortbench::Checksum::of_records(&out), ulnet_sortbench::Checksum::of_records(&data));
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "runs are removed");
-        assert!(pool.all_returned());
+        assert_eq!(ulnet_sortbench::Checksum::of_records(out), ulnet_sortbench::Checksum::of_records(data));
+    }
+
+    /// Distributes `data` through a store of `arena_bytes` whose buckets come from
+    /// `bucket_data`'s keys, then sorts it; checks the order and that every file is gone.
+    fn distribute(data: &[u8], bucket_data: &[u8], arena_bytes: usize) -> GroupReport {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = RecordStore::spilling(100, arena_bytes, data.len() as u64, dir.path().join("spill"));
+        // Records that come before the buckets are set wait for them.
+        store.sink_records(&data[..100 * 100]).unwrap();
+        // As the node plans them: eight blocks of a half per bucket.
+        store.set_buckets(bounded_buckets_of(bucket_data, arena_bytes / 2 / BLOCK_BYTES / 8)).unwrap();
+        for piece in data[100 * 100..].chunks(300 * 100) {
+            store.sink_records(piece).unwrap();
+        }
+        assert_eq!(store.records(), (data.len() / 100) as u64);
+        assert_eq!(store.spills(), 1, "the arena filled");
+        let (out, report) = sorted_out(store, 1 << 20).unwrap();
+        check_sorted(&out, data);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "group and run files are removed");
+        report
+    }
+
+    /// Two halves of 64 blocks (2 MiB each): a tenth of 100,000 records' 10 MB each.
+    const HALVES_OF_64_BLOCKS: usize = 2 * 64 * BLOCK_BYTES;
+
+    #[test]
+    fn distribution_pass_sorts_group_by_group() {
+        let data = records(100_000, 7);
+        let report = distribute(&data, &data, HALVES_OF_64_BLOCKS);
+        assert!(report.groups >= 3, "{report:?}");
+        assert_eq!(report.merged_groups, 0, "sampled groups fit: {report:?}");
+    }
+
+    #[test]
+    fn distribution_pass_keeps_groups_balanced_on_skewed_keys() {
+        // Nine records in ten share their first 8 key bytes; the buckets (from the same
+        // keys) follow the skew, so no group outgrows a half.
+        let mut data = records(100_000, 5);
+        for (i, r) in data.chunks_mut(100).enumerate() {
+            if i % 10 != 0 {
+                r[..8].copy_from_slice(b"SKEWSKEW");
+            }
+        }
+        let report = distribute(&data, &data, HALVES_OF_64_BLOCKS);
+        assert!(report.groups >= 3, "{report:?}");
+        assert_eq!(report.merged_groups, 0, "{report:?}");
+    }
+
+    #[test]
+    fn a_group_larger_than_memory_is_merged_from_runs() {
+        // The buckets come from uniform keys, but a third of the records carry one key:
+        // its group cannot fit in a half and is sorted as runs and merged.
+        let buckets_from = records(100_000, 7);
+        let mut data = records(100_000, 9);
+        for r in data.chunks_mut(100).step_by(3) {
+            r[..10].copy_from_slice(b"0123456789");
+        }
+        let report = distribute(&data, &buckets_from, HALVES_OF_64_BLOCKS);
+        assert!(report.merged_groups >= 1, "{report:?}");
+        assert!(report.runs >= 2, "{report:?}");
+    }
+
+    #[test]
+    fn failed_spill_directory_is_an_error_not_a_short_output() {
+        let data = records(20_000, 3);
+        let mut store = RecordStore::spilling(100, 2 * 10 * 32_700, data.len() as u64, "/nonexistent/dir/spill".into());
+        store.set_buckets(buckets_of(&data)).unwrap();
+        let r = data.chunks(300 * 100).try_for_each(|piece| store.sink_records(piece));
+        let r = r.and_then(|_| sorted_out(store, 1 << 20).map(|_| ()));
+        assert!(matches!(r, Err(RiverError::Io { .. })), "{r:?}");
     }
 
     #[test]
@@ -510,20 +569,19 @@ mod tests {
     #[test]
     fn in_memory_store_sorts_in_one_pass_and_refuses_more_than_it_was_sized_for() {
         let data = records(3000, 11);
-        let pool = MemPool::heap(1, 4096);
-        let mut store = RecordStore::in_memory(100, 3000, pool.clone());
+        let mut store = RecordStore::in_memory(100, 3000);
         store.set_buckets(buckets_of(&data)).unwrap();
         let odd: Vec<u32> = (0..1500).map(|i| 2 * i + 1).collect();
         let even: Vec<u8> = data.chunks(100).step_by(2).flatten().copied().collect();
         store.sink_gathered(&data, 100, &odd).unwrap();
         store.sink_records(&even).unwrap();
-        let out = sorted_out(store, 0).unwrap();
+        let (out, _) = sorted_out(store, 0).unwrap();
         let s = ulnet_sortbench::Summary::of_records(&out).unwrap();
         assert!(s.is_sorted());
         assert_eq!(s.records, 3000);
         assert_eq!(s.checksum, ulnet_sortbench::Checksum::of_records(&data));
 
-        let mut small = RecordStore::in_memory(100, 1000, pool);
+        let mut small = RecordStore::in_memory(100, 1000);
         small.set_buckets(Arc::new(KeyBuckets::single())).unwrap();
         assert!(matches!(small.sink_records(&data), Err(RiverError::Input(_))));
     }

@@ -1,5 +1,5 @@
-//! What a node's process used: CPU time, page faults and context switches (all threads),
-//! from `getrusage(2)`, for the per-phase profile of a sort.
+//! What a node's process used: CPU time, page faults, context switches (all threads) and
+//! peak resident memory, from `getrusage(2)`, for the per-phase profile of a sort.
 
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +16,9 @@ pub struct Usage {
     pub voluntary_switches: u64,
     /// Times a thread was preempted.
     pub involuntary_switches: u64,
+    /// Peak resident set size of the process, KiB (what a memory bound is checked by).
+    #[serde(default)]
+    pub max_rss_kib: u64,
 }
 
 impl Usage {
@@ -36,6 +39,7 @@ impl Usage {
             minor_faults: ru.ru_minflt as u64,
             voluntary_switches: ru.ru_nvcsw as u64,
             involuntary_switches: ru.ru_nivcsw as u64,
+            max_rss_kib: ru.ru_maxrss as u64,
         }
     }
 }

@@ -61,10 +61,11 @@ pub struct SortArgs {
     #[arg(long)]
     json: bool,
     /// Memory bound per node (bytes; K, M, G, KiB, MiB, GiB suffixes): past it a node
-    /// spills sorted runs and merges them in a second pass.
+    /// spills its records to key-range group files and sorts them group by group in a
+    /// second pass.
     #[arg(long, value_parser = parse_bytes)]
     memory: Option<u64>,
-    /// Directory for the runs of external mode (default: the output's directory).
+    /// Directory for the group files of external mode (default: the output's directory).
     #[arg(long)]
     temp_dir: Option<PathBuf>,
     /// Treat the records as ASCII (gensort -a) and check that they are.
@@ -588,18 +589,30 @@ fn print_report(r: &SortReport, json: bool) -> Result<()> {
         if r.verified { ", verified: sorted, complete, checksum matches" } else { "" },
         r.bytes as f64 / 1e6 / r.total_s
     );
-    println!("node  host            records     startup_s  read+dist_s  sort_s  write_s  runs  sent");
+    println!("node  host            records     startup_s  read+dist_s  sort_s  write_s  spills  groups(merged)  sent");
     for n in &r.per_node {
         println!(
-            "{:>4}  {:<14}  {:>10}  {:>9.3}  {:>11.3}  {:>6.3}  {:>7.3}  {:>4}  {}",
-            n.rank, n.host, n.records, n.startup_s, n.read_distribute_s, n.sort_s, n.write_s, n.runs, n.records_sent
+            "{:>4}  {:<14}  {:>10}  {:>9.3}  {:>11.3}  {:>6.3}  {:>7.3}  {:>6}  {:>6}({})  {}",
+            n.rank,
+            n.host,
+            n.records,
+            n.startup_s,
+            n.read_distribute_s,
+            n.sort_s,
+            n.write_s,
+            n.spills,
+            n.groups,
+            n.merged_groups,
+            n.records_sent
         );
     }
-    println!("node  launched_s  connected_s  read_own_s  cpu_user_s  cpu_sys_s  minor_faults  switches(vol/invol)");
+    println!(
+        "node  launched_s  connected_s  read_own_s  cpu_user_s  cpu_sys_s  minor_faults  switches(vol/invol)  peak_rss_MiB"
+    );
     for n in &r.per_node {
         let u = &n.usage;
         println!(
-            "{:>4}  {:>10.3}  {:>11.3}  {:>10.3}  {:>10.3}  {:>9.3}  {:>12}  {}/{}",
+            "{:>4}  {:>10.3}  {:>11.3}  {:>10.3}  {:>10.3}  {:>9.3}  {:>12}  {}/{}  {:.1}",
             n.rank,
             n.launched_s,
             n.connected_s,
@@ -608,7 +621,8 @@ fn print_report(r: &SortReport, json: bool) -> Result<()> {
             u.sys_s,
             u.minor_faults,
             u.voluntary_switches,
-            u.involuntary_switches
+            u.involuntary_switches,
+            u.max_rss_kib as f64 / 1024.0
         );
     }
     println!(

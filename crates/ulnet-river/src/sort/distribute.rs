@@ -1,0 +1,548 @@
+//! The distribution pass of external mode: instead of sorted runs that a second pass must
+//! merge, the first pass appends every record to the file of its key-range *group*, and
+//! the second pass sorts one group at a time in memory and appends it to the output.
+//!
+//! ```text
+//!  pass 1   record ──► its group's staging buffer ──(full: bucket order, one write)──► group file
+//!  pass 2   loader thread:  read group i+1 flat into a free half  ─┐
+//!           node thread:    sort group i bucket by bucket      ◄───┘ ─► output writer
+//!                                                                       (group i-1)
+//! ```
+//!
+//! A group is a run of consecutive key-range buckets; the buckets hold about equal numbers
+//! of sampled keys, so groups stay about equal on skewed keys too. Records are staged per
+//! group; a full stage is put in bucket order (a counting pass over records still in
+//! cache) and written from that buffer, and the records of each bucket in each write are
+//! counted. Pass 2 reads a group file flat into a half and finds every bucket's pieces
+//! from the counts, without looking at a key; each bucket (a few hundred kilobytes of
+//! records) is radix-sorted and its records gathered into the output. A group that does
+//! not fit in a half (a key repeated past it, or sampling that missed a heavy key range)
+//! is not lost or truncated: the loader sorts it half by half into runs (placing entries
+//! by bucket itself, [`FlatSorter`]) and the node merges them
+//! ([`GroupReport::merged_groups`]).
+
+use super::bucket::{copy_record, KeyBuckets};
+use super::radix::{entry, index_of, key, sort_entries};
+use super::store::{merge_runs, Run};
+use crate::error::RiverError;
+use crate::flow::{Sink, SpaceSink};
+use crate::pool::MemPool;
+use crate::DiskSink;
+use memmap2::{Advice, MmapMut, MmapOptions};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::Arc;
+
+/// Room left in a half for what sampling misjudged when choosing the number of groups: a
+/// group is planned at 4/5 of a half, so a partition up to 25% larger than the mean still
+/// has groups that fit.
+const GROUP_FILL: f64 = 0.8;
+/// Most bytes staged per group before they are written: 1 MiB, a write large enough that
+/// per-call costs vanish.
+const STAGE_BYTES_MAX: usize = 1 << 20;
+
+/// Splits `buckets` into key-range groups so that a partition of `partition_bytes` puts
+/// at most [`GROUP_FILL`] of `half_bytes` in each: consecutive ranges of the same number
+/// of buckets (each bucket holds about as many sampled keys as the next; the last range
+/// may be shorter). At least two groups (one would be the whole partition, which does not
+/// fit), at most one per bucket.
+pub fn plan_groups(buckets: &KeyBuckets, partition_bytes: u64, half_bytes: usize) -> Vec<Range<usize>> {
+    let n = buckets.len();
+    let wanted = ((partition_bytes as f64 / (half_bytes as f64 * GROUP_FILL)).ceil() as usize).max(2);
+    // Whole buckets per group, rounded down: no group holds more than its share.
+    let per_group = (n / wanted).max(1);
+    (0..n.div_ceil(per_group)).map(|i| i * per_group..((i + 1) * per_group).min(n)).collect()
+}
+
+/// The group files of a node: each holds the records of its bucket range, in arrival
+/// order. The files are removed when this is dropped.
+#[derive(Debug)]
+pub struct GroupFiles {
+    paths: Vec<PathBuf>,
+    files: Vec<File>,
+    ranges: Vec<Range<usize>>,
+    buckets: Arc<KeyBuckets>,
+    /// The group of each bucket.
+    group_of: Vec<u32>,
+    /// Records staged for each group, written when `stage_bytes` is reached …
+    stages: Vec<Vec<u8>>,
+    /// … and the bucket of each (counted from the group's first) …
+    stage_buckets: Vec<Vec<u32>>,
+    /// … put in bucket order here before the write.
+    ordered: Vec<u8>,
+    stage_bytes: usize,
+    /// Per group: records of each of its buckets in each write, write after write.
+    counts: Vec<Vec<u32>>,
+    bucket_fill: Vec<usize>,
+    records: Vec<u64>,
+    record_size: usize,
+}
+
+impl GroupFiles {
+    /// Creates one file per group (`prefix.gN`) and its staging buffer: at most 1 MiB, and
+    /// all of them together at most `stage_budget` bytes.
+    pub fn create(
+        prefix: &Path,
+        buckets: Arc<KeyBuckets>,
+        ranges: Vec<Range<usize>>,
+        record_size: usize,
+        stage_budget: usize,
+    ) -> Result<Self, RiverError> {
+        let mut group_of = vec![0u32; buckets.len()];
+        for (g, r) in ranges.iter().enumerate() {
+            group_of[r.clone()].iter_mut().for_each(|x| *x = g as u32);
+        }
+        let stage_bytes = (stage_budget / ranges.len().max(1)).clamp(record_size, STAGE_BYTES_MAX.max(record_size))
+            / record_size
+            * record_size;
+        let mut g = GroupFiles {
+            paths: Vec::with_capacity(ranges.len()),
+            files: Vec::with_capacity(ranges.len()),
+            stages: vec![Vec::new(); ranges.len()],
+            stage_buckets: vec![Vec::new(); ranges.len()],
+            ordered: Vec::new(),
+            counts: vec![Vec::new(); ranges.len()],
+            bucket_fill: Vec::new(),
+            records: vec![0; ranges.len()],
+            ranges,
+            buckets,
+            group_of,
+            stage_bytes,
+            record_size,
+        };
+        for i in 0..g.ranges.len() {
+            let path = PathBuf::from(format!("{}.g{i}", prefix.display()));
+            let file =
+                File::create(&path).map_err(|e| RiverError::io(format!("creating group {}", path.display()), e))?;
+            // Registered before anything is written, so that a failure still removes it.
+            g.paths.push(path);
+            g.files.push(file);
+        }
+        Ok(g)
+    }
+
+    /// Number of groups.
+    pub fn len(&self) -> usize {
+        self.ranges.len()
+    }
+
+    /// Whether there are no groups.
+    pub fn is_empty(&self) -> bool {
+        self.ranges.is_empty()
+    }
+
+    /// Records taken by each group.
+    pub fn records(&self) -> &[u64] {
+        &self.records
+    }
+
+    /// Stages one record (whole) for its group, writing the group's buffer when full.
+    #[inline]
+    pub fn push(&mut self, record: &[u8]) -> Result<(), RiverError> {
+        let b = self.buckets.bucket_of(key(record));
+        let g = self.group_of[b] as usize;
+        let stage = &mut self.stages[g];
+        if stage.capacity() == 0 {
+            stage.reserve_exact(self.stage_bytes);
+            self.stage_buckets[g].reserve_exact(self.stage_bytes / self.record_size);
+        }
+        // A Sort Benchmark record is copied as a fixed-size move, not a call per record.
+        match <&[u8; ulnet_sortbench::RECORD_SIZE]>::try_from(record) {
+            Ok(r) => stage.extend_from_slice(r),
+            Err(_) => stage.extend_from_slice(record),
+        }
+        self.stage_buckets[g].push((b - self.ranges[g].start) as u32);
+        self.records[g] += 1;
+        if stage.len() >= self.stage_bytes {
+            self.write_stage(g)?;
+        }
+        Ok(())
+    }
+
+    /// Writes group `g`'s staged records in bucket order (a counting pass over records
+    /// still in cache), recording how many each bucket has.
+    fn write_stage(&mut self, g: usize) -> Result<(), RiverError> {
+        let rs = self.record_size;
+        let nb = self.ranges[g].len();
+        let fill = &mut self.bucket_fill;
+        fill.clear();
+        fill.resize(nb, 0);
+        for &b in &self.stage_buckets[g] {
+            fill[b as usize] += 1;
+        }
+        self.counts[g].extend(fill.iter().map(|&c| c as u32));
+        let mut at = 0;
+        for f in fill.iter_mut() {
+            let c = *f;
+            *f = at;
+            at += c * rs;
+        }
+        self.ordered.resize(self.stages[g].len(), 0);
+        for (r, &b) in self.stages[g].chunks_exact(rs).zip(&self.stage_buckets[g]) {
+            let to = &mut fill[b as usize];
+            copy_record(&mut self.ordered[*to..*to + rs], r);
+            *to += rs;
+        }
+        self.files[g]
+            .write_all(&self.ordered)
+            .map_err(|e| RiverError::io(format!("appending to group {}", self.paths[g].display()), e))?;
+        self.stages[g].clear();
+        self.stage_buckets[g].clear();
+        Ok(())
+    }
+
+    /// Writes what is staged and frees the staging buffers.
+    pub fn flush(&mut self) -> Result<(), RiverError> {
+        for g in 0..self.len() {
+            if !self.stages[g].is_empty() {
+                self.write_stage(g)?;
+            }
+            self.stages[g] = Vec::new();
+            self.stage_buckets[g] = Vec::new();
+        }
+        self.ordered = Vec::new();
+        Ok(())
+    }
+}
+
+impl Drop for GroupFiles {
+    fn drop(&mut self) {
+        for p in &self.paths {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// What the second pass did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupReport {
+    /// Groups sorted.
+    pub groups: usize,
+    /// Groups that did not fit in a half and were sorted as runs and merged.
+    pub merged_groups: usize,
+    /// Runs those groups were sorted into.
+    pub runs: usize,
+}
+
+/// A group read back, ready for the node thread.
+enum Loaded {
+    /// The whole group, read flat into a half: the half, the group and its bytes.
+    Whole(MmapMut, usize, usize),
+    /// A group larger than a half: its sorted runs on disk (the half comes back free).
+    Runs(Vec<Run>, MmapMut),
+}
+
+/// How the second pass reads and merges.
+#[derive(Clone, Debug)]
+pub struct PassTwo {
+    /// Bytes of each of the two halves a group is read into.
+    pub half_bytes: usize,
+    /// Size of each run write buffer of an over-size group.
+    pub io_buffer_bytes: usize,
+    /// Read-ahead memory for merging the runs of an over-size group.
+    pub merge_read_bytes: usize,
+    /// Prefix of the run files of over-size groups.
+    pub run_prefix: PathBuf,
+}
+
+/// An anonymous mapping of `bytes` (address space until touched; huge pages where the
+/// kernel allows).
+fn half(bytes: usize) -> Result<MmapMut, RiverError> {
+    let map = MmapOptions::new()
+        .len(bytes.max(1))
+        .no_reserve_swap()
+        .map_anon()
+        .map_err(|e| RiverError::io("reserving memory for a group", e))?;
+    let _ = map.advise(Advice::HugePage);
+    Ok(map)
+}
+
+/// The second pass: sorts the groups in key order into `out`, each read into one of two
+/// halves of `pass.half_bytes`, the next group read on a loader thread while this thread
+/// sorts the current one and `out` writes the one before. Each group file is removed once
+/// read.
+pub fn sort_groups<S: SpaceSink + ?Sized>(
+    mut groups: GroupFiles,
+    pass: &PassTwo,
+    out: &mut S,
+) -> Result<GroupReport, RiverError> {
+    groups.flush()?;
+    let n = groups.len();
+    let rs = groups.record_size;
+    let ranges = groups.ranges.clone();
+    let counts = std::mem::take(&mut groups.counts);
+    let halves = [half(pass.half_bytes)?, half(pass.half_bytes)?];
+    std::thread::scope(|scope| {
+        let (loaded_tx, loaded_rx) = mpsc::sync_channel::<Loaded>(1);
+        let (free_tx, free_rx) = mpsc::channel::<MmapMut>();
+        for h in halves {
+            free_tx.send(h).expect("the receiver is here");
+        }
+        let loader = std::thread::Builder::new()
+            .name("river-group-load".into())
+            .spawn_scoped(scope, move || load_groups(groups, free_rx, loaded_tx, pass))
+            .map_err(|e| RiverError::io("starting the group loader", e))?;
+        let mut report = GroupReport::default();
+        let sorted = (|| {
+            for loaded in loaded_rx.iter() {
+                let half = match loaded {
+                    Loaded::Whole(half, g, bytes) => {
+                        emit_flat_group(&half[..bytes], rs, ranges[g].len(), &counts[g], out)?;
+                        half
+                    }
+                    Loaded::Runs(runs, half) => {
+                        report.merged_groups += 1;
+                        report.runs += runs.len();
+                        merge_runs(&runs, rs, pass.merge_read_bytes, out)?;
+                        half
+                    }
+                };
+                report.groups += 1;
+                // The loader stops taking halves once every group is read.
+                let _ = free_tx.send(half);
+            }
+            Ok::<(), RiverError>(())
+        })();
+        // Unblock a loader waiting on either channel before joining it.
+        drop(loaded_rx);
+        drop(free_tx);
+        let loaded =
+            loader.join().unwrap_or_else(|_| Err(RiverError::io("loading groups", std::io::Error::other("panicked"))));
+        sorted?;
+        loaded?;
+        if report.groups != n {
+            return Err(RiverError::io(
+                "loading groups",
+                std::io::Error::other(format!("{} of {n} groups were sorted", report.groups)),
+            ));
+        }
+        Ok(report)
+    })
+}
+
+/// The loader: reads each group into a free half and hands it over, in group order. A
+/// group larger than a half is sorted into runs, half by half.
+fn load_groups(
+    mut groups: GroupFiles,
+    free: mpsc::Receiver<MmapMut>,
+    loaded: mpsc::SyncSender<Loaded>,
+    pass: &PassTwo,
+) -> Result<(), RiverError> {
+    let rs = groups.record_size;
+    let mut sorter = FlatSorter::default();
+    for g in 0..groups.len() {
+        // The node thread stopped (it failed, and reports why): nothing more to do.
+        let Ok(mut half) = free.recv() else { return Ok(()) };
+        let path = groups.paths[g].clone();
+        let read_err = |e| RiverError::io(format!("reading group {}", path.display()), e);
+        let mut file = File::open(&path).map_err(read_err)?;
+        let bytes = groups.records[g] as usize * rs;
+        let room = half.len() / rs * rs;
+        let mut runs = Vec::new();
+        let mut read = 0usize;
+        loop {
+            let want = (bytes - read).min(room);
+            let n = read_full(&mut file, &mut half[..want]).map_err(read_err)?;
+            if n != want {
+                return Err(read_err(std::io::Error::other(format!("{} bytes read, {bytes} written", read + n))));
+            }
+            read += n;
+            if read == bytes && runs.is_empty() {
+                break;
+            }
+            // Larger than a half: this part is sorted as a run.
+            runs.push(write_run(&mut sorter, &half[..n], &groups, g, runs.len(), pass)?);
+            if read == bytes {
+                break;
+            }
+        }
+        if read_full(&mut file, &mut [0u8; 1]).map_err(read_err)? != 0 {
+            return Err(read_err(std::io::Error::other(format!("more than the {bytes} bytes written"))));
+        }
+        drop(file);
+        let _ = std::fs::remove_file(&path);
+        let msg = if runs.is_empty() {
+            Loaded::Whole(half, g, bytes)
+        } else {
+            tracing::info!(group = g, runs = runs.len(), "a group larger than half the memory bound is merged");
+            Loaded::Runs(runs, half)
+        };
+        if loaded.send(msg).is_err() {
+            return Ok(());
+        }
+    }
+    // Every file is read and removed; dropping `groups` removes nothing more.
+    groups.paths.clear();
+    Ok(())
+}
+
+/// Sorts a group read flat (`data`, the appends one after the other, each holding the
+/// group's `buckets` buckets in turn with `counts` records each) bucket by bucket into
+/// `out`.
+fn emit_flat_group<S: SpaceSink + ?Sized>(
+    data: &[u8],
+    rs: usize,
+    buckets: usize,
+    counts: &[u32],
+    out: &mut S,
+) -> Result<(), RiverError> {
+    assert!(buckets > 0 && counts.len().is_multiple_of(buckets), "whole appends");
+    let appends = counts.len() / buckets;
+    // Where each piece starts (records), in the order the appends wrote them.
+    let mut starts = Vec::with_capacity(counts.len());
+    let mut at = 0usize;
+    for &c in counts {
+        starts.push(at);
+        at += c as usize;
+    }
+    assert_eq!(at * rs, data.len(), "the counts cover the group");
+    let mut entries: Vec<u128> = Vec::new();
+    let mut scratch: Vec<u128> = Vec::new();
+    for b in 0..buckets {
+        entries.clear();
+        for a in 0..appends {
+            let piece = a * buckets + b;
+            let first = starts[piece];
+            let records = &data[first * rs..(first + counts[piece] as usize) * rs];
+            entries.extend(records.chunks_exact(rs).enumerate().map(|(i, r)| entry(r, (first + i) as u64)));
+        }
+        if entries.is_empty() {
+            continue;
+        }
+        let mut sorted = sort_entries(&mut entries, &mut scratch);
+        while !sorted.is_empty() {
+            let space = out.space()?;
+            let n = (space.len() / rs).min(sorted.len());
+            for (d, &e) in space[..n * rs].chunks_exact_mut(rs).zip(&sorted[..n]) {
+                let i = index_of(e) * rs;
+                copy_record(d, &data[i..i + rs]);
+            }
+            out.commit(n * rs)?;
+            sorted = &sorted[n..];
+        }
+    }
+    Ok(())
+}
+
+fn read_full(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut at = 0;
+    while at < buf.len() {
+        match file.read(&mut buf[at..]) {
+            Ok(0) => break,
+            Ok(n) => at += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(at)
+}
+
+fn write_run(
+    sorter: &mut FlatSorter,
+    data: &[u8],
+    groups: &GroupFiles,
+    group: usize,
+    index: usize,
+    pass: &PassTwo,
+) -> Result<Run, RiverError> {
+    let rs = groups.record_size;
+    let path = PathBuf::from(format!("{}.g{group}.r{index}", pass.run_prefix.display()));
+    let file = File::create(&path).map_err(|e| RiverError::io(format!("creating run {}", path.display()), e))?;
+    let run = Run { path, records: (data.len() / rs) as u64 };
+    let pool = MemPool::heap(2, pass.io_buffer_bytes.max(rs) / rs * rs);
+    let mut sink = DiskSink::new(Arc::new(file), 0, pool, rs);
+    sorter.emit(data, rs, &groups.buckets, groups.ranges[group].clone(), &mut sink)?;
+    sink.close()?;
+    Ok(run)
+}
+
+/// Sorts records held flat in no order (part of an over-size group): entries placed by
+/// bucket (a counting pass), then each bucket's entries sorted and its records gathered.
+/// Keeps its vectors from one run to the next.
+#[derive(Default)]
+struct FlatSorter {
+    entries: Vec<u128>,
+    by_bucket: Vec<u128>,
+    scratch: Vec<u128>,
+    starts: Vec<usize>,
+}
+
+impl FlatSorter {
+    /// Writes the records of `data` (all in the buckets `range` of `buckets`) sorted into
+    /// `out`.
+    fn emit<S: SpaceSink + ?Sized>(
+        &mut self,
+        data: &[u8],
+        rs: usize,
+        buckets: &KeyBuckets,
+        range: Range<usize>,
+        out: &mut S,
+    ) -> Result<(), RiverError> {
+        let n = data.len() / rs;
+        self.entries.clear();
+        self.entries.extend(data.chunks_exact(rs).enumerate().map(|(i, r)| entry(r, i as u64)));
+        // An entry's bucket is its key's: bounds have no index bits.
+        let bucket = |e: u128| buckets.bucket_of(e).clamp(range.start, range.end - 1) - range.start;
+        self.starts.clear();
+        self.starts.resize(range.len() + 1, 0);
+        for &e in &self.entries {
+            self.starts[bucket(e) + 1] += 1;
+        }
+        for b in 0..range.len() {
+            self.starts[b + 1] += self.starts[b];
+        }
+        self.by_bucket.clear();
+        self.by_bucket.resize(n, 0);
+        let mut fill = self.starts.clone();
+        for &e in &self.entries {
+            let b = bucket(e);
+            self.by_bucket[fill[b]] = e;
+            fill[b] += 1;
+        }
+        for b in 0..range.len() {
+            let bucket_entries = &mut self.by_bucket[self.starts[b]..self.starts[b + 1]];
+            if bucket_entries.is_empty() {
+                continue;
+            }
+            let mut sorted = sort_entries(bucket_entries, &mut self.scratch);
+            while !sorted.is_empty() {
+                let space = out.space()?;
+                let k = (space.len() / rs).min(sorted.len());
+                for (d, &e) in space[..k * rs].chunks_exact_mut(rs).zip(&sorted[..k]) {
+                    let i = index_of(e) * rs;
+                    copy_record(d, &data[i..i + rs]);
+                }
+                out.commit(k * rs)?;
+                sorted = &sorted[k..];
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn groups_split_the_buckets_in_equal_consecutive_ranges() {
+        let samples: Vec<u128> = (0..4000u128).map(|i| (i * 7919 % 4000) << 90).collect();
+        let buckets = KeyBuckets::from_samples(0, u128::MAX, &samples, 4, 1 << 16);
+        let n = buckets.len();
+        let g = plan_groups(&buckets, 1000, 100);
+        // 1000 bytes in halves of 100 filled to 80 %: 13 groups wanted, so at most
+        // n / 13 buckets each.
+        assert!(g.len() >= 13, "{}", g.len());
+        assert_eq!(g.first().unwrap().start, 0);
+        assert_eq!(g.last().unwrap().end, n);
+        assert!(g.windows(2).all(|w| w[0].end == w[1].start));
+        assert!(g.iter().all(|r| !r.is_empty() && r.len() <= n / 13), "{g:?}");
+        // Never fewer than two, never more than the buckets.
+        assert!((2..=3).contains(&plan_groups(&buckets, 1, 1 << 30).len()));
+        assert_eq!(plan_groups(&buckets, 1 << 40, 1).len(), n);
+        assert_eq!(plan_groups(&KeyBuckets::single(), 1 << 40, 1).len(), 1);
+    }
+}
