@@ -195,11 +195,21 @@ impl Recorder {
         self.close_run();
         if self.staged_state == Staged::Call {
             self.staged_state = Staged::Empty;
-            let (call, session) = (self.staged, self.staged_session);
-            if self.ensure(session) {
-                if let Some(p) = self.producer.as_mut() {
-                    p.push(call);
-                }
+            self.push_staged();
+        }
+    }
+
+    /// Writes the staged record (its state already cleared), copied from where it was built
+    /// ([`Producer::push_fields`]).
+    #[inline(always)]
+    fn push_staged(&mut self) {
+        let session = self.staged_session;
+        if self.run_session != 0 {
+            self.close_run();
+        }
+        if self.ensure(session) {
+            if let Some(p) = self.producer.as_mut() {
+                p.push_fields(&self.staged);
             }
         }
     }
@@ -506,8 +516,7 @@ impl Recorder {
             }
         } else if self.staged_state == Staged::Receive {
             self.staged_state = Staged::Empty;
-            let (s, session) = (self.staged, self.staged_session);
-            self.push(session, s);
+            self.push_staged();
         }
     }
 
