@@ -218,7 +218,6 @@ impl Producer {
         ring.slots[self.tail & ring.mask].with_mut(|p| unsafe { p.write(record) });
         self.tail = self.tail.wrapping_add(1);
         ring.tail.0.store(self.tail, Ordering::Release);
-        self.prefetch_next();
         true
     }
 
@@ -240,7 +239,6 @@ impl Producer {
         ring.slots[self.tail & ring.mask].with_mut(|p| fill(unsafe { &mut *p }));
         self.tail = self.tail.wrapping_add(1);
         ring.tail.0.store(self.tail, Ordering::Release);
-        self.prefetch_next();
         true
     }
 
@@ -277,23 +275,6 @@ impl Producer {
             s.stage_a = field!(stage_a);
             s.stage_b = field!(stage_b);
         })
-    }
-
-    /// Asks for the next slot's cache line, for writing, now. The line was last written a
-    /// lap ago and read since by the writer thread: a store to it misses, and stores leave
-    /// the core in order, so a miss left for the next record would hold back the stores
-    /// after it — the next message's, which its peer is waiting to see. Fetched now, the
-    /// miss overlaps the time until the next record.
-    #[inline(always)]
-    fn prefetch_next(&self) {
-        #[cfg(all(target_arch = "x86_64", not(loom)))]
-        {
-            let ring = &*self.ring;
-            let next = ring.slots[self.tail & ring.mask].with(|p| p.cast::<i8>());
-            // SAFETY: a prefetch is a hint: it reads nothing and writes nothing, and `next`
-            // points into the ring's allocation.
-            unsafe { core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_ET0 }>(next) };
-        }
     }
 
     /// Mirrors a newly opened run (or its absence) where `stop` can find it.
