@@ -596,29 +596,50 @@ mod tests {
     /// A decoded message: kind, direction, size, buffers, request id.
     type Seen = (MessageKind, Direction, u64, u8, u64);
 
-    /// What the recorder wrote in a session: file records, decoded messages.
+    /// What the recorder wrote in a session: its file records and decoded messages (other
+    /// tests of this process may record meanwhile: only records between `ME` and `PEER`
+    /// count).
     fn recorded(play: impl FnOnce(&mut Recorder, u64)) -> (u64, Vec<Seen>) {
+        use super::super::format::{BLOCK_HEADER_LEN, FILE_HEADER_LEN, RECORD_LEN};
         let path = std::env::temp_dir().join(format!("ulnet-recorder-{}-{:x}.ultrace", std::process::id(), rand_id()));
-        let mut config = TraceConfig::new(&path, NodeId(1));
+        let mut config = TraceConfig::new(&path, ME);
         config.sample = 1 << 20;
         start(config).unwrap();
         let mut r = Recorder::new();
         play(&mut r, active());
         r.close_run();
-        let summary = stop().unwrap();
-        let file = decode_file(&std::fs::read(&path).unwrap()).unwrap();
+        stop().unwrap();
+        let bytes = std::fs::read(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
-        let messages =
-            file.records.iter().map(|m| (m.message_kind(), m.direction(), m.size, m.buffers, m.request_id)).collect();
-        (summary.records, messages)
+        let ours = |src: u32, dst: u32| (src, dst) == (ME.0, PEER.0) || (src, dst) == (PEER.0, ME.0);
+        let mut records = 0;
+        let mut at = FILE_HEADER_LEN;
+        while at < bytes.len() {
+            let count = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
+            for i in 0..count {
+                let r = at + BLOCK_HEADER_LEN + i * RECORD_LEN;
+                let word = |o: usize| u32::from_le_bytes(bytes[r + o..r + o + 4].try_into().unwrap());
+                records += u64::from(ours(word(8), word(12)));
+            }
+            at += BLOCK_HEADER_LEN + count * RECORD_LEN;
+        }
+        let file = decode_file(&bytes).unwrap();
+        let messages = file
+            .records
+            .iter()
+            .filter(|m| ours(m.src_node, m.dst_node))
+            .map(|m| (m.message_kind(), m.direction(), m.size, m.buffers, m.request_id))
+            .collect();
+        (records, messages)
     }
 
     fn rand_id() -> u64 {
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
     }
 
-    const ME: NodeId = NodeId(1);
-    const PEER: NodeId = NodeId(2);
+    /// Node ids no other test of this process uses.
+    const ME: NodeId = NodeId(0x7ace_0001);
+    const PEER: NodeId = NodeId(0x7ace_0002);
 
     /// Tracing is one session per process: the cases run in one test, one after another.
     #[test]
