@@ -12,6 +12,8 @@
 # bench/results/trace-off-baseline.md; the summary is bench/results/trace.md.
 # Environment: ROUNDS (default 9), BASE, BASELINE (1), LOCK (default /work/bench.lock; empty:
 # no lock), TRACE_DIR (default: a temporary dir).
+# The script takes the lock itself, per comparison: do not wrap it in `flock /work/bench.lock`
+# (the inner flock would wait for the outer forever) unless with LOCK= (one lock for all).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!  file header (72 bytes)
-//!  0  magic "ULTRACE\0"                8  version u16 (2)     10 header_len u16 (72)
+//!  0  magic "ULTRACE\0"                8  version u16 (3)     10 header_len u16 (72)
 //!  12 record_len u16 (64)              14 block_header_len u16 (48)
 //!  16 node_id u32                      20 pid u32
 //!  24 boot_id u64      (hash of the kernel boot id: equal boot ids share one monotonic clock)
@@ -28,11 +28,20 @@
 //!  48 request_id u64 (0: none)
 //!  56 stage_a u32   60 stage_b u32
 //!     flags: 1 receive (else send), 2 exact (ticks read from the clock for this record,
-//!            else the recorder's newest reading), 4 run; other bits 0
+//!            else the recorder's newest reading), 4 run, 8 pair; other bits 0
 //!     send:    stage_a = ticks from enqueued to sent, + 1 (0: not measured)
 //!     receive: stage_a, stage_b = ticks from received to handler start, end, + 1
 //!     run:     `stage_a` identical messages (at least 2, no request id, no stages), the
 //!              first at `ticks`, the last `stage_b` ticks later
+//!     pair:    a request (kind 1, request id not 0) and its response, as one side saw
+//!              them: flag 1 clear at the caller (request sent, response received), set
+//!              at the server (request received, response sent). `ticks`, nodes and
+//!              `size` are the request's; `buffers` (at most 2) and buffer_len[0..2] list
+//!              the message this side sent; buffer_len[2] = the response's size,
+//!              buffer_len[3] = ticks from `ticks` to the response, + 1; stage_a, stage_b
+//!              = ticks from `ticks` to the start and end of the handler this side ran on
+//!              the message it received, + 1 (0: not measured). Decoded as the two
+//!              records the two messages would have had.
 //! ```
 //!
 //! Ticks become nanoseconds of CLOCK_MONOTONIC by interpolating between the clock
@@ -40,9 +49,10 @@
 //! The last block of a complete file is an end block; a file without one was cut short.
 //!
 //! Versions (append-only; discriminants are format): 1 — 96-byte records with absolute
-//! stage times (no longer read); 2 — this layout.
+//! stage times (no longer read); 2 — this layout without pair records (still read);
+//! 3 — this layout.
 
-use super::slot::{Slot, FLAGS_KNOWN, FLAG_RUN};
+use super::slot::{Slot, FLAGS_KNOWN, FLAGS_KNOWN_V2, FLAG_PAIR, FLAG_RECEIVE, FLAG_RUN, PAIR_BUFFERS_MAX};
 use std::fmt;
 
 /// The first bytes of every trace file.
@@ -50,7 +60,9 @@ pub const FILE_MAGIC: [u8; 8] = *b"ULTRACE\0";
 /// The first bytes of every block.
 pub const BLOCK_MAGIC: [u8; 4] = *b"ULTB";
 /// Format version written.
-pub const VERSION: u16 = 2;
+pub const VERSION: u16 = 3;
+/// The oldest format version read (version 2 lacks pair records only).
+pub const VERSION_MIN: u16 = 2;
 /// Bytes of the file header.
 pub const FILE_HEADER_LEN: usize = 72;
 /// Bytes of a block header.
@@ -198,13 +210,15 @@ pub enum DecodeError {
         what: String,
     },
     /// A file of a format version this build does not read.
-    #[error("trace file version {0} is not supported (this build reads version {VERSION})")]
+    #[error("trace file version {0} is not supported (this build reads versions {VERSION_MIN} to {VERSION})")]
     Version(u16),
 }
 
 /// The file header, decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FileHeader {
+    /// The format version ([`VERSION`] when written by this build).
+    pub version: u16,
     /// The node that wrote the file.
     pub node_id: u32,
     /// Its process id.
@@ -253,7 +267,7 @@ impl FileHeader {
     pub fn encode(&self) -> [u8; FILE_HEADER_LEN] {
         let mut b = [0u8; FILE_HEADER_LEN];
         b[0..8].copy_from_slice(&FILE_MAGIC);
-        b[8..10].copy_from_slice(&VERSION.to_le_bytes());
+        b[8..10].copy_from_slice(&self.version.to_le_bytes());
         b[10..12].copy_from_slice(&(FILE_HEADER_LEN as u16).to_le_bytes());
         b[12..14].copy_from_slice(&(RECORD_LEN as u16).to_le_bytes());
         b[14..16].copy_from_slice(&(BLOCK_HEADER_LEN as u16).to_le_bytes());
@@ -281,7 +295,7 @@ impl FileHeader {
             return Err(DecodeError::Truncated { offset: 0, what: "file header" });
         }
         let version = u16_at(bytes, 8);
-        if version != VERSION {
+        if !(VERSION_MIN..=VERSION).contains(&version) {
             return Err(DecodeError::Version(version));
         }
         if bytes.len() < FILE_HEADER_LEN {
@@ -296,6 +310,7 @@ impl FileHeader {
             return Err(DecodeError::Corrupt { offset: 0, what: format!("unexpected header layout {lens:?}") });
         }
         Ok(FileHeader {
+            version,
             node_id: u32_at(b, 16),
             pid: u32_at(b, 20),
             boot_id: u64_at(b, 24),
@@ -308,33 +323,43 @@ impl FileHeader {
 }
 
 impl Record {
-    /// Decodes a record found at byte `offset` of its file, refusing unknown kinds and
-    /// flags, set reserved bits, inconsistent buffer lists and malformed runs.
-    pub fn decode(b: &[u8], offset: u64) -> Result<Self, DecodeError> {
+    /// Decodes a record found at byte `offset` of a file of format `version`, refusing
+    /// unknown kinds and flags, set reserved bits, inconsistent buffer lists and malformed
+    /// runs and pairs. A pair record decodes to two records: the request and its response.
+    pub fn decode(b: &[u8], offset: u64, version: u16) -> Result<(Self, Option<Self>), DecodeError> {
         assert_eq!(b.len(), RECORD_LEN, "a record is {RECORD_LEN} bytes");
         let corrupt = |what: String| DecodeError::Corrupt { offset, what };
         let slot = Slot::from_bytes(b);
         if MessageKind::from_u8(slot.kind).is_none() {
             return Err(corrupt(format!("record has unknown kind {}", slot.kind)));
         }
-        if slot.flags & !FLAGS_KNOWN != 0 || slot.reserved != 0 {
+        let known = if version >= 3 { FLAGS_KNOWN } else { FLAGS_KNOWN_V2 };
+        if slot.flags & !known != 0 || slot.reserved != 0 {
             return Err(corrupt("record has reserved bits set".into()));
         }
         let buffers = slot.buffers as usize;
-        if buffers > RECORD_BUFFERS_MAX {
+        let pair = slot.flags & FLAG_PAIR != 0;
+        // A pair lists at most two buffers; the other two words are its response.
+        let listable = if pair { PAIR_BUFFERS_MAX } else { RECORD_BUFFERS_MAX };
+        if buffers > listable {
             return Err(corrupt(format!("record lists {buffers} buffers")));
         }
-        if slot.buffer_len[buffers..].iter().any(|&l| l != 0) {
+        if slot.buffer_len[buffers..listable].iter().any(|&l| l != 0) {
             return Err(corrupt(format!("record of {buffers} buffers has lengths beyond them")));
         }
-        let listed: u64 = slot.buffer_len.iter().map(|&l| u64::from(l)).sum();
-        if buffers > 0 && listed != slot.size {
-            return Err(corrupt(format!("record of {} bytes lists buffers of {listed} bytes", slot.size)));
+        let listed: u64 = slot.buffer_len[..listable].iter().map(|&l| u64::from(l)).sum();
+        // The message the buffers describe: the one this side sent.
+        let sent_size = if pair && slot.flags & FLAG_RECEIVE != 0 { u64::from(slot.buffer_len[2]) } else { slot.size };
+        if buffers > 0 && listed != sent_size {
+            return Err(corrupt(format!("record of {sent_size} bytes lists buffers of {listed} bytes")));
         }
-        if slot.flags & FLAG_RUN != 0 && (slot.stage_a < 2 || slot.request_id != 0) {
+        if slot.flags & FLAG_RUN != 0 && (slot.stage_a < 2 || slot.request_id != 0 || pair) {
             return Err(corrupt("run record without a count of 2 or more, or with a request id".into()));
         }
-        Ok(slot.to_record())
+        if pair && (slot.kind != MessageKind::Request as u8 || slot.request_id == 0 || slot.buffer_len[3] == 0) {
+            return Err(corrupt("pair record that is not a request with an id and a response time".into()));
+        }
+        Ok(slot.to_records())
     }
 
     /// The message kind.
@@ -489,7 +514,7 @@ pub fn decode_prefix(bytes: &[u8]) -> (Option<TraceFile>, Option<DecodeError>) {
                 }),
             );
         }
-        match decode_block(bytes, at, file.blocks.len() as u32) {
+        match decode_block(bytes, at, file.blocks.len() as u32, header.version) {
             Ok((block, records, next)) => {
                 let end = block.flags & BLOCK_FLAG_END != 0;
                 file.blocks.push(block);
@@ -511,7 +536,12 @@ pub fn decode_prefix(bytes: &[u8]) -> (Option<TraceFile>, Option<DecodeError>) {
 }
 
 /// Decodes the block at `at`, which must be block number `sequence`.
-fn decode_block(bytes: &[u8], at: usize, sequence: u32) -> Result<(BlockHeader, Vec<Record>, usize), DecodeError> {
+fn decode_block(
+    bytes: &[u8],
+    at: usize,
+    sequence: u32,
+    version: u16,
+) -> Result<(BlockHeader, Vec<Record>, usize), DecodeError> {
     let offset = at as u64;
     if bytes.len() - at < BLOCK_HEADER_LEN {
         return Err(DecodeError::Truncated { offset, what: "block header" });
@@ -549,12 +579,13 @@ fn decode_block(bytes: &[u8], at: usize, sequence: u32) -> Result<(BlockHeader, 
             what: format!("block {} where block {sequence} belongs (blocks lost or reordered)", block.sequence),
         });
     }
-    let records = (0..block.record_count as usize)
-        .map(|i| {
-            let r_at = at + BLOCK_HEADER_LEN + i * RECORD_LEN;
-            Record::decode(&bytes[r_at..r_at + RECORD_LEN], r_at as u64)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut records = Vec::with_capacity(block.record_count as usize);
+    for i in 0..block.record_count as usize {
+        let r_at = at + BLOCK_HEADER_LEN + i * RECORD_LEN;
+        let (record, second) = Record::decode(&bytes[r_at..r_at + RECORD_LEN], r_at as u64, version)?;
+        records.push(record);
+        records.extend(second);
+    }
     Ok((block, records, end))
 }
 
@@ -566,12 +597,48 @@ impl fmt::Display for MessageKind {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::super::slot::{FLAG_EXACT, FLAG_RECEIVE};
+    use super::super::slot::FLAG_EXACT;
     use super::*;
     use proptest::prelude::*;
 
-    /// Well-formed records, as slots.
+    /// Well-formed records, as slots: single messages, runs and pairs.
     fn slot() -> impl Strategy<Value = Slot> {
+        prop_oneof![3 => single_slot(), 1 => pair_slot()]
+    }
+
+    /// Well-formed pair records: a request and its response at the caller or the server.
+    fn pair_slot() -> impl Strategy<Value = Slot> {
+        (any::<[u64; 3]>(), any::<[u32; 6]>(), any::<bool>(), any::<bool>(), 0usize..=2, any::<[u16; 2]>()).prop_map(
+            |(t, n, server, exact, buffers, lens)| {
+                let mut buffer_len = [0u32; 4];
+                for i in 0..buffers {
+                    buffer_len[i] = u32::from(lens[i]);
+                }
+                let listed: u32 = buffer_len.iter().sum();
+                let sent = if buffers == 0 { n[3] } else { listed };
+                buffer_len[2] = if server { sent } else { n[3] };
+                buffer_len[3] = n[4].max(1);
+                Slot {
+                    ticks: t[0],
+                    src_node: n[0],
+                    dst_node: n[1],
+                    channel: n[2],
+                    kind: MessageKind::Request as u8,
+                    flags: FLAG_PAIR | if server { FLAG_RECEIVE } else { 0 } | if exact { FLAG_EXACT } else { 0 },
+                    buffers: buffers as u8,
+                    reserved: 0,
+                    size: if server || buffers == 0 { t[1] } else { u64::from(listed) },
+                    buffer_len,
+                    request_id: t[2].max(1),
+                    stage_a: n[5],
+                    stage_b: n[5] / 2,
+                }
+            },
+        )
+    }
+
+    /// Well-formed records of one message or a run.
+    fn single_slot() -> impl Strategy<Value = Slot> {
         (any::<[u64; 3]>(), any::<[u32; 5]>(), 0u8..9, 0u8..8, 0usize..=4, any::<[u16; 4]>()).prop_map(
             |(t, n, kind, flags, buffers, lens)| {
                 let mut buffer_len = [0u32; 4];
@@ -608,6 +675,7 @@ mod tests {
 
     fn header() -> FileHeader {
         FileHeader {
+            version: VERSION,
             node_id: 3,
             pid: 1234,
             boot_id: 77,
@@ -639,7 +707,7 @@ mod tests {
     proptest! {
         #[test]
         fn records_round_trip(s in slot()) {
-            prop_assert_eq!(Record::decode(&bytes_of(&[s]), 0), Ok(s.to_record()));
+            prop_assert_eq!(Record::decode(&bytes_of(&[s]), 0, VERSION), Ok(s.to_records()));
         }
 
         #[test]
@@ -648,7 +716,14 @@ mod tests {
             let f = decode_file(&bytes).unwrap();
             prop_assert_eq!(f.header, header());
             prop_assert_eq!(f.dropped(), blocks.len() as u64 - 1);
-            let want: Vec<Record> = blocks.concat().into_iter().map(Slot::to_record).collect();
+            let want: Vec<Record> = blocks
+                .concat()
+                .into_iter()
+                .flat_map(|s| {
+                    let (a, b) = s.to_records();
+                    std::iter::once(a).chain(b)
+                })
+                .collect();
             prop_assert_eq!(f.messages(), want.iter().map(|r| u64::from(r.count)).sum::<u64>());
             prop_assert_eq!(f.records, want);
         }
@@ -660,8 +735,9 @@ mod tests {
 
         #[test]
         fn random_records_never_panic(bytes in proptest::collection::vec(any::<u8>(), RECORD_LEN)) {
-            if let Ok(r) = Record::decode(&bytes, 0) {
+            if let Ok((r, second)) = Record::decode(&bytes, 0, VERSION) {
                 prop_assert!(r.count >= 1);
+                prop_assert!(second.is_none_or(|s| s.count == 1 && s.request_id == r.request_id));
             }
         }
 
@@ -730,6 +806,109 @@ mod tests {
             }
             other => panic!("decoded as {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_pair_decodes_to_the_two_records_its_messages_would_have_had() {
+        let t = 1_000;
+        // The caller: a 2-buffer request sent at t, its 40-byte response found at t + 30,
+        // whose handler ran from t + 32 to t + 35.
+        let caller = Slot {
+            ticks: t,
+            src_node: 1,
+            dst_node: 2,
+            channel: 3,
+            kind: MessageKind::Request as u8,
+            flags: FLAG_PAIR | FLAG_EXACT,
+            buffers: 2,
+            size: 144,
+            buffer_len: [16, 128, 40, 31],
+            request_id: 77,
+            stage_a: 33,
+            stage_b: 36,
+            ..Slot::EMPTY
+        };
+        let (request, response) = Record::decode(&bytes_of(&[caller]), 0, VERSION).unwrap();
+        let single = |s: Slot| Record::decode(&bytes_of(&[s]), 0, VERSION).unwrap();
+        let sent = Slot { flags: FLAG_EXACT, buffer_len: [16, 128, 0, 0], stage_a: 0, stage_b: 0, ..caller };
+        assert_eq!((request, None), single(sent));
+        let found = Slot {
+            ticks: t + 30,
+            src_node: 2,
+            dst_node: 1,
+            kind: MessageKind::Response as u8,
+            flags: FLAG_RECEIVE | FLAG_EXACT,
+            buffers: 0,
+            size: 40,
+            buffer_len: [0; 4],
+            stage_a: 3,
+            stage_b: 6,
+            ..caller
+        };
+        assert_eq!(single(found), (response.expect("a pair has a response"), None));
+        // The server: the request found at t (handler t + 2 .. t + 9), the response of one
+        // 40-byte buffer sent at t + 8.
+        let server = Slot {
+            flags: FLAG_PAIR | FLAG_RECEIVE,
+            buffers: 1,
+            buffer_len: [40, 0, 40, 9],
+            stage_a: 3,
+            stage_b: 10,
+            ..caller
+        };
+        let (request, response) = Record::decode(&bytes_of(&[server]), 0, VERSION).unwrap();
+        let found = Slot { flags: FLAG_RECEIVE, buffers: 0, buffer_len: [0; 4], ..server };
+        assert_eq!((request, None), single(found));
+        let sent = Slot {
+            ticks: t + 8,
+            src_node: 2,
+            dst_node: 1,
+            kind: MessageKind::Response as u8,
+            flags: 0,
+            buffers: 1,
+            size: 40,
+            buffer_len: [40, 0, 0, 0],
+            stage_a: 0,
+            stage_b: 0,
+            ..server
+        };
+        assert_eq!(single(sent), (response.expect("a pair has a response"), None));
+    }
+
+    #[test]
+    fn pair_records_are_refused_in_version_2_files_and_when_malformed() {
+        let pair = Slot {
+            kind: MessageKind::Request as u8,
+            flags: FLAG_PAIR,
+            size: 5,
+            buffer_len: [0, 0, 7, 1],
+            request_id: 9,
+            ..Slot::EMPTY
+        };
+        assert!(Record::decode(&bytes_of(&[pair]), 0, VERSION).is_ok());
+        let refused = |s: Slot, version: u16| {
+            matches!(Record::decode(&bytes_of(&[s]), 64, version), Err(DecodeError::Corrupt { offset: 64, .. }))
+        };
+        assert!(refused(pair, 2), "version 2 has no pairs");
+        assert!(refused(Slot { request_id: 0, ..pair }, VERSION), "a pair has a request id");
+        assert!(refused(Slot { kind: MessageKind::Response as u8, ..pair }, VERSION), "a pair starts with its request");
+        assert!(refused(Slot { buffer_len: [0, 0, 7, 0], ..pair }, VERSION), "a pair has its response's time");
+        assert!(refused(Slot { buffers: 3, buffer_len: [1, 2, 2, 1], ..pair }, VERSION), "a pair lists two buffers");
+        assert!(
+            refused(Slot { buffers: 1, buffer_len: [4, 0, 7, 1], ..pair }, VERSION),
+            "listed bytes are the request's"
+        );
+        let mut v2 = FileHeader { version: 2, ..header() }.encode().to_vec();
+        let end = BlockHeader {
+            flags: BLOCK_FLAG_END,
+            record_count: 1,
+            sequence: 0,
+            dropped_total: 0,
+            ref_ticks: 2_000,
+            ref_mono_ns: 5_500,
+        };
+        encode_block(&end, &bytes_of(&[Slot { size: 10, kind: 1, ..Slot::EMPTY }]), &mut v2);
+        assert_eq!(decode_file(&v2).map(|f| f.records.len()), Ok(1), "version 2 files are still read");
     }
 
     #[test]

@@ -1,11 +1,18 @@
 //! A recorder: what one endpoint (or one thread, for the free functions) records, into a
 //! ring of its own. It keeps the receive being delivered while its handler runs, the open
 //! run of identical messages, and its newest clock reading.
+//!
+//! A call is one record per side, not two: the caller stages its request and writes it
+//! with the response that answers it (when that response is the next message it records
+//! on that channel), the server writes the request it is delivering with the response its
+//! handler sends to it. Anything else recorded meanwhile writes the staged request alone
+//! first, so nothing is lost but the pairing. A request still staged when the session
+//! stops is lost (its call is then still in flight).
 
 use super::clock;
 use super::format::MessageKind;
 use super::ring::Producer;
-use super::slot::{offset, Slot, FLAG_EXACT, FLAG_RECEIVE};
+use super::slot::{offset, Slot, FLAG_EXACT, FLAG_PAIR, FLAG_RECEIVE, PAIR_BUFFERS_MAX};
 use super::{exact_mode, sampled, SESSION, TICKER};
 use crate::node::NodeId;
 use std::sync::atomic::Ordering;
@@ -34,6 +41,18 @@ impl PendingReceive {
     }
 }
 
+/// What the recorder's staged record is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Staged {
+    /// Nothing staged.
+    Empty,
+    /// The receive being delivered, described by its handler (and maybe paired with the
+    /// response it sent); written when the delivery ends.
+    Receive,
+    /// A request sent, waiting for its response to be written with it.
+    Call,
+}
+
 /// See the module documentation.
 #[derive(Debug)]
 pub(crate) struct Recorder {
@@ -56,9 +75,9 @@ pub(crate) struct Recorder {
     receiving: bool,
     /// Its clock reading, in exact mode.
     receiving_ticks: u64,
-    /// The receive described by its handler, written when the delivery ends.
+    /// The staged record ([`Staged`]), built in place here and copied to the ring once.
     staged: Slot,
-    staged_open: bool,
+    staged_state: Staged,
     staged_session: u64,
 }
 
@@ -84,6 +103,18 @@ fn describe(gather: &[&[u8]]) -> (u8, [u32; 4], u64) {
     }
 }
 
+/// Buffers, buffer lengths and size of a gather list a pair record can list (at most
+/// [`PAIR_BUFFERS_MAX`] buffers, each under 4 GiB).
+#[inline(always)]
+fn describe_pair(gather: &[&[u8]]) -> Option<(u8, [u32; 2], u64)> {
+    let len = |i: usize| gather.get(i).map_or(Some(0), |b| u32::try_from(b.len()).ok());
+    if gather.len() > PAIR_BUFFERS_MAX {
+        return None;
+    }
+    let lens = [len(0)?, len(1)?];
+    Some((gather.len() as u8, lens, u64::from(lens[0]) + u64::from(lens[1])))
+}
+
 impl Recorder {
     pub(crate) const fn new() -> Self {
         Recorder {
@@ -97,7 +128,7 @@ impl Recorder {
             receiving: false,
             receiving_ticks: 0,
             staged: Slot::EMPTY,
-            staged_open: false,
+            staged_state: Staged::Empty,
             staged_session: 0,
         }
     }
@@ -147,8 +178,8 @@ impl Recorder {
     /// Writes the record `fill` writes in place (after the open run, which it closes).
     #[inline(always)]
     fn push_with(&mut self, session: u64, fill: impl FnOnce(&mut Slot)) {
-        if self.run_session != 0 {
-            self.close_run();
+        if self.run_session != 0 || self.staged_state == Staged::Call {
+            self.close_open();
         }
         if self.ensure(session) {
             if let Some(p) = self.producer.as_mut() {
@@ -157,9 +188,35 @@ impl Recorder {
         }
     }
 
+    /// Writes the open run and the staged request, if any (a record that is neither is
+    /// about to be written).
+    #[inline(never)]
+    fn close_open(&mut self) {
+        self.close_run();
+        if self.staged_state == Staged::Call {
+            self.staged_state = Staged::Empty;
+            self.push_staged();
+        }
+    }
+
+    /// Writes the staged record (its state already cleared), copied from where it was built
+    /// ([`Producer::push_fields`]).
+    #[inline(always)]
+    fn push_staged(&mut self) {
+        let session = self.staged_session;
+        if self.run_session != 0 {
+            self.close_run();
+        }
+        if self.ensure(session) {
+            if let Some(p) = self.producer.as_mut() {
+                p.push_fields(&self.staged);
+            }
+        }
+    }
+
     /// Starts a run with `slot`, closing the open one.
     fn open_run(&mut self, session: u64, slot: Slot) {
-        self.close_run();
+        self.close_open();
         if !self.ensure(session) {
             return;
         }
@@ -212,22 +269,90 @@ impl Recorder {
         kind: MessageKind,
         request_id: u64,
     ) {
-        // The common case of a stream, in four compares: one buffer, the channel, kind and
-        // size of the open run of sends (a channel's peer does not change while a run is
-        // open: opening or closing a channel ends it).
-        let _ = nodes;
-        if let [only] = gather {
+        if request_id != 0 {
+            if self.send_call(session, nodes, channel, gather, kind, request_id) {
+                return;
+            }
+        } else if let [only] = gather {
+            // The common case of a stream, in four compares: one buffer, the channel, kind
+            // and size of the open run of sends (a channel's peer does not change while a
+            // run is open: opening or closing a channel ends it).
             let key = u64::from(channel) | (u64::from(kind as u8) << 32) | (1 << 48);
-            if self.run_session == session
-                && request_id == 0
-                && self.run_key == key
-                && self.run.size == only.len() as u64
-            {
+            if self.run_session == session && self.run_key == key && self.run.size == only.len() as u64 {
                 self.count_in_run();
                 return;
             }
         }
         self.send_slow(session, nodes, channel, gather, kind, request_id, 0);
+    }
+
+    /// Records a request or response by pairing it, when it pairs: a request is staged to
+    /// wait for its response; a response to the request being delivered joins its record.
+    /// False when it does not pair (it is then recorded alone).
+    #[inline(always)]
+    fn send_call(
+        &mut self,
+        session: u64,
+        nodes: (NodeId, NodeId),
+        channel: u32,
+        gather: &[&[u8]],
+        kind: MessageKind,
+        request_id: u64,
+    ) -> bool {
+        let Some((buffers, lens, size)) = describe_pair(gather) else { return false };
+        match kind {
+            MessageKind::Response => {
+                let s = &self.staged;
+                if self.staged_state != Staged::Receive
+                    || s.request_id != request_id
+                    || s.channel != channel
+                    || s.flags & FLAG_PAIR != 0
+                    || s.kind != MessageKind::Request as u8
+                    || self.staged_session != session
+                {
+                    return false;
+                }
+                let Ok(size) = u32::try_from(size) else { return false };
+                let exact = s.flags & FLAG_EXACT != 0;
+                let t = if exact { self.exact_now() } else { self.coarse() };
+                let s = &mut self.staged;
+                s.flags |= FLAG_PAIR;
+                s.buffers = buffers;
+                s.buffer_len = [lens[0], lens[1], size, offset(s.ticks, t)];
+                true
+            }
+            MessageKind::Request => {
+                match self.staged_state {
+                    Staged::Empty => {}
+                    Staged::Call => self.close_open(),
+                    Staged::Receive => return false,
+                }
+                if self.run_session != 0 {
+                    self.close_run();
+                }
+                let exact = exact_mode() || sampled(request_id);
+                let ticks = if exact { self.exact_now() } else { self.coarse() };
+                self.staged = Slot {
+                    ticks,
+                    src_node: nodes.0 .0,
+                    dst_node: nodes.1 .0,
+                    channel,
+                    kind: MessageKind::Request as u8,
+                    flags: if exact { FLAG_EXACT } else { 0 },
+                    buffers,
+                    reserved: 0,
+                    size,
+                    buffer_len: [lens[0], lens[1], 0, 0],
+                    request_id,
+                    stage_a: 0,
+                    stage_b: 0,
+                };
+                self.staged_state = Staged::Call;
+                self.staged_session = session;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Whether a send without request id is one more message of the open run.
@@ -309,6 +434,12 @@ impl Recorder {
             return;
         }
         self.receiving = false;
+        if self.staged_state == Staged::Call {
+            if kind == MessageKind::Response && self.answers_call(session, channel, size, request_id) {
+                return;
+            }
+            self.close_open();
+        }
         let exact = exact_mode() || sampled(request_id);
         let ticks = match (exact_mode(), exact) {
             (true, _) => self.receiving_ticks,
@@ -326,13 +457,38 @@ impl Recorder {
             request_id,
             ..Slot::EMPTY
         };
-        self.staged_open = true;
+        self.staged_state = Staged::Receive;
         self.staged_session = session;
+    }
+
+    /// Joins the response being delivered to the staged request it answers, if it does
+    /// (same session, channel and request id; its size and time fit the pair record).
+    #[inline(always)]
+    fn answers_call(&mut self, session: u64, channel: u32, size: u64, request_id: u64) -> bool {
+        let s = &self.staged;
+        if s.request_id != request_id || s.channel != channel || self.staged_session != session {
+            return false;
+        }
+        let Ok(size) = u32::try_from(size) else { return false };
+        let t = match (exact_mode(), s.flags & FLAG_EXACT != 0) {
+            (true, _) => self.receiving_ticks,
+            (false, true) => self.exact_now(),
+            (false, false) => self.coarse(),
+        };
+        let at = offset(self.staged.ticks, t);
+        if at == u32::MAX {
+            return false;
+        }
+        self.staged.buffer_len[2] = size;
+        self.staged.buffer_len[3] = at;
+        self.staged.flags |= FLAG_PAIR;
+        self.staged_state = Staged::Receive;
+        true
     }
 
     /// Marks the start of the handler of the message being delivered (exact records only).
     pub(crate) fn handler_start(&mut self) {
-        if self.staged_open && self.staged.flags & FLAG_EXACT != 0 {
+        if self.staged_state == Staged::Receive && self.staged.flags & FLAG_EXACT != 0 {
             let t = self.exact_now();
             self.staged.stage_a = offset(self.staged.ticks, t);
         }
@@ -340,7 +496,7 @@ impl Recorder {
 
     /// Marks the end of the handler of the message being delivered (exact records only).
     pub(crate) fn handler_end(&mut self) {
-        if self.staged_open && self.staged.flags & FLAG_EXACT != 0 {
+        if self.staged_state == Staged::Receive && self.staged.flags & FLAG_EXACT != 0 {
             let t = self.exact_now();
             self.staged.stage_b = offset(self.staged.ticks, t);
         }
@@ -358,10 +514,9 @@ impl Recorder {
             } else {
                 self.receive_plain_slow(session, nodes, channel, size);
             }
-        } else if self.staged_open {
-            self.staged_open = false;
-            let (s, session) = (self.staged, self.staged_session);
-            self.push(session, s);
+        } else if self.staged_state == Staged::Receive {
+            self.staged_state = Staged::Empty;
+            self.push_staged();
         }
     }
 
@@ -388,10 +543,10 @@ impl Recorder {
     /// Takes the receive being delivered out of its delivery (its times made exact), to be
     /// written later with [`Recorder::put`]. The handler must have described it.
     pub(crate) fn take_receive(&mut self) -> Option<PendingReceive> {
-        if !self.staged_open {
+        if self.staged_state != Staged::Receive {
             return None;
         }
-        self.staged_open = false;
+        self.staged_state = Staged::Empty;
         let mut slot = self.staged;
         if slot.flags & FLAG_EXACT == 0 {
             slot.ticks = self.exact_now();
@@ -434,7 +589,111 @@ impl Recorder {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
+    use super::super::format::{decode_file, Direction};
+    use super::super::{active, start, stop, TraceConfig};
     use super::*;
+
+    /// A decoded message: kind, direction, size, buffers, request id.
+    type Seen = (MessageKind, Direction, u64, u8, u64);
+
+    /// What the recorder wrote in a session: its file records and decoded messages (other
+    /// tests of this process may record meanwhile: only records between `ME` and `PEER`
+    /// count).
+    fn recorded(play: impl FnOnce(&mut Recorder, u64)) -> (u64, Vec<Seen>) {
+        use super::super::format::{BLOCK_HEADER_LEN, FILE_HEADER_LEN, RECORD_LEN};
+        let path = std::env::temp_dir().join(format!("ulnet-recorder-{}-{:x}.ultrace", std::process::id(), rand_id()));
+        let mut config = TraceConfig::new(&path, ME);
+        config.sample = 1 << 20;
+        start(config).unwrap();
+        let mut r = Recorder::new();
+        play(&mut r, active());
+        r.close_run();
+        stop().unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let ours = |src: u32, dst: u32| (src, dst) == (ME.0, PEER.0) || (src, dst) == (PEER.0, ME.0);
+        let mut records = 0;
+        let mut at = FILE_HEADER_LEN;
+        while at < bytes.len() {
+            let count = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
+            for i in 0..count {
+                let r = at + BLOCK_HEADER_LEN + i * RECORD_LEN;
+                let word = |o: usize| u32::from_le_bytes(bytes[r + o..r + o + 4].try_into().unwrap());
+                records += u64::from(ours(word(8), word(12)));
+            }
+            at += BLOCK_HEADER_LEN + count * RECORD_LEN;
+        }
+        let file = decode_file(&bytes).unwrap();
+        let messages = file
+            .records
+            .iter()
+            .filter(|m| ours(m.src_node, m.dst_node))
+            .map(|m| (m.message_kind(), m.direction(), m.size, m.buffers, m.request_id))
+            .collect();
+        (records, messages)
+    }
+
+    fn rand_id() -> u64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    }
+
+    /// Node ids no other test of this process uses.
+    const ME: NodeId = NodeId(0x7ace_0001);
+    const PEER: NodeId = NodeId(0x7ace_0002);
+
+    /// Tracing is one session per process: the cases run in one test, one after another.
+    #[test]
+    fn calls_pair_when_their_response_is_next_and_stay_whole_otherwise() {
+        use Direction::{Receive as R, Send as S};
+        use MessageKind::{Message as M, Request as Q, Response as A};
+        let head = [0u8; 24];
+        let body = [0u8; 100];
+        // The server: a request delivered, answered by its handler, is one record.
+        let (records, got) = recorded(|r, s| {
+            r.open_receive(false);
+            r.describe_receive(s, ((PEER, ME), 3, 124), Q, 7);
+            r.handler_start();
+            r.send(s, (ME, PEER), 3, &[&head, &body[..40]], A, 7);
+            r.handler_end();
+            r.close_receive(s, (PEER, ME), 3, 124);
+        });
+        assert_eq!(records, 1);
+        assert_eq!(got, [(Q, R, 124, 0, 7), (A, S, 64, 2, 7)]);
+        // The caller: a request, then its response, is one record.
+        let (records, got) = recorded(|r, s| {
+            r.send(s, (ME, PEER), 3, &[&head, &body], Q, 9);
+            r.open_receive(false);
+            r.describe_receive(s, ((PEER, ME), 3, 30), A, 9);
+            r.close_receive(s, (PEER, ME), 3, 30);
+        });
+        assert_eq!(records, 1);
+        assert_eq!(got, [(Q, S, 124, 2, 9), (A, R, 30, 0, 9)]);
+        // Something else between a request and its response: the request is written
+        // alone first; a response to another request, or on another channel, does not pair;
+        // a request of three buffers does not either.
+        let (records, got) = recorded(|r, s| {
+            r.send(s, (ME, PEER), 3, &[&head, &body], Q, 9);
+            r.send(s, (ME, PEER), 3, &[&body[..5]], M, 0);
+            r.send(s, (ME, PEER), 3, &[&head], Q, 10);
+            r.open_receive(false);
+            r.describe_receive(s, ((PEER, ME), 4, 30), A, 10);
+            r.close_receive(s, (PEER, ME), 4, 30);
+            r.send(s, (ME, PEER), 3, &[&head, &body, &body], Q, 11);
+            r.open_receive(false);
+            r.describe_receive(s, ((PEER, ME), 3, 30), A, 11);
+            r.close_receive(s, (PEER, ME), 3, 30);
+        });
+        assert_eq!(records, 6);
+        let want = [
+            (Q, S, 124, 2, 9),
+            (M, S, 5, 1, 0),
+            (Q, S, 24, 1, 10),
+            (A, R, 30, 0, 10),
+            (Q, S, 224, 3, 11),
+            (A, R, 30, 0, 11),
+        ];
+        assert_eq!(got, want);
+    }
 
     #[test]
     fn gather_lists_beyond_a_record_keep_their_size_only() {

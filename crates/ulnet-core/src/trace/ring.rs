@@ -242,6 +242,41 @@ impl Producer {
         true
     }
 
+    /// Appends a copy of `record`, field by field at each field's own width (or drops and
+    /// counts it when the ring is full). For a record whose fields were written moments ago
+    /// one by one (the recorder's staged record): a plain copy reads it in 16- or 32-byte
+    /// pieces, each of which must wait until the narrower stores it overlaps have reached
+    /// the cache (a failed store-to-load forwarding, a dozen cycles each); loads of each
+    /// field's own width are forwarded from its store.
+    #[inline(always)]
+    pub(crate) fn push_fields(&mut self, record: &Slot) -> bool {
+        /// A volatile read: its width is the field's (the compiler may not merge it with its
+        /// neighbours into one wide load).
+        macro_rules! field {
+            ($f:ident) => {
+                // SAFETY: a read through a pointer made from a shared reference to a live,
+                // aligned, initialized field.
+                unsafe { std::ptr::read_volatile(&record.$f) }
+            };
+        }
+        self.push_with(|s| {
+            s.ticks = field!(ticks);
+            s.src_node = field!(src_node);
+            s.dst_node = field!(dst_node);
+            s.channel = field!(channel);
+            s.kind = field!(kind);
+            s.flags = field!(flags);
+            s.buffers = field!(buffers);
+            s.reserved = field!(reserved);
+            s.size = field!(size);
+            // SAFETY: as in `field!`, for each element of the array.
+            s.buffer_len = std::array::from_fn(|i| unsafe { std::ptr::read_volatile(&record.buffer_len[i]) });
+            s.request_id = field!(request_id);
+            s.stage_a = field!(stage_a);
+            s.stage_b = field!(stage_b);
+        })
+    }
+
     /// Mirrors a newly opened run (or its absence) where `stop` can find it.
     pub(crate) fn set_open_run(&mut self, run: Option<&Slot>) {
         let r = &self.ring.open_run.0;

@@ -7,8 +7,15 @@
 //! stage besides its own time (enqueued), a receive at most two (handler start and end).
 //! A run — several identical consecutive messages with no request id — keeps its count in
 //! `stage_a` and the ticks from its first to its last message in `stage_b`.
+//!
+//! A *pair* — a request and its response, seen by one side — keeps the request's time in
+//! `ticks`, its size in `size`, the message this side sent (the request at the caller, the
+//! response at the server) in `buffers` and `buffer_len[0..2]`, the response's size in
+//! `buffer_len[2]`, the response's time in `buffer_len[3]` (an offset from `ticks`), and
+//! the handler this side ran on the message it received in `stage_a` and `stage_b`
+//! (offsets from `ticks`).
 
-use super::format::{Direction, Record, RECORD_LEN};
+use super::format::{Direction, MessageKind, Record, RECORD_LEN};
 
 /// Flag: recorded by the receiver (else by the sender).
 pub(crate) const FLAG_RECEIVE: u8 = 1;
@@ -17,8 +24,16 @@ pub(crate) const FLAG_RECEIVE: u8 = 1;
 pub(crate) const FLAG_EXACT: u8 = 2;
 /// Flag: the record stands for a run of identical messages.
 pub(crate) const FLAG_RUN: u8 = 4;
+/// Flag: the record stands for a request and its response (format version 3; see
+/// [`super::format`]).
+pub(crate) const FLAG_PAIR: u8 = 8;
+/// Flags a record of format version 2 may carry.
+pub(crate) const FLAGS_KNOWN_V2: u8 = FLAG_RECEIVE | FLAG_EXACT | FLAG_RUN;
 /// Flags a record may carry.
-pub(crate) const FLAGS_KNOWN: u8 = FLAG_RECEIVE | FLAG_EXACT | FLAG_RUN;
+pub(crate) const FLAGS_KNOWN: u8 = FLAGS_KNOWN_V2 | FLAG_PAIR;
+/// Most buffers of the message a pair record lists (the other two buffer words hold the
+/// response's size and time).
+pub(crate) const PAIR_BUFFERS_MAX: usize = 2;
 
 /// A record in a ring. See the module documentation.
 #[repr(C, align(64))]
@@ -136,8 +151,12 @@ impl Slot {
         Slot::from_words(w)
     }
 
-    /// The decoded record: stage offsets become tick instants, a run its count and span.
-    pub(crate) fn to_record(self) -> Record {
+    /// The decoded records: stage offsets become tick instants, a run its count and span,
+    /// and a pair two records (the request, then its response).
+    pub(crate) fn to_records(self) -> (Record, Option<Record>) {
+        if self.flags & FLAG_PAIR != 0 {
+            return self.pair_records();
+        }
         let after = |o: u32| if o == 0 { 0 } else { self.ticks + u64::from(o - 1) };
         let before = |o: u32| if o == 0 { 0 } else { self.ticks.saturating_sub(u64::from(o - 1)).max(1) };
         let receive = self.flags & FLAG_RECEIVE != 0;
@@ -145,7 +164,7 @@ impl Slot {
         let (count, last_ticks) =
             if run { (self.stage_a, self.ticks.saturating_add(u64::from(self.stage_b))) } else { (1, self.ticks) };
         let (a, b) = if run { (0, 0) } else { (self.stage_a, self.stage_b) };
-        Record {
+        let record = Record {
             ticks: self.ticks,
             src_node: self.src_node,
             dst_node: self.dst_node,
@@ -164,7 +183,56 @@ impl Slot {
             received: if receive { self.ticks } else { 0 },
             handler_start: if receive { after(a) } else { 0 },
             handler_end: if receive { after(b) } else { 0 },
-        }
+        };
+        (record, None)
+    }
+
+    /// The request and the response of a pair record, each as its own record would have
+    /// been: the side that received a message has its handler times, the side that sent
+    /// one has its buffers.
+    fn pair_records(self) -> (Record, Option<Record>) {
+        let after = |o: u32| if o == 0 { 0 } else { self.ticks + u64::from(o - 1) };
+        let caller = self.flags & FLAG_RECEIVE == 0;
+        let exact = self.flags & FLAG_EXACT != 0;
+        let response_ticks = after(self.buffer_len[3]);
+        let sent_buffers = (self.buffers, [self.buffer_len[0], self.buffer_len[1], 0, 0]);
+        let (request_buffers, response_buffers) =
+            if caller { (sent_buffers, (0, [0; 4])) } else { ((0, [0; 4]), sent_buffers) };
+        let handlers = (after(self.stage_a), after(self.stage_b));
+        let base = Record { channel: self.channel, exact, request_id: self.request_id, count: 1, ..Record::default() };
+        let request = Record {
+            ticks: self.ticks,
+            src_node: self.src_node,
+            dst_node: self.dst_node,
+            kind: MessageKind::Request as u8,
+            direction: if caller { Direction::Send as u8 } else { Direction::Receive as u8 },
+            buffers: request_buffers.0,
+            buffer_len: request_buffers.1,
+            size: self.size,
+            last_ticks: self.ticks,
+            sent: if caller { self.ticks } else { 0 },
+            received: if caller { 0 } else { self.ticks },
+            handler_start: if caller { 0 } else { handlers.0 },
+            handler_end: if caller { 0 } else { handlers.1 },
+            ..base
+        };
+        let response = Record {
+            ticks: response_ticks,
+            src_node: self.dst_node,
+            dst_node: self.src_node,
+            kind: MessageKind::Response as u8,
+            direction: if caller { Direction::Receive as u8 } else { Direction::Send as u8 },
+            buffers: response_buffers.0,
+            buffer_len: response_buffers.1,
+            size: u64::from(self.buffer_len[2]),
+            last_ticks: response_ticks,
+            sent: if caller { 0 } else { response_ticks },
+            received: if caller { response_ticks } else { 0 },
+            handler_start: if caller { handlers.0 } else { 0 },
+            handler_end: if caller { handlers.1 } else { 0 },
+            ..base
+        };
+        (request, Some(response))
     }
 }
 
@@ -181,19 +249,19 @@ mod tests {
             stage_b: offset(1000, 1000),
             ..Slot::EMPTY
         };
-        let r = s.to_record();
+        let r = s.to_records().0;
         assert_eq!((r.received, r.handler_start, r.handler_end, r.sent, r.exact), (1000, 1005, 1000, 0, true));
         let s = Slot { ticks: 1000, stage_a: offset(990, 1000), ..Slot::EMPTY };
-        let r = s.to_record();
+        let r = s.to_records().0;
         assert_eq!((r.sent, r.enqueued, r.received, r.count, r.exact), (1000, 990, 0, 1, false));
-        assert_eq!(Slot { ticks: 7, ..Slot::EMPTY }.to_record().enqueued, 0, "0: not measured");
+        assert_eq!(Slot { ticks: 7, ..Slot::EMPTY }.to_records().0.enqueued, 0, "0: not measured");
         assert_eq!(offset(0, u64::MAX), u32::MAX, "long stages saturate");
     }
 
     #[test]
     fn runs_expand_to_count_and_span() {
         let s = Slot { ticks: 500, flags: FLAG_RUN, stage_a: 256, stage_b: 40, ..Slot::EMPTY };
-        let r = s.to_record();
+        let r = s.to_records().0;
         assert_eq!((r.count, r.last_ticks, r.enqueued, r.handler_start), (256, 540, 0, 0));
     }
 

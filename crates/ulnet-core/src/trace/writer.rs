@@ -52,6 +52,7 @@ impl Session {
         let mut file = File::create(&config.path).map_err(io)?;
         let (ref_ticks, ref_mono_ns) = clock::reference();
         let header = FileHeader {
+            version: super::format::VERSION,
             node_id: config.node_id.0,
             pid: std::process::id(),
             boot_id: clock::boot_id(),
