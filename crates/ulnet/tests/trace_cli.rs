@@ -21,7 +21,7 @@ fn traced_benchmark_is_analysed_and_damage_is_reported_with_its_offset() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("rpc.ultrace");
     let f = file.to_str().unwrap();
-    let out = ulnet(&["bench", "rpc-lat", "--iters", "2000", "--warmup", "100", "--json", "--trace", f]);
+    let out = ulnet(&["bench", "rpc-lat", "--iters", "20000", "--warmup", "100", "--json", "--trace", f]);
     let bench = json(&out);
     assert_eq!(bench["test"], "rpc-lat");
     let peer = format!("{f}.peer");
@@ -36,14 +36,16 @@ fn traced_benchmark_is_analysed_and_damage_is_reported_with_its_offset() {
         ulnet(&["trace", "analyze", f, &peer, "--json"])
     };
     let a = json(&out);
-    // 2,100 calls and their responses, each counted once.
-    assert_eq!(a["messages"], 4200);
-    assert_eq!(a["latency"]["pairs"], 2100);
-    // Stages come from the exact records only (one call in 16 by default): coarse times
+    // 20,100 calls and their responses, each counted once: with two records per call a side
+    // writes 20,100 records, so more than one block of at most 4,096 (the cut below needs an
+    // intact block before the damaged one).
+    assert_eq!(a["messages"], 40200);
+    assert_eq!(a["latency"]["pairs"], 20100);
+    // Stages come from the exact records only (one call in 64 by default): coarse times
     // (one 1 ms tick) would put most transits at exactly 0.
     let transit = &a["latency"]["stages"][0];
     let timed = transit["samples"].as_u64().unwrap();
-    assert!(timed > 0 && timed < 2100, "sampled calls only: {timed}");
+    assert!(timed > 0 && timed < 20100, "sampled calls only: {timed}");
     let p50 = transit["p50_us"].as_f64().unwrap();
     assert!(p50 > 0.0, "a timed transit is never zero: {p50} us");
     assert_eq!(a["matrix"].as_array().unwrap().len(), 2);
@@ -68,7 +70,7 @@ fn traced_benchmark_is_analysed_and_damage_is_reported_with_its_offset() {
     assert!(err.contains("truncated at byte offset") && err.contains("intact records"), "{err}");
     let partial = json(&out)["messages"].as_u64().unwrap();
     // One side alone: its sends and what it received from the untraced side.
-    assert!(partial > 0 && partial <= 4200, "the intact blocks of one side: {partial}");
+    assert!(partial > 0 && partial <= 40200, "the intact blocks of one side: {partial}");
     let mut bad = bytes.clone();
     bad[100] ^= 0x10;
     std::fs::write(&cut, &bad).unwrap();
