@@ -76,6 +76,29 @@ fn reuseport_socket(local: SocketAddr) -> std::io::Result<UdpSocket> {
     Ok(socket)
 }
 
+/// Attempts at [`reuseport_socket_on_a_free_port`] before giving up.
+const FREE_PORT_ATTEMPTS: usize = 64;
+
+/// A listening socket on a port no other socket holds. Asked for port 0, Linux gives a
+/// `SO_REUSEPORT` socket any port whose holders all have `SO_REUSEPORT` and the same user —
+/// another process's listener among them (measured here: 19,900 such binds landed on
+/// 14,236 ports) — and that process's listener would then take some of our HELLOs. A
+/// plain socket's port 0 is a port nobody holds: take it, release it, and bind there with
+/// `SO_REUSEPORT` (again when it is taken in between by a plain socket; a port-0
+/// `SO_REUSEPORT` bind elsewhere in the microseconds between could still share it).
+fn reuseport_socket_on_a_free_port(wanted: SocketAddr) -> std::io::Result<UdpSocket> {
+    let mut last = None;
+    for _ in 0..FREE_PORT_ATTEMPTS {
+        let port = UdpSocket::bind(wanted)?.local_addr()?.port();
+        match reuseport_socket(SocketAddr::new(wanted.ip(), port)) {
+            Ok(socket) => return Ok(socket),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.expect("at least one attempt"))
+}
+
 fn failure_to_connect_error(e: &ChannelError, heard: bool, addr: &str) -> ConnectError {
     match e {
         ChannelError::Protocol(_) => ConnectError::Handshake("peer failed to prove the cluster secret"),
@@ -188,7 +211,8 @@ impl UdpChannelListener {
             .map_err(ConnectError::Io)?
             .next()
             .ok_or(ConnectError::Config("address resolves to nothing"))?;
-        let socket = reuseport_socket(wanted)?;
+        let socket =
+            if wanted.port() == 0 { reuseport_socket_on_a_free_port(wanted)? } else { reuseport_socket(wanted)? };
         let local = socket.local_addr()?;
         let epoll =
             rustix::event::epoll::create(rustix::event::epoll::CreateFlags::CLOEXEC).map_err(std::io::Error::from)?;
@@ -350,5 +374,22 @@ impl AsFd for UdpChannelListener {
     /// when any of them has a datagram.
     fn as_fd(&self) -> BorrowedFd<'_> {
         self.epoll.as_fd()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listeners_on_port_zero_get_ports_of_their_own() {
+        // 500 port-0 `SO_REUSEPORT` binds share a port somewhere with probability ~0.99 on
+        // Linux's 28,232 default ephemeral ports; these must not.
+        let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        let sockets: Vec<UdpSocket> = (0..500).map(|_| reuseport_socket_on_a_free_port(any).unwrap()).collect();
+        let mut ports: Vec<u16> = sockets.iter().map(|s| s.local_addr().unwrap().port()).collect();
+        ports.sort_unstable();
+        ports.dedup();
+        assert_eq!(ports.len(), sockets.len(), "two listeners share a port");
     }
 }
