@@ -224,24 +224,22 @@ impl BucketArena {
     /// Takes as many of `records` (whole records) as there is room for; returns how many.
     pub fn push_records(&mut self, records: &[u8]) -> usize {
         let rs = self.record_size;
-        let mut taken = 0;
-        for r in records.chunks_exact(rs) {
-            let b = self.buckets.bucket_of(key(r));
-            let Some(at) = self.slot_for(b) else { break };
-            copy_record(&mut self.map[at..at + rs], r);
-            taken += 1;
-        }
-        self.records += taken as u64;
-        taken
+        self.push_each(records.chunks_exact(rs))
     }
 
     /// Takes as many of the records of `src` at the positions `which` as there is room
     /// for, in that order; returns how many.
     pub fn push_gathered(&mut self, src: &[u8], which: &[u32]) -> usize {
         let rs = self.record_size;
+        self.push_each(which.iter().map(|&i| &src[i as usize * rs..(i as usize + 1) * rs]))
+    }
+
+    /// Copies each record into its bucket until one has no room; returns how many.
+    #[inline(always)]
+    fn push_each<'r>(&mut self, records: impl Iterator<Item = &'r [u8]>) -> usize {
+        let rs = self.record_size;
         let mut taken = 0;
-        for &i in which {
-            let r = &src[i as usize * rs..(i as usize + 1) * rs];
+        for r in records {
             let b = self.buckets.bucket_of(key(r));
             let Some(at) = self.slot_for(b) else { break };
             copy_record(&mut self.map[at..at + rs], r);
@@ -328,10 +326,11 @@ pub(crate) fn copy_record(dst: &mut [u8], src: &[u8]) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn records(n: usize, seed: u64) -> Vec<u8> {
+    /// `n` 100-byte records of pseudo-random bytes (xorshift from `seed`).
+    pub(crate) fn records(n: usize, seed: u64) -> Vec<u8> {
         let mut x = seed | 1;
         (0..n * 100)
             .map(|_| {

@@ -423,19 +423,8 @@ pub fn merge_runs<S: SpaceSink + ?Sized>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sort::bucket::tests::records;
     use crate::VecSink;
-
-    fn records(n: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..n * 100)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
 
     fn sorted_keys(data: &[u8]) -> Vec<Vec<u8>> {
         let mut k: Vec<Vec<u8>> = data.chunks(100).map(|r| r.to_vec()).collect();
