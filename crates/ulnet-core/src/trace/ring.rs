@@ -204,21 +204,7 @@ impl Producer {
     /// Appends a record, or drops and counts it when the ring is full. Never waits.
     #[inline(always)]
     pub(crate) fn push(&mut self, record: Slot) -> bool {
-        let ring = &*self.ring;
-        if self.tail.wrapping_sub(self.head_seen) > ring.mask {
-            self.head_seen = ring.head.0.load(Ordering::Acquire);
-            if self.tail.wrapping_sub(self.head_seen) > ring.mask {
-                self.dropped += 1;
-                ring.dropped.store(self.dropped, Ordering::Relaxed);
-                return false;
-            }
-        }
-        // SAFETY: the slot at `tail` is outside head..tail, so the consumer does not read it
-        // until our Release store below publishes it.
-        ring.slots[self.tail & ring.mask].with_mut(|p| unsafe { p.write(record) });
-        self.tail = self.tail.wrapping_add(1);
-        ring.tail.0.store(self.tail, Ordering::Release);
-        true
+        self.push_with(|slot| *slot = record)
     }
 
     /// Appends the record `fill` writes into the next slot (all of its fields), or drops
@@ -235,7 +221,8 @@ impl Producer {
                 return false;
             }
         }
-        // SAFETY: as in `push`: the slot at `tail` is ours until the Release store below.
+        // SAFETY: the slot at `tail` is outside head..tail, so the consumer does not read it
+        // until our Release store below publishes it; every slot holds an initialized `Slot`.
         ring.slots[self.tail & ring.mask].with_mut(|p| fill(unsafe { &mut *p }));
         self.tail = self.tail.wrapping_add(1);
         ring.tail.0.store(self.tail, Ordering::Release);
