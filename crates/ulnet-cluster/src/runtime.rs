@@ -489,6 +489,9 @@ fn control_loop(
     }
     let mut view: Option<View> = None;
     let mut quorum = false;
+    // This node lost its quorum or was removed since its last view with a quorum: it was cut
+    // off from a majority, so its channels to them have most likely sat through the cut.
+    let mut cut_off = false;
     let mut peers: HashMap<MemberId, Peer> = HashMap::new();
     let mut outbox = Vec::new();
     let mut replies = Vec::new();
@@ -561,12 +564,24 @@ fn control_loop(
             }
             match msg {
                 ToControl::View(v, q) => {
-                    peers.retain(|id, _| v.contains(*id));
+                    let ep = rpc.endpoint();
+                    peers.retain(|id, peer| {
+                        let keep = v.contains(*id);
+                        if let Some(c) = peer.channel.filter(|_| !keep) {
+                            ep.abort(c);
+                        }
+                        keep
+                    });
+                    if q && cut_off {
+                        reconnect_all(ep, &mut peers);
+                        cut_off = false;
+                    }
                     view = Some(v);
                     quorum = q;
                 }
                 ToControl::Event(MembershipEvent::QuorumLost { .. } | MembershipEvent::Removed { .. }) => {
-                    quorum = false
+                    quorum = false;
+                    cut_off = true;
                 }
                 ToControl::Event(_) => {}
             }
@@ -623,6 +638,29 @@ fn control_loop(
             let _ = rpc.endpoint().wait(Some(sleep.max(Duration::from_millis(1))));
         }
     }
+}
+
+/// The cut that isolated this node has healed (it is in a view with a quorum again): its
+/// channels to the others were made before the cut, so a TCP connection whose segments were
+/// dropped waits for its retransmission timer, backed off exponentially to seconds during
+/// the cut, before it moves again, and then delivers everything queued behind it — messages
+/// the services have resent since. New channels instead: the old ones are aborted (their
+/// queues dropped) and each peer is connected again at its next message. The stall this
+/// prevents: a registry locker elected just after a 2|3 heal could not reach its voters for
+/// a second.
+fn reconnect_all(ep: &mut Endpoint, peers: &mut HashMap<MemberId, Peer>) {
+    let now = Instant::now();
+    let mut aborted = 0;
+    for peer in peers.values_mut() {
+        if let Some(c) = peer.channel.take() {
+            ep.abort(c);
+            aborted += 1;
+        }
+        peer.waiting.clear();
+        peer.retry_at = now;
+        peer.backoff = CONNECT_BACKOFF_MIN;
+    }
+    tracing::info!(aborted, "back in a view with a quorum: channels made before the cut replaced by new ones");
 }
 
 /// Answers the requests the hooks replied to and writes the messages they sent: to members

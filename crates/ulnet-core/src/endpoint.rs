@@ -885,6 +885,16 @@ impl Endpoint {
 
     /// Closes a channel cleanly: the peer gets everything sent so far, then `Closed`.
     pub fn close(&mut self, channel: ChannelId) {
+        self.remove_channel(channel, false);
+    }
+
+    /// Drops a channel at once, discarding what it has not delivered (see
+    /// [`crate::transport::Transport::abort`]): a channel to a peer that was unreachable, replaced by a new one.
+    pub fn abort(&mut self, channel: ChannelId) {
+        self.remove_channel(channel, true);
+    }
+
+    fn remove_channel(&mut self, channel: ChannelId, abort: bool) {
         self.recorder.close_run();
         if let Some(slot) = self.channels.get_mut(channel.0 as usize).and_then(Option::take) {
             let mut slot = slot;
@@ -892,7 +902,11 @@ impl Endpoint {
                 w.remove(channel.0 as usize, slot.probe.readiness_fd());
             }
             self.posted_total -= slot.posted.len();
-            slot.transport.close();
+            if abort {
+                slot.transport.abort();
+            } else {
+                slot.transport.close();
+            }
             if let Some(cq) = &self.cq {
                 cq.unregister(self.id, channel);
             }

@@ -162,3 +162,33 @@ fn closing_while_the_peer_streams_is_a_clean_close_for_the_peer() {
     receiver.close(ch);
     assert_eq!(streamer.join().unwrap(), Some(ChannelError::Closed));
 }
+
+/// Aborting a channel whose peer does not read (as an unreachable one): what is still queued
+/// is dropped rather than delivered later, and the peer sees a failure, not a clean close.
+#[test]
+fn aborting_drops_what_the_peer_has_not_received() {
+    let mut receiver = Endpoint::new(config(b"s3cret"));
+    let addr = receiver.listen_tcp("127.0.0.1:0").unwrap().to_string();
+    let (filled_tx, filled_rx) = std::sync::mpsc::channel();
+    let (abort_tx, abort_rx) = std::sync::mpsc::channel::<()>();
+    let sender = std::thread::spawn(move || {
+        let mut ep = Endpoint::new(config(b"s3cret"));
+        let ch = ep.connect_tcp(&addr, Duration::from_secs(5)).unwrap();
+        let msg = vec![0xa5u8; 8 * 1024];
+        let mut sent = 0usize;
+        // Until the socket buffers of both sides are full: the receiver reads nothing yet.
+        while ep.send(ch, &[&msg]).unwrap() == SendOutcome::Done {
+            sent += 1;
+        }
+        filled_tx.send(sent).unwrap();
+        abort_rx.recv().unwrap();
+        ep.abort(ch);
+    });
+    receiver.accept(Duration::from_secs(5)).unwrap();
+    let sent = filled_rx.recv().unwrap();
+    abort_tx.send(()).unwrap();
+    sender.join().unwrap();
+    let (got, down) = receive(&mut receiver, sent);
+    assert!(got.len() < sent, "{} of {sent} messages arrived after the abort", got.len());
+    assert!(matches!(down, Some(ChannelError::PeerFailed(_))), "{down:?}");
+}

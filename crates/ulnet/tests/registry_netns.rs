@@ -6,7 +6,9 @@
 //! indeterminate has no return: it may or may not have happened), and the history is
 //! checked for linearizability per key by `ulnet_registry::linearizability`.
 //!
-//! Needs root (namespaces, iptables); skips with the reason otherwise.
+//! Needs root (namespaces, iptables); skips with the reason otherwise. `ULNET_KEEP_LOGS=1`
+//! keeps the nodes' logs of a passing run too; `ULNET_NETNS_LOG` sets their log filter
+//! (default `info`; e.g. `info,ulnet_registry=debug`).
 
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
@@ -25,6 +27,9 @@ const CLIENTS_PER_HOST: usize = 2;
 const KEYS: usize = 3;
 /// A client gives up on a call after this long (its set is then indeterminate).
 const CALL_TIMEOUT: Duration = Duration::from_millis(1500);
+/// 250 ms windows after the last heal in which the minority rejoins and catches up; in
+/// every later one, some operation completes.
+const SETTLE_WINDOWS: usize = 4;
 /// Search steps allowed to the checker per key.
 const CHECK_STEPS: u64 = 50_000_000;
 
@@ -40,7 +45,7 @@ impl Drop for Cluster {
             let _ = c.kill();
             let _ = c.wait();
         }
-        if std::thread::panicking() {
+        if std::thread::panicking() || std::env::var_os("ULNET_KEEP_LOGS").is_some() {
             eprintln!("logs kept in {}", self.dir.display());
         } else {
             let _ = std::fs::remove_dir_all(&self.dir);
@@ -64,7 +69,11 @@ impl Cluster {
         }
         let log =
             std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join(format!("r{i}.log"))).unwrap();
-        c.env("ULNET_LOG", "info").env("NO_COLOR", "1").stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+        c.env("ULNET_LOG", std::env::var("ULNET_NETNS_LOG").unwrap_or("info".into()))
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
         self.nodes[i] = Some(c.spawn().expect("spawning ulnet node in its namespace"));
     }
 
@@ -227,23 +236,27 @@ fn registry_histories_under_partitions_and_kills_are_linearizable() {
     eprintln!("nemesis: healed");
     pause(3000);
     stop.store(true, Ordering::Relaxed);
+    let stopped = us_since(t0);
     let history: Vec<Operation> = clients.into_iter().flat_map(|h| h.join().unwrap()).collect();
 
     let acked_sets = history.iter().filter(|o| matches!(o.action, Action::Set(_)) && o.ret.is_some()).count();
     let open_sets = history.iter().filter(|o| matches!(o.action, Action::Set(_)) && o.ret.is_none()).count();
     let gets = history.iter().filter(|o| matches!(o.action, Action::Get(_))).count();
-    // Operations completed in each 250 ms after the last heal: the registry has been seen to
-    // stall for 1-2.5 s at a time for several seconds after a 2|3 split heals (issue 7's
-    // open liveness problem), so this shows it in the log rather than asserting a deadline.
+    // Operations completed in each 250 ms after the last heal. Once the minority is back (its
+    // views, the new epoch, the catch-up of what it missed: `SETTLE_WINDOWS`), the registry
+    // must not stall: something completes in every window, and a read in the final second.
+    // (It used to stall for 1-2.5 s, twice over: the locker answered every sync state that
+    // the healed partition delivered at once with another copy of the log tail, and channels
+    // made before the cut waited for TCP's backed-off retransmission timer.)
     let mut after_heal = [0u32; 12];
     for r in history.iter().filter_map(|o| o.ret).filter(|&r| r > split.1) {
         if let Some(n) = after_heal.get_mut(((r - split.1) / 250_000) as usize) {
             *n += 1;
         }
     }
-    let late_gets = history
+    let final_gets = history
         .iter()
-        .filter(|o| matches!(o.action, Action::Get(Some(_))) && o.ret.is_some_and(|r| r > split.1))
+        .filter(|o| matches!(o.action, Action::Get(Some(_))) && o.ret.is_some_and(|r| r + 1_000_000 > stopped))
         .count();
     eprintln!(
         "history: {} operations ({acked_sets} sets acknowledged, {open_sets} indeterminate, {gets} gets); \
@@ -251,7 +264,12 @@ fn registry_histories_under_partitions_and_kills_are_linearizable() {
         history.len()
     );
     assert!(acked_sets >= 20 && gets >= 20, "too little happened for the check to mean anything");
-    assert!(late_gets > 0, "no read succeeded after the last heal");
+    let stalled: Vec<usize> = (SETTLE_WINDOWS..after_heal.len()).filter(|&w| after_heal[w] == 0).collect();
+    assert!(
+        stalled.is_empty(),
+        "the registry stalled after the last heal: nothing completed in the 250 ms windows {stalled:?}"
+    );
+    assert!(final_gets > 0, "no read succeeded in the final second");
     // Updates went on during the faults (on the side with a quorum).
     for (what, (from, to)) in [("the locker's isolation", isolation), ("the 2|3 split", split)] {
         let during = history

@@ -170,4 +170,12 @@ pub trait Transport: Send {
 
     /// Closes the channel cleanly: the peer receives everything sent so far, then `Closed`.
     fn close(&mut self);
+
+    /// Drops the channel at once, discarding what it has not delivered: for a channel whose
+    /// peer was unreachable, which holds messages that are stale by now and may be stuck in
+    /// the transport's own retransmission backoff. The peer sees a failure, not `Closed`.
+    /// Transports without such a queue close cleanly.
+    fn abort(&mut self) {
+        self.close();
+    }
 }

@@ -65,6 +65,12 @@ pub(super) struct LockerState {
     pending: BTreeMap<u64, Instant>,
     /// Nodes known to hold this epoch's log (answered a catch-up).
     synced: Vec<NodeId>,
+    /// When each late member was last sent an establishing catch-up (its whole missing log
+    /// tail). Its sync states within `heartbeat_interval` after that are repeats — over TCP,
+    /// the requests and heartbeats queued behind a partition arrive at once when it heals,
+    /// and each would cost another copy of the tail — so they get none. Bounded by the
+    /// members.
+    established: HashMap<NodeId, Instant>,
     /// Heartbeat rounds.
     pub(super) round: u64,
     round_acks: Vec<NodeId>,
@@ -215,8 +221,15 @@ impl Gup {
             return;
         }
         if let Some(locker) = &mut self.locker {
-            // Already reigning: a late or new member. Bring it into the epoch.
+            // Already reigning: a late or new member. Bring it into the epoch, once per
+            // heartbeat period at most (a lost catch-up is asked for again at the next
+            // heartbeat the member receives, so the limit delays nobody).
             locker.mark_synced(from);
+            if locker.established.get(&from).is_some_and(|&t| t + self.config.heartbeat_interval > now) {
+                self.counters.repeated_sync_states += 1;
+                return;
+            }
+            locker.established.insert(from, now);
             let end = locker.granted;
             self.send_catchup(from, true, state.applied + 1, end);
             return;
@@ -303,6 +316,7 @@ impl Gup {
             owed: HashMap::new(),
             pending: BTreeMap::new(),
             synced: vec![self.me],
+            established: HashMap::new(),
             round: 0,
             round_acks: Vec::new(),
             confirmed_round: 0,
@@ -341,7 +355,9 @@ impl Gup {
         self.granted_known = self.granted_known.max(granted);
         self.sender_epoch_changed(now, granted);
         for (n, applied) in std::mem::take(&mut self.locker_pending_establish) {
-            self.locker.as_mut().expect("checked").mark_synced(n);
+            let locker = self.locker.as_mut().expect("checked");
+            locker.mark_synced(n);
+            locker.established.insert(n, now);
             self.send_catchup(n, true, applied + 1, granted);
         }
         // Everyone else is asked (again) for its state.

@@ -262,6 +262,10 @@ pub struct Counters {
     /// Catch-ups that delivered owed positions to members outside the eager sets (as
     /// locker; see [`GupConfig::eager_spare`]).
     pub owed_deliveries: u64,
+    /// Sync states of late members not answered with another establishing catch-up because
+    /// one went to them less than `heartbeat_interval` before (as locker; repeats that a
+    /// partition held back and delivered together).
+    pub repeated_sync_states: u64,
 }
 
 /// One position of the in-memory log, with the LSN of the record that persisted it.

@@ -437,6 +437,16 @@ impl Transport for TcpChannel {
         ((self.rx.end - self.rx.start) as u64, RX_BUFFER as u64)
     }
 
+    fn abort(&mut self) {
+        // A zero linger makes closing the socket reset the connection: the kernel drops the
+        // unsent and unacknowledged bytes instead of retransmitting them, with its backed-off
+        // timer, once the peer is reachable again.
+        if let Err(e) = rustix::net::sockopt::set_socket_linger(&self.stream, Some(std::time::Duration::ZERO)) {
+            tracing::debug!("tcp channel abort: cannot set a zero linger: {e}");
+        }
+        self.failure = Some(ChannelError::PeerFailed("aborted"));
+    }
+
     fn close(&mut self) {
         if self.failure.is_none() {
             let goodbye = self.tx.header(0, FLAG_GOODBYE);
