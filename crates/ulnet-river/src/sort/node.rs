@@ -91,9 +91,11 @@ impl MemoryPlan {
     /// With a bound, the terms are: 8 I/O buffers of `memory / 64` (at most 4 MB), the
     /// river's network buffers (send staging and channel receive buffers), slack, and the
     /// arena with its sort overhead in the rest (external mode: the arena fills, then its
-    /// records and all later ones go to key-range group files through staging buffers
-    /// taken from it; the groups are sorted in two halves of it, one sorted while the
-    /// other is read, with the sort's entries in the overhead).
+    /// records go to key-range group files through staging buffers taken from it, and so
+    /// do all later ones but those of the first groups, which stay in the arena; the
+    /// second pass sorts those groups from it, then the others in two halves of its
+    /// memory, one sorted while the other is read, with the sort's entries in the
+    /// overhead).
     pub fn new(memory: Option<u64>, nodes: usize, river: &RiverConfig) -> Result<Self, RiverError> {
         let Some(m) = memory else {
             return Ok(MemoryPlan {
@@ -635,6 +637,8 @@ fn node_body(
         groups: groups.groups,
         merged_groups: groups.merged_groups,
         runs: groups.runs,
+        resident_groups: groups.resident_groups,
+        temp_bytes: groups.temp_bytes,
         spill_s,
         records_sent: counters.records_sent,
         credit_waits: counters.credit_waits,
