@@ -79,7 +79,16 @@ def run_case(name, peer_name, peer_cmd, ours, rounds, records, outputs, goal):
                          cmd=" ".join(a if a not in (ULNET, BASELINE) else "ulnet" for a in argv), peer_cmd=" ".join(peer_cmd),
                          mode=phases[label][0]["mode"], imbalance=phases[label][0]["imbalance"],
                          rss_mib=max(n.get("usage", {}).get("max_rss_kib", 0) / 1024
-                                     for p in phases[label] for n in p["per_node"])))
+                                     for p in phases[label] for n in p["per_node"]),
+                         cpu_user=statistics.median(sum(n.get("usage", {}).get("user_s", 0) for n in p["per_node"])
+                                                    for p in phases[label]),
+                         cpu_sys=statistics.median(sum(n.get("usage", {}).get("sys_s", 0) for n in p["per_node"])
+                                                   for p in phases[label]),
+                         # Builds before resident groups do not report these: None, shown as n/a.
+                         temp_gb=max(sum(n["temp_bytes"] for n in p["per_node"]) for p in phases[label]) / 1e9
+                         if "temp_bytes" in phases[label][0]["per_node"][0] else None,
+                         resident=max(sum(n["resident_groups"] for n in p["per_node"]) for p in phases[label])
+                         if "resident_groups" in phases[label][0]["per_node"][0] else None))
         print(f"{name:12} {label:28} ulnet {mo:8.3f} s  {peer_name} {mp:8.3f} s  ratio {ratio:6.3f}  "
               f"goal <={goal}  {'PASS' if ratio <= goal else 'MISS'}", flush=True)
     return rows
@@ -147,6 +156,16 @@ def main():
                 f.write(f"| {r['case']} | {r['label']} | {p['startup_s']:.3f} | {p['read_distribute_s']:.3f} | "
                         f"{p['sort_s']:.3f} | {p['write_s']:.3f} | {p['total_s']:.3f} | {r['imbalance']:.3f} | "
                         + (f"{r['rss_mib']:.0f} |\n" if r["rss_mib"] else "n/a (not reported by this build) |\n"))
+            f.write("\nCPU time of ulnet (medians over the rounds, summed over its nodes: user and system "
+                    "seconds) and, in external mode, the bytes it wrote to temporary group files (all nodes) "
+                    "and the key-range groups whose later records stayed in memory (all nodes):\n\n"
+                    "| case | ulnet | CPU user | CPU system | temporary GB written | resident groups |\n"
+                    "|---|---|---|---|---|---|\n")
+            for r in rows:
+                temp = "n/a" if r["temp_gb"] is None else f"{r['temp_gb']:.2f}"
+                resident = "n/a" if r["resident"] is None else r["resident"]
+                f.write(f"| {r['case']} | {r['label']} | {r['cpu_user']:.2f} | {r['cpu_sys']:.2f} | "
+                        f"{temp} | {resident} |\n")
             f.write("\nCommands (run alternately, peer first in each round):\n\n")
             for r in rows:
                 f.write(f"- {r['case']}, {r['label']}: `{r['cmd']}` vs `{r['peer_cmd']}`; ulnet runs "

@@ -221,6 +221,42 @@ impl BucketArena {
         Some(at)
     }
 
+    /// Records held in bucket `b`.
+    pub fn bucket_records(&self, b: usize) -> usize {
+        match self.lists[b].len() {
+            0 => 0,
+            n => (n - 1) * self.block_records + self.fill[b] as usize,
+        }
+    }
+
+    /// Blocks it may use …
+    pub fn blocks_total(&self) -> usize {
+        self.blocks_total
+    }
+
+    /// … and records per block.
+    pub fn block_records(&self) -> usize {
+        self.block_records
+    }
+
+    /// Takes one record whose bucket the caller knows (`b`, as [`KeyBuckets::bucket_of`]
+    /// gives it); `false` when no block is left for it.
+    #[inline]
+    pub fn push_in(&mut self, b: usize, record: &[u8]) -> bool {
+        let rs = self.record_size;
+        let Some(at) = self.slot_for(b) else { return false };
+        copy_record(&mut self.map[at..at + rs], record);
+        self.records += 1;
+        true
+    }
+
+    /// Gives up the records and hands back the memory, its pages still faulted in (on a
+    /// virtual machine whose freed memory goes back to the host, touching new memory costs
+    /// a host fault per page; reusing these pages does not).
+    pub fn into_memory(self) -> MmapMut {
+        self.map
+    }
+
     /// Takes as many of `records` (whole records) as there is room for; returns how many.
     pub fn push_records(&mut self, records: &[u8]) -> usize {
         let rs = self.record_size;

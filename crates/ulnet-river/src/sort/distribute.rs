@@ -4,7 +4,9 @@
 //!
 //! ```text
 //!  pass 1   record ──► its group's staging buffer ──(full: bucket order, one write)──► group file
-//!  pass 2   loader thread:  read group i+1 flat into a free half  ─┐
+//!           (after the first spill, records of the first groups stay in the arena)
+//!  pass 2   node thread:    first groups from the arena (their spilled part read back in)
+//!           loader thread:  read group i+1 flat into a free half  ─┐
 //!           node thread:    sort group i bucket by bucket      ◄───┘ ─► output writer
 //!                                                                       (group i-1)
 //! ```
@@ -19,7 +21,9 @@
 //! not fit in a half (a key repeated past it, or sampling that missed a heavy key range)
 //! is not lost or truncated: the loader sorts it half by half into runs (placing entries
 //! by bucket itself, [`FlatSorter`]) and the node merges them
-//! ([`GroupReport::merged_groups`]).
+//! ([`GroupReport::merged_groups`]). The halves are the arena's memory, faulted in by the
+//! first pass: on a virtual machine that returns freed memory to its host, new memory
+//! costs a host fault per page, reused memory does not.
 
 use super::bucket::{copy_record, KeyBuckets};
 use super::radix::{entry, index_of, key, sort_entries};
@@ -28,7 +32,6 @@ use crate::error::RiverError;
 use crate::flow::{Sink, SpaceSink};
 use crate::pool::MemPool;
 use crate::DiskSink;
-use memmap2::{Advice, MmapMut, MmapOptions};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::ops::Range;
@@ -139,10 +142,33 @@ impl GroupFiles {
         &self.records
     }
 
+    /// The group of bucket `b`.
+    #[inline]
+    pub fn group_of(&self, b: usize) -> usize {
+        self.group_of[b] as usize
+    }
+
+    /// The bucket range of each group.
+    pub fn ranges(&self) -> &[Range<usize>] {
+        &self.ranges
+    }
+
+    /// Bytes taken by all groups (staged or written).
+    pub fn bytes(&self) -> u64 {
+        self.records.iter().sum::<u64>() * self.record_size as u64
+    }
+
     /// Stages one record (whole) for its group, writing the group's buffer when full.
     #[inline]
     pub fn push(&mut self, record: &[u8]) -> Result<(), RiverError> {
         let b = self.buckets.bucket_of(key(record));
+        self.push_in(b, record)
+    }
+
+    /// Stages one record whose bucket the caller knows (`b`, as [`KeyBuckets::bucket_of`]
+    /// gives it).
+    #[inline]
+    pub fn push_in(&mut self, b: usize, record: &[u8]) -> Result<(), RiverError> {
         let g = self.group_of[b] as usize;
         let stage = &mut self.stages[g];
         if stage.capacity() == 0 {
@@ -208,6 +234,52 @@ impl GroupFiles {
     }
 }
 
+impl GroupFiles {
+    /// Records of each bucket of group `g` in its file (once flushed).
+    pub fn bucket_records(&self, g: usize) -> Vec<u64> {
+        let nb = self.ranges[g].len();
+        let mut per = vec![0u64; nb];
+        for (i, &c) in self.counts[g].iter().enumerate() {
+            per[i % nb] += u64::from(c);
+        }
+        per
+    }
+
+    /// Reads group `g`'s file (once flushed) through `buffer` (whole records), handing
+    /// each piece to `take`, and removes it; its records stay counted in
+    /// [`GroupFiles::bytes`].
+    pub fn drain(
+        &mut self,
+        g: usize,
+        buffer: &mut [u8],
+        mut take: impl FnMut(&[u8]) -> Result<(), RiverError>,
+    ) -> Result<(), RiverError> {
+        let rs = self.record_size;
+        let path = self.paths[g].clone();
+        let read_err = |e| RiverError::io(format!("reading group {}", path.display()), e);
+        let mut file = File::open(&path).map_err(read_err)?;
+        let bytes = self.records[g] as usize * rs;
+        let room = (buffer.len() / rs).max(1) * rs;
+        assert!(buffer.len() >= rs, "a buffer holds a record");
+        let mut read = 0usize;
+        while read < bytes {
+            let want = (bytes - read).min(room);
+            let n = read_full(&mut file, &mut buffer[..want]).map_err(read_err)?;
+            if n != want {
+                return Err(read_err(std::io::Error::other(format!("{} bytes read, {bytes} written", read + n))));
+            }
+            take(&buffer[..n])?;
+            read += n;
+        }
+        if read_full(&mut file, &mut [0u8; 1]).map_err(read_err)? != 0 {
+            return Err(read_err(std::io::Error::other(format!("more than the {bytes} bytes written"))));
+        }
+        drop(file);
+        let _ = std::fs::remove_file(&path);
+        Ok(())
+    }
+}
+
 impl Drop for GroupFiles {
     fn drop(&mut self) {
         for p in &self.paths {
@@ -225,21 +297,24 @@ pub struct GroupReport {
     pub merged_groups: usize,
     /// Runs those groups were sorted into.
     pub runs: usize,
+    /// Groups (the first ones) whose records that came after the first spill stayed in
+    /// memory, never written to their files.
+    pub resident_groups: usize,
+    /// Bytes written to the group files.
+    pub temp_bytes: u64,
 }
 
 /// A group read back, ready for the node thread.
-enum Loaded {
+enum Loaded<'m> {
     /// The whole group, read flat into a half: the half, the group and its bytes.
-    Whole(MmapMut, usize, usize),
+    Whole(&'m mut [u8], usize, usize),
     /// A group larger than a half: its sorted runs on disk (the half comes back free).
-    Runs(Vec<Run>, MmapMut),
+    Runs(Vec<Run>, &'m mut [u8]),
 }
 
 /// How the second pass reads and merges.
 #[derive(Clone, Debug)]
 pub struct PassTwo {
-    /// Bytes of each of the two halves a group is read into.
-    pub half_bytes: usize,
     /// Size of each run write buffer of an over-size group.
     pub io_buffer_bytes: usize,
     /// Read-ahead memory for merging the runs of an over-size group.
@@ -248,24 +323,14 @@ pub struct PassTwo {
     pub run_prefix: PathBuf,
 }
 
-/// An anonymous mapping of `bytes` (address space until touched; huge pages where the
-/// kernel allows).
-fn half(bytes: usize) -> Result<MmapMut, RiverError> {
-    let map = MmapOptions::new()
-        .len(bytes.max(1))
-        .no_reserve_swap()
-        .map_anon()
-        .map_err(|e| RiverError::io("reserving memory for a group", e))?;
-    let _ = map.advise(Advice::HugePage);
-    Ok(map)
-}
-
-/// The second pass: sorts the groups in key order into `out`, each read into one of two
-/// halves of `pass.half_bytes`, the next group read on a loader thread while this thread
-/// sorts the current one and `out` writes the one before. Each group file is removed once
-/// read.
+/// The second pass: sorts the groups from `first` on in key order into `out`, each read
+/// into one of the two halves of `memory`, the next group read on a loader thread while
+/// this thread sorts the current one and `out` writes the one before. Each group file is
+/// removed once read.
 pub fn sort_groups<S: SpaceSink + ?Sized>(
     mut groups: GroupFiles,
+    first: usize,
+    memory: &mut [u8],
     pass: &PassTwo,
     out: &mut S,
 ) -> Result<GroupReport, RiverError> {
@@ -274,16 +339,16 @@ pub fn sort_groups<S: SpaceSink + ?Sized>(
     let rs = groups.record_size;
     let ranges = groups.ranges.clone();
     let counts = std::mem::take(&mut groups.counts);
-    let halves = [half(pass.half_bytes)?, half(pass.half_bytes)?];
+    let (low, high) = memory.split_at_mut(memory.len() / 2);
     std::thread::scope(|scope| {
         let (loaded_tx, loaded_rx) = mpsc::sync_channel::<Loaded>(1);
-        let (free_tx, free_rx) = mpsc::channel::<MmapMut>();
-        for h in halves {
+        let (free_tx, free_rx) = mpsc::channel::<&mut [u8]>();
+        for h in [low, high] {
             free_tx.send(h).expect("the receiver is here");
         }
         let loader = std::thread::Builder::new()
             .name("river-group-load".into())
-            .spawn_scoped(scope, move || load_groups(groups, free_rx, loaded_tx, pass))
+            .spawn_scoped(scope, move || load_groups(groups, first, free_rx, loaded_tx, pass))
             .map_err(|e| RiverError::io("starting the group loader", e))?;
         let mut report = GroupReport::default();
         let sorted = (|| {
@@ -313,10 +378,10 @@ pub fn sort_groups<S: SpaceSink + ?Sized>(
             loader.join().unwrap_or_else(|_| Err(RiverError::io("loading groups", std::io::Error::other("panicked"))));
         sorted?;
         loaded?;
-        if report.groups != n {
+        if report.groups != n - first {
             return Err(RiverError::io(
                 "loading groups",
-                std::io::Error::other(format!("{} of {n} groups were sorted", report.groups)),
+                std::io::Error::other(format!("{} of {} groups were sorted", report.groups, n - first)),
             ));
         }
         Ok(report)
@@ -325,17 +390,18 @@ pub fn sort_groups<S: SpaceSink + ?Sized>(
 
 /// The loader: reads each group into a free half and hands it over, in group order. A
 /// group larger than a half is sorted into runs, half by half.
-fn load_groups(
+fn load_groups<'m>(
     mut groups: GroupFiles,
-    free: mpsc::Receiver<MmapMut>,
-    loaded: mpsc::SyncSender<Loaded>,
+    first: usize,
+    free: mpsc::Receiver<&'m mut [u8]>,
+    loaded: mpsc::SyncSender<Loaded<'m>>,
     pass: &PassTwo,
 ) -> Result<(), RiverError> {
     let rs = groups.record_size;
     let mut sorter = FlatSorter::default();
-    for g in 0..groups.len() {
+    for g in first..groups.len() {
         // The node thread stopped (it failed, and reports why): nothing more to do.
-        let Ok(mut half) = free.recv() else { return Ok(()) };
+        let Ok(half) = free.recv() else { return Ok(()) };
         let path = groups.paths[g].clone();
         let read_err = |e| RiverError::io(format!("reading group {}", path.display()), e);
         let mut file = File::open(&path).map_err(read_err)?;

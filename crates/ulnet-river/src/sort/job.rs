@@ -108,8 +108,8 @@ pub struct NodeReport {
     pub records_read: u64,
     /// Records in its partition.
     pub records: u64,
-    /// 1 when the node's memory bound was reached and its records went to key-range group
-    /// files (external mode), else 0.
+    /// Times the node's arena reached its memory bound and its records went to key-range
+    /// group files (external mode): 0 when everything fitted.
     #[serde(default)]
     pub spills: usize,
     /// Key-range groups sorted one by one in the second pass (external mode).
@@ -120,6 +120,13 @@ pub struct NodeReport {
     pub merged_groups: usize,
     /// Sorted runs those groups were written as.
     pub runs: usize,
+    /// Groups whose records that came after the first spill stayed in memory (external
+    /// mode).
+    #[serde(default)]
+    pub resident_groups: usize,
+    /// Bytes written to temporary group files (external mode).
+    #[serde(default)]
+    pub temp_bytes: u64,
     /// Seconds receiving stopped to move the full arena to the group files (external mode).
     pub spill_s: f64,
     /// Records sent to other nodes.

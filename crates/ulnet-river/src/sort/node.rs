@@ -66,6 +66,9 @@ const INLINE_IO_BUFFERS: usize = 2;
 /// small enough that the pools cost little to fault in.
 const IO_BUFFER_BYTES: usize = 10_000 * RECORD_SIZE;
 /// Bytes the sort needs per arena byte: the record plus two 16-byte entries per 100 bytes.
+/// (Buckets are sorted one at a time, so only a group larger than half the arena, sorted
+/// flat, needs entries for a whole half: 0.16 of the arena. 1.2 was tried: peak RSS 423
+/// instead of 389 MiB for no measurable gain, see BENCHMARKS.md.)
 const SORT_OVERHEAD: f64 = 1.32;
 /// Memory kept aside for everything not counted (stacks, control messages, the heap).
 const SLACK_BYTES: u64 = 2 << 20;
@@ -91,9 +94,11 @@ impl MemoryPlan {
     /// With a bound, the terms are: 8 I/O buffers of `memory / 64` (at most 4 MB), the
     /// river's network buffers (send staging and channel receive buffers), slack, and the
     /// arena with its sort overhead in the rest (external mode: the arena fills, then its
-    /// records and all later ones go to key-range group files through staging buffers
-    /// taken from it; the groups are sorted in two halves of it, one sorted while the
-    /// other is read, with the sort's entries in the overhead).
+    /// records go to key-range group files through staging buffers taken from it, and so
+    /// do all later ones but those of the first groups, which stay in the arena; the
+    /// second pass sorts those groups from it, then the others in two halves of its
+    /// memory, one sorted while the other is read, with the sort's entries in the
+    /// overhead).
     pub fn new(memory: Option<u64>, nodes: usize, river: &RiverConfig) -> Result<Self, RiverError> {
         let Some(m) = memory else {
             return Ok(MemoryPlan {
@@ -540,6 +545,8 @@ fn node_body(
         part.close()?;
     }
     progress(Phase::Read, records_read);
+    // Its read buffers are free for the second pass (the merge's read-ahead).
+    drop(source);
     river.close_local()?;
     let t_read_own = since_start();
     river.run_dry()?;
@@ -635,6 +642,8 @@ fn node_body(
         groups: groups.groups,
         merged_groups: groups.merged_groups,
         runs: groups.runs,
+        resident_groups: groups.resident_groups,
+        temp_bytes: groups.temp_bytes,
         spill_s,
         records_sent: counters.records_sent,
         credit_waits: counters.credit_waits,

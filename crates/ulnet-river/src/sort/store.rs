@@ -1,14 +1,14 @@
 //! Where a node keeps the records of its partition: a [`BucketArena`], which in external
-//! mode appends itself to key-range group files whenever it reaches its memory bound (the
-//! distribution pass, [`super::distribute`]); and the ways out of it: a one-pass sort of
-//! the arena, bucket by bucket, or group by group from the group files, with a merge of
-//! sorted runs for a group too large for memory.
+//! mode appends itself to key-range group files when it reaches its memory bound (the
+//! distribution pass, [`super::distribute`]) and then keeps only the records of the first
+//! groups (*resident* groups: the last memory's worth of records never touches the disk);
+//! and the ways out of it: a one-pass sort of the arena, bucket by bucket, or group by
+//! group (the resident ones from the arena, the others from the group files), with a
+//! merge of sorted runs for a group too large for memory.
 
-#[cfg(test)]
-use super::bucket::BLOCK_BYTES;
-use super::bucket::{copy_record, BucketArena, KeyBuckets};
+use super::bucket::{copy_record, BucketArena, KeyBuckets, BLOCK_BYTES};
 use super::distribute::{plan_groups, sort_groups, GroupFiles, GroupReport, PassTwo};
-use super::radix::entry;
+use super::radix::{entry, key};
 use crate::disk::DiskSource;
 use crate::error::RiverError;
 use crate::flow::{Sink, Source, SpaceSink};
@@ -49,9 +49,12 @@ pub struct RecordStore {
     group_ranges: Vec<Range<usize>>,
     /// … and, once the arena filled, the group files every record goes to …
     groups: Option<GroupFiles>,
-    /// … named after this.
+    /// … named after this; the first groups' records that arrive after the spill stay in
+    /// the arena instead (this many groups; 0 once they outgrew it).
+    resident: usize,
     spill_prefix: PathBuf,
     spill_time: Duration,
+    spills: usize,
     records: u64,
 }
 
@@ -92,8 +95,10 @@ impl RecordStore {
             buckets: None,
             group_ranges: Vec::new(),
             groups: None,
+            resident: 0,
             spill_prefix,
             spill_time: Duration::ZERO,
+            spills: 0,
             records: 0,
         }
     }
@@ -107,9 +112,11 @@ impl RecordStore {
         match self.sizing {
             Sizing::Records(n) => self.arena = Some(BucketArena::new(buckets, rs, n).map_err(reserve)?),
             Sizing::Bounded { arena_bytes, partition_bytes } => {
-                self.group_ranges = plan_groups(&buckets, partition_bytes, arena_bytes / 2);
                 let stages = arena_bytes / STAGE_SHARE;
-                self.arena = Some(BucketArena::bounded(buckets.clone(), rs, arena_bytes - stages).map_err(reserve)?);
+                let arena = BucketArena::bounded(buckets.clone(), rs, arena_bytes - stages).map_err(reserve)?;
+                // The second pass sorts in two halves of the arena's memory.
+                self.group_ranges = plan_groups(&buckets, partition_bytes, arena.capacity() / 2);
+                self.arena = Some(arena);
                 self.buckets = Some(buckets);
             }
         }
@@ -123,9 +130,11 @@ impl RecordStore {
         self.records
     }
 
-    /// 1 once the memory bound was reached and records went to the group files, else 0.
+    /// Times the arena was full and its records went to the group files: 0 while
+    /// everything fits, 1 once the memory bound was reached, 2 if the resident groups
+    /// filled it again.
     pub fn spills(&self) -> usize {
-        usize::from(self.groups.is_some())
+        self.spills
     }
 
     /// Time taken to move the full arena to the group files.
@@ -133,45 +142,78 @@ impl RecordStore {
         self.spill_time
     }
 
-    /// The arena is full: its records go to the group files, as every later record will
+    /// Records that arrive after the first spill and stay in memory: those of the groups
+    /// the second pass sorts first, as many groups as the arena is expected to hold (a
+    /// tenth of it kept for misjudged sizes and each bucket's partly filled last block),
+    /// never all of them (that partition would have fitted).
+    fn resident_groups(&self, arena: &BucketArena, partition_bytes: u64) -> usize {
+        let n = self.group_ranges.len();
+        let group_bytes = partition_bytes as f64 / n.max(1) as f64;
+        let per_group = group_bytes + (arena.buckets().len() / n.max(1) * BLOCK_BYTES) as f64;
+        ((arena.capacity() as f64 * 0.9 / per_group.max(1.0)) as usize).min(n.saturating_sub(1))
+    }
+
+    /// The arena is full: its records go to the group files. After the first spill, so
+    /// does every later record but those of the resident groups, which keep filling the
+    /// arena; should they fill it, they go to the files too, and so do all later records
     /// (an in-memory store has nowhere to go: more records than it was sized for is an
     /// error).
     fn spill(&mut self) -> Result<(), RiverError> {
-        let arena_bytes = match self.sizing {
+        let (arena_bytes, partition_bytes) = match self.sizing {
             Sizing::Records(n) => {
                 return Err(RiverError::Input(format!(
                     "a partition of more than the {n} records it was sized for arrived"
                 )))
             }
-            Sizing::Bounded { arena_bytes, .. } => arena_bytes,
+            Sizing::Bounded { arena_bytes, partition_bytes } => (arena_bytes, partition_bytes),
         };
         let started = Instant::now();
-        let arena = self.arena.take().expect("a full arena");
+        let mut arena = self.arena.take().expect("a full arena");
         let buckets = self.buckets.clone().expect("set with the arena");
-        let mut groups = GroupFiles::create(
-            &self.spill_prefix,
-            buckets.clone(),
-            self.group_ranges.clone(),
-            self.record_size,
-            arena_bytes / STAGE_SHARE,
-        )?;
-        for b in 0..buckets.len() {
-            for block in arena.bucket_blocks(b) {
-                for r in block.chunks_exact(self.record_size) {
-                    groups.push(r)?;
-                }
-            }
-        }
-        drop(arena);
+        let first_spill = self.groups.is_none();
+        let mut groups = match self.groups.take() {
+            Some(g) => g,
+            None => GroupFiles::create(
+                &self.spill_prefix,
+                buckets.clone(),
+                self.group_ranges.clone(),
+                self.record_size,
+                arena_bytes / STAGE_SHARE,
+            )?,
+        };
+        let moved = move_to_files(&arena, &mut groups);
         self.groups = Some(groups);
+        moved?;
+        arena.clear();
+        self.resident = if first_spill { self.resident_groups(&arena, partition_bytes) } else { 0 };
+        self.arena = Some(arena);
+        self.spills += 1;
         self.spill_time += started.elapsed();
         Ok(())
     }
 
+    /// Takes one record once the arena has spilled: into the arena for a resident group,
+    /// else into its group's file.
+    #[inline]
+    fn push_spilled(&mut self, record: &[u8]) -> Result<(), RiverError> {
+        let b = self.buckets.as_ref().expect("set before spilling").bucket_of(key(record));
+        let groups = self.groups.as_mut().expect("spilled");
+        if groups.group_of(b) < self.resident {
+            if self.arena.as_mut().expect("kept after spilling").push_in(b, record) {
+                return Ok(());
+            }
+            // The resident groups outgrew the arena.
+            self.spill()?;
+        }
+        self.groups.as_mut().expect("spilled").push_in(b, record)
+    }
+
     /// Writes the partition, sorted, to `out`: the arena in one pass when it held
-    /// everything; else the groups one by one ([`sort_groups`]) in two halves of the
-    /// arena, writing over-size groups' runs with buffers of `io_buffer_bytes` and
-    /// merging them with `merge_read_bytes` of read-ahead.
+    /// everything; else the resident groups from the arena (their records from the first
+    /// spill read back into it through a buffer of `io_buffer_bytes`), then the other
+    /// groups one by one ([`sort_groups`]) in two halves of the arena's memory, writing
+    /// over-size groups' runs with buffers of `io_buffer_bytes` and merging them with
+    /// `merge_read_bytes` of read-ahead.
     pub fn write_sorted<S: SpaceSink + ?Sized>(
         mut self,
         out: &mut S,
@@ -186,18 +228,43 @@ impl RecordStore {
                 emit_sorted(&arena, out)?;
                 Ok(GroupReport::default())
             }
-            (Some(groups), _) => {
-                let Sizing::Bounded { arena_bytes, .. } = self.sizing else {
-                    unreachable!("only bounded stores spill")
-                };
-                let pass = PassTwo {
-                    half_bytes: arena_bytes / 2,
-                    io_buffer_bytes,
-                    merge_read_bytes,
-                    run_prefix: self.spill_prefix.clone(),
-                };
-                sort_groups(groups, &pass, out)
+            (Some(mut groups), Some(mut arena)) => {
+                groups.flush()?;
+                let rs = self.record_size;
+                let mut resident = self.resident;
+                if resident > 0 && !resident_fit(&arena, &groups, resident) {
+                    // The resident groups and what the first spill put in their files do
+                    // not fit together: they go to the files as well.
+                    move_to_files(&arena, &mut groups)?;
+                    groups.flush()?;
+                    arena.clear();
+                    resident = 0;
+                }
+                let temp_bytes = groups.bytes();
+                if resident > 0 {
+                    let buckets = arena.buckets().clone();
+                    let mut buffer = vec![0u8; (io_buffer_bytes / rs).max(1) * rs];
+                    for g in 0..resident {
+                        groups.drain(g, &mut buffer, |piece| {
+                            for r in piece.chunks_exact(rs) {
+                                let taken = arena.push_in(buckets.bucket_of(key(r)), r);
+                                assert!(taken, "room for the resident groups was checked");
+                            }
+                            Ok(())
+                        })?;
+                    }
+                    emit_sorted(&arena, out)?;
+                    arena.clear();
+                }
+                let mut memory = arena.into_memory();
+                let pass = PassTwo { io_buffer_bytes, merge_read_bytes, run_prefix: self.spill_prefix.clone() };
+                let mut report = sort_groups(groups, resident, &mut memory, &pass, out)?;
+                report.groups += resident;
+                report.resident_groups = resident;
+                report.temp_bytes = temp_bytes;
+                Ok(report)
             }
+            (Some(_), None) => unreachable!("the arena is kept after spilling"),
             (None, None) => unreachable!("set above"),
         }
     }
@@ -209,9 +276,9 @@ impl Sink for RecordStore {
         if !records.len().is_multiple_of(rs) {
             return Err(RiverError::PartialRecord { len: records.len(), record_size: rs });
         }
-        if let Some(groups) = self.groups.as_mut() {
+        if self.groups.is_some() {
             for r in records.chunks_exact(rs) {
-                groups.push(r)?;
+                self.push_spilled(r)?;
             }
             self.records += (records.len() / rs) as u64;
             return Ok(());
@@ -240,9 +307,9 @@ impl Sink for RecordStore {
                 "records of {record_size} bytes given to a store of {rs}-byte records"
             )));
         }
-        if let Some(groups) = self.groups.as_mut() {
+        if self.groups.is_some() {
             for &i in which {
-                groups.push(&records[i as usize * rs..(i as usize + 1) * rs])?;
+                self.push_spilled(&records[i as usize * rs..(i as usize + 1) * rs])?;
             }
             self.records += which.len() as u64;
             return Ok(());
@@ -269,6 +336,34 @@ impl Sink for RecordStore {
     fn close(&mut self) -> Result<(), RiverError> {
         Ok(())
     }
+}
+
+/// Appends every record of `arena` to its group's file.
+fn move_to_files(arena: &BucketArena, groups: &mut GroupFiles) -> Result<(), RiverError> {
+    let rs = arena.record_size();
+    for b in 0..arena.buckets().len() {
+        for block in arena.bucket_blocks(b) {
+            for r in block.chunks_exact(rs) {
+                groups.push_in(b, r)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether the first `resident` groups fit in `arena` (which holds their records that
+/// came after the first spill) together with their records in the (flushed) group files:
+/// the blocks every bucket needs then, counted exactly.
+fn resident_fit(arena: &BucketArena, groups: &GroupFiles, resident: usize) -> bool {
+    let per_block = arena.block_records() as u64;
+    let mut blocks = 0u64;
+    for g in 0..resident {
+        let range = groups.ranges()[g].clone();
+        for (b, in_file) in range.clone().zip(groups.bucket_records(g)) {
+            blocks += (arena.bucket_records(b) as u64 + in_file).div_ceil(per_block);
+        }
+    }
+    blocks <= arena.blocks_total() as u64
 }
 
 /// The key of a run that has no records left: above every real entry (whose low bits
@@ -462,7 +557,7 @@ mod tests {
 
     /// Distributes `data` through a store of `arena_bytes` whose buckets come from
     /// `bucket_data`'s keys, then sorts it; checks the order and that every file is gone.
-    fn distribute(data: &[u8], bucket_data: &[u8], arena_bytes: usize) -> GroupReport {
+    fn distribute(data: &[u8], bucket_data: &[u8], arena_bytes: usize) -> (GroupReport, usize) {
         let dir = tempfile::tempdir().unwrap();
         let mut store = RecordStore::spilling(100, arena_bytes, data.len() as u64, dir.path().join("spill"));
         // Records that come before the buckets are set wait for them.
@@ -473,11 +568,12 @@ mod tests {
             store.sink_records(piece).unwrap();
         }
         assert_eq!(store.records(), (data.len() / 100) as u64);
-        assert_eq!(store.spills(), 1, "the arena filled");
+        let spills = store.spills();
+        assert!(spills >= 1, "the arena filled");
         let (out, report) = sorted_out(store, 1 << 20).unwrap();
         check_sorted(&out, data);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "group and run files are removed");
-        report
+        (report, spills)
     }
 
     /// Two halves of 64 blocks (2 MiB each): a tenth of 100,000 records' 10 MB each.
@@ -486,9 +582,67 @@ mod tests {
     #[test]
     fn distribution_pass_sorts_group_by_group() {
         let data = records(100_000, 7);
-        let report = distribute(&data, &data, HALVES_OF_64_BLOCKS);
+        let (report, spills) = distribute(&data, &data, HALVES_OF_64_BLOCKS);
+        assert_eq!(spills, 1);
         assert!(report.groups >= 3, "{report:?}");
         assert_eq!(report.merged_groups, 0, "sampled groups fit: {report:?}");
+        // The first groups' records that came after the spill never went to disk.
+        assert!(report.resident_groups >= 1, "{report:?}");
+        assert!(report.temp_bytes < data.len() as u64, "{report:?}");
+    }
+
+    /// `n` records whose first key byte is drawn from `first_bytes` (the rest random).
+    fn records_starting(n: usize, seed: u64, first_bytes: std::ops::Range<u8>) -> Vec<u8> {
+        let mut data = records(n, seed);
+        let span = u32::from(first_bytes.end - first_bytes.start);
+        for r in data.chunks_mut(100) {
+            r[0] = first_bytes.start + (u32::from(r[0]) % span) as u8;
+        }
+        data
+    }
+
+    #[test]
+    fn resident_groups_that_outgrow_the_arena_go_to_their_files() {
+        // The buckets come from uniform keys (eight of them, a group each); after the
+        // spill a third of the records fall in the first group, which stays in memory
+        // until it fills the arena: then it and every later record go to the files.
+        let buckets_from = records(100_000, 7);
+        let mut data = records(100_000, 9);
+        for (i, r) in data.chunks_mut(100).enumerate().skip(40_000) {
+            if i % 3 != 0 {
+                r[0] = 0;
+            }
+        }
+        let (report, spills) = distribute(&data, &buckets_from, HALVES_OF_64_BLOCKS);
+        assert_eq!(spills, 2, "the resident groups filled the arena again");
+        assert_eq!(report.resident_groups, 0, "{report:?}");
+        assert!(report.merged_groups >= 1, "{report:?}");
+        assert_eq!(report.temp_bytes, data.len() as u64, "{report:?}");
+    }
+
+    #[test]
+    fn resident_groups_too_large_with_their_spilled_part_go_to_their_files() {
+        // The arena (about 37,000 records) first fills with records of the first group
+        // and spills them; then 25,000 more of that group stay in memory (they fit) with
+        // 35,000 of later groups going to files; at the end the first group's two parts
+        // do not fit together, so it is sorted from its file (as runs, being larger than
+        // a half).
+        let buckets_from = records(100_000, 7);
+        let mut data = records_starting(40_000, 9, 0..0x20);
+        let tail_first = records_starting(25_000, 11, 0..0x20);
+        let tail_later = records_starting(35_000, 13, 0x60..0xff);
+        for (i, (a, b)) in tail_first.chunks(100).zip(tail_later.chunks(100)).enumerate() {
+            data.extend_from_slice(a);
+            data.extend_from_slice(b);
+            if i == 24_999 {
+                data.extend_from_slice(&tail_later[25_000 * 100..]);
+            }
+        }
+        assert_eq!(data.len(), 100_000 * 100);
+        let (report, spills) = distribute(&data, &buckets_from, HALVES_OF_64_BLOCKS);
+        assert_eq!(spills, 1, "the resident part alone fitted");
+        assert_eq!(report.resident_groups, 0, "{report:?}");
+        assert!(report.merged_groups >= 1, "{report:?}");
     }
 
     #[test]
@@ -501,7 +655,8 @@ mod tests {
                 r[..8].copy_from_slice(b"SKEWSKEW");
             }
         }
-        let report = distribute(&data, &data, HALVES_OF_64_BLOCKS);
+        let (report, spills) = distribute(&data, &data, HALVES_OF_64_BLOCKS);
+        assert_eq!(spills, 1);
         assert!(report.groups >= 3, "{report:?}");
         assert_eq!(report.merged_groups, 0, "{report:?}");
     }
@@ -515,7 +670,7 @@ mod tests {
         for r in data.chunks_mut(100).step_by(3) {
             r[..10].copy_from_slice(b"0123456789");
         }
-        let report = distribute(&data, &buckets_from, HALVES_OF_64_BLOCKS);
+        let (report, _) = distribute(&data, &buckets_from, HALVES_OF_64_BLOCKS);
         assert!(report.merged_groups >= 1, "{report:?}");
         assert!(report.runs >= 2, "{report:?}");
     }
