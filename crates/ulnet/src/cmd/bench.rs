@@ -188,6 +188,13 @@ pub struct BenchArgs {
     /// Sender processes for `incast`.
     #[arg(long, default_value_t = 8)]
     senders: usize,
+    /// Streams each `incast` sender process opens (round-robin from one thread). 1, the
+    /// default: one process per sender, as on separate hosts. More puts the N senders'
+    /// streams in `ceil(N / this)` processes, so that on a host with fewer CPUs than senders
+    /// the receiver's share of the work is measured without N processes taking turns on
+    /// one CPU; the single-stream baseline is one stream in one process either way.
+    #[arg(long, default_value_t = 1)]
+    streams_per_sender: usize,
     /// Measured time of `incast`, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     duration_ms: u64,

@@ -10,6 +10,14 @@
 //! more CPUs the receiver is pinned to one CPU and every sender to another, as if the
 //! senders were other hosts: the single stream and the N streams then have the same
 //! resources, and the comparison measures the protocol, not the scheduler.
+//!
+//! What that placement cannot equalise: N sender processes on one CPU take turns on it,
+//! and each turn costs a wake-up, a context switch and caches refilled from the other
+//! senders' data (about twice a lone sender's CPU per byte, measured 2026-11-23), where
+//! real senders on N hosts would each have a CPU of their own. `--streams-per-sender K`
+//! puts K of the N streams in each sender process (one thread sending round-robin), so
+//! the receiver's side of incast — N sockets, N credit-controlled streams, fairness among
+//! them — is measured without that cost; the default (K = 1) stays one process per sender.
 
 use super::{BenchArgs, TransportArg, CONNECT_TIMEOUT};
 use anyhow::{bail, Context, Result};
@@ -47,6 +55,8 @@ struct IncastReport {
     transport: &'static str,
     size: usize,
     senders: usize,
+    /// Streams per sender process (`--streams-per-sender`); 1: a process per sender.
+    streams_per_sender: usize,
     flow_control: bool,
     duration_s: f64,
     /// Aggregate at the receiver, 10^6 bytes per second.
@@ -128,7 +138,7 @@ pub(super) fn run(args: &BenchArgs) -> Result<i32> {
     let size = args.size.unwrap_or(64 << 10).max(1);
     let flow_control = args.flow_control != "off";
     if let Some(addr) = &args.connect {
-        return sender(args.transport, addr, size, flow_control).map(|()| 0);
+        return sender(args.transport, addr, size, flow_control, args.streams_per_sender.max(1)).map(|()| 0);
     }
     let duration = Duration::from_millis(args.duration_ms);
     let senders = args.senders.max(1);
@@ -147,6 +157,7 @@ pub(super) fn run(args: &BenchArgs) -> Result<i32> {
         transport: args.transport.name(),
         size,
         senders,
+        streams_per_sender: args.streams_per_sender.max(1),
         flow_control,
         duration_s: duration.as_secs_f64(),
         mb_per_s: aggregate,
@@ -161,9 +172,14 @@ pub(super) fn run(args: &BenchArgs) -> Result<i32> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "incast over {}: {} senders x {} B, flow control {}: aggregate {:.1} MB/s{}, fairness {:.3}{}",
+            "incast over {}: {} senders{} x {} B, flow control {}: aggregate {:.1} MB/s{}, fairness {:.3}{}",
             report.transport,
             senders,
+            if report.streams_per_sender > 1 {
+                format!(" ({} streams per sender process)", report.streams_per_sender)
+            } else {
+                String::new()
+            },
             size,
             flag(flow_control),
             aggregate,
@@ -183,7 +199,8 @@ pub(super) fn run(args: &BenchArgs) -> Result<i32> {
     Ok(0)
 }
 
-/// Listens, starts `senders` sender processes (or waits for remote ones with `--server`),
+/// Listens, starts sender processes for `senders` streams (`--streams-per-sender` each; or
+/// waits for remote ones with `--server`),
 /// and measures what each delivers during `duration`. Returns MB/s per sender and the
 /// aggregate message rate, and what the senders and the receiver did.
 fn receive(
@@ -210,9 +227,12 @@ fn receive(
             pin_to(cpus[0]);
         }
         let exe = std::env::current_exe()?;
-        for _ in 0..senders {
+        let per_process = args.streams_per_sender.max(1);
+        for first in (0..senders).step_by(per_process) {
+            let streams = per_process.min(senders - first);
             let child = Command::new(&exe)
                 .args(["bench", "incast", "--connect", &addr.to_string(), "--transport", args.transport.name()])
+                .args(["--streams-per-sender", &streams.to_string()])
                 .args(["--size", &size.to_string(), "--flow-control", flag(flow_control)])
                 .env(SENDER_CPU_ENV, cpus.get(1).map_or(String::new(), |c| c.to_string()))
                 .stdin(Stdio::null())
@@ -279,6 +299,7 @@ fn receive(
             activity.sender_retransmits += retransmits;
             activity.sender_timeouts += timeouts;
             activity.sender_credit_stalls += stalls;
+            // Summed over the process's streams: the mean below is per stream.
             blocked_fraction_sum += blocked_us as f64 / lifetime_us.max(1) as f64;
         }
     }
@@ -287,39 +308,70 @@ fn receive(
     Ok((bytes.iter().map(|&b| b as f64 / secs / 1e6).collect(), messages as f64 / secs, activity))
 }
 
-/// One sender: streams `size`-byte messages until the receiver closes the channel.
-fn sender(transport: TransportArg, addr: &str, size: usize, flow_control: bool) -> Result<()> {
+/// Notes that stream `ch` of a sender process went down; anything but a clean close by the
+/// receiver is the process's failure.
+fn mark_down(
+    channels: &[ChannelId],
+    closed: &mut [bool],
+    failure: &mut Option<ChannelError>,
+    ch: ChannelId,
+    error: ChannelError,
+) {
+    if let Some(i) = channels.iter().position(|&c| c == ch) {
+        closed[i] = true;
+    }
+    if error != ChannelError::Closed && failure.is_none() {
+        *failure = Some(error);
+    }
+}
+
+/// One sender process: streams `size`-byte messages on `streams` channels, round-robin,
+/// until the receiver closes them.
+fn sender(transport: TransportArg, addr: &str, size: usize, flow_control: bool, streams: usize) -> Result<()> {
     if let Some(cpu) = std::env::var(SENDER_CPU_ENV).ok().and_then(|c| c.parse().ok()) {
         pin_to(cpu);
     }
     let mut ep = Endpoint::new(endpoint_config(flow_control));
-    let ch = match transport {
-        TransportArg::Udp => ep.connect_udp(addr, CONNECT_TIMEOUT)?,
-        TransportArg::Tcp => ep.connect_tcp(addr, CONNECT_TIMEOUT)?,
-        TransportArg::Shm => unreachable!("refused by run"),
-    };
+    let mut channels = Vec::with_capacity(streams);
+    for _ in 0..streams {
+        channels.push(match transport {
+            TransportArg::Udp => ep.connect_udp(addr, CONNECT_TIMEOUT)?,
+            TransportArg::Tcp => ep.connect_tcp(addr, CONNECT_TIMEOUT)?,
+            TransportArg::Shm => unreachable!("refused by run"),
+        });
+    }
     let msg = vec![0x6bu8; size];
-    let mut down: Option<ChannelError> = None;
+    let mut closed = vec![false; streams];
+    let mut failure: Option<ChannelError> = None;
     let born = Instant::now();
     let result = loop {
-        match ep.send(ch, &[&msg]) {
-            Ok(SendOutcome::Done) => continue,
-            Ok(_) => {
-                // No room: sleep until acks or credit arrive, leaving the CPU to others.
-                ep.wait(Some(Duration::from_millis(5)))?;
-                ep.poll(64, |e| {
-                    if let Event::ChannelDown { error, .. } = e {
-                        down = Some(error);
-                    }
-                });
+        let mut sent = false;
+        for (i, &ch) in channels.iter().enumerate() {
+            if closed[i] {
+                continue;
             }
-            Err(SendError::ChannelDown(e)) => down = Some(e),
-            Err(e) => return Err(e.into()),
+            match ep.send(ch, &[&msg]) {
+                Ok(SendOutcome::Done) => sent = true,
+                Ok(_) => {}
+                Err(SendError::ChannelDown(e)) => mark_down(&channels, &mut closed, &mut failure, ch, e),
+                Err(e) => return Err(e.into()),
+            }
         }
-        match down {
-            Some(ChannelError::Closed) => break Ok(()),
-            Some(e) => break Err(anyhow::anyhow!("receiver went away: {e}")),
-            None => {}
+        if !sent {
+            // No room on any stream: sleep until acks or credit arrive, leaving the CPU
+            // to others.
+            ep.wait(Some(Duration::from_millis(5)))?;
+            ep.poll(64, |e| {
+                if let Event::ChannelDown { channel, error } = e {
+                    mark_down(&channels, &mut closed, &mut failure, channel, error);
+                }
+            });
+        }
+        if let Some(e) = failure.take() {
+            break Err(anyhow::anyhow!("receiver went away: {e}"));
+        }
+        if closed.iter().all(|&c| c) {
+            break Ok(());
         }
     };
     let c = ep.udp_counters();
