@@ -11,7 +11,9 @@
 //! paired ratios shows a few percent where whole runs cannot.
 //!
 //! Run: `cargo run --release -p ulnet-msg --example trace_ab [-- SECONDS]` (default 3).
-//! The `ULNET_TRACE_*` variables of `ulnet_core::trace` apply to both processes.
+//! The `ULNET_TRACE_*` variables of `ulnet_core::trace` apply to both processes. With
+//! `TRACE_AB_AA` set, the "traced" blocks stay untraced too: the ratio then shows the
+//! harness's own bias and spread (an A/A run).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -41,7 +43,7 @@ fn traced_block(b: u64) -> bool {
 fn follow(on: &mut bool) {
     let want = traced_block(block(trace::now()));
     if want != *on {
-        if want {
+        if want && std::env::var_os("TRACE_AB_AA").is_none() {
             trace::resume();
         } else {
             trace::pause();
