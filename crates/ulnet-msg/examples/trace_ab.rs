@@ -155,6 +155,11 @@ fn main() {
     let (untraced, traced) = (of(false), of(true));
     println!("calls {calls}, blocks untraced {} traced {}, pairs {}", untraced.len(), traced.len(), ratios.len());
     println!("client records {} ({} dropped)", client.records, client.dropped);
+    if ratios.is_empty() {
+        // Calls that slow mean the two processes shared a core: nothing to compare.
+        println!("no pair of complete blocks (100 calls or more each, after 10,000 warm-up calls)");
+        std::process::exit(1);
+    }
     println!("one-way p50 ns, median over blocks: untraced {:.1}  traced {:.1}", mid(untraced), mid(traced));
     let mut sorted = ratios.clone();
     sorted.sort_by(f64::total_cmp);
