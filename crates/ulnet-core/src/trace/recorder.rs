@@ -349,13 +349,6 @@ impl Recorder {
                 };
                 self.staged_state = Staged::Call;
                 self.staged_session = session;
-                // The request is published by now: take ownership of the slot its record
-                // will go to while the response travels (see `Producer::prewrite`).
-                if self.ensure(session) {
-                    if let Some(p) = self.producer.as_mut() {
-                        p.prewrite(&self.staged);
-                    }
-                }
                 true
             }
             _ => false,

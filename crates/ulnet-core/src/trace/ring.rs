@@ -229,25 +229,6 @@ impl Producer {
         true
     }
 
-    /// Writes `record` into the next slot without publishing it (nothing, when the ring is
-    /// full): the next record pushed goes there and overwrites it. For a record that will be
-    /// pushed later at a moment that counts: the caller's request, written right after the
-    /// request itself was published and pushed when its response arrives. The slot's cache
-    /// line is then owned by this core when the push comes; a push into a line it does not
-    /// own (last read by the writer thread) waits for it, and under x86's store order every
-    /// store after it, the next message's publication included, waits too.
-    #[inline(always)]
-    pub(crate) fn prewrite(&mut self, record: &Slot) {
-        let ring = &*self.ring;
-        if self.tail.wrapping_sub(self.head_seen) > ring.mask {
-            return;
-        }
-        // SAFETY: as in `push_with`: the slot at `tail` is outside head..tail, so the
-        // consumer does not read it until a Release store of `tail` publishes it, and every
-        // push into it rewrites all of its fields first.
-        ring.slots[self.tail & ring.mask].with_mut(|p| unsafe { *p = *record });
-    }
-
     /// Appends a copy of `record`, field by field at each field's own width (or drops and
     /// counts it when the ring is full). For a record whose fields were written moments ago
     /// one by one (the recorder's staged record): a plain copy reads it in 16- or 32-byte
@@ -339,25 +320,6 @@ mod tests {
         out.clear();
         ring.drain_into(&mut out);
         assert_eq!(out, [rec(9)]);
-    }
-
-    #[test]
-    fn prewritten_slot_stays_unpublished_and_never_clobbers_a_full_ring() {
-        let ring = Arc::new(RecordRing::new(4));
-        let mut p = Producer::new(ring.clone());
-        for n in 0..4 {
-            p.push(rec(n));
-        }
-        p.prewrite(&rec(99));
-        let mut out = Vec::new();
-        ring.drain_into(&mut out);
-        assert_eq!(out.iter().map(|r| r.ticks).collect::<Vec<_>>(), [0, 1, 2, 3], "a full ring is left alone");
-        out.clear();
-        p.prewrite(&rec(7));
-        assert_eq!(ring.drain_into(&mut out), 0, "a prewritten record is not published");
-        p.push(rec(8));
-        ring.drain_into(&mut out);
-        assert_eq!(out, [rec(8)], "the next push takes the slot");
     }
 
     #[test]
