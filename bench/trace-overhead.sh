@@ -4,13 +4,19 @@
 #                    (goal: tracing on costs at most 5%); the last row runs the untraced
 #                    benchmark against tracing with every record timed (ULNET_TRACE_SAMPLE=1,
 #                    not the default: for latency studies), for the record;
+#   on  vs off in one pair of processes (crates/ulnet-msg/examples/trace_ab.rs): the
+#                    rpc-lat ping-pong with both processes switching tracing every 2^24 TSC
+#                    ticks (~6 ms), traced blocks compared with the untraced block before
+#                    them (the hooks' cost with the session's background work present in
+#                    both); AB_RUNS runs (default 3) of AB_SECONDS (default 5) each, into
+#                    bench/results/trace-ab.md;
 #   off vs baseline: this build with tracing off against a build of the commit before
 #                    tracing existed (BASE, default 5b66311), alternating (goal: no
 #                    measurable cost, ratio within the run-to-run noise). BASELINE=0 skips it.
 # Every comparison runs under `flock /work/bench.lock` (one benchmark at a time on the shared
 # machine); builds run before, outside the lock. Writes bench/results/trace-on-off.md and
 # bench/results/trace-off-baseline.md; the summary is bench/results/trace.md.
-# Environment: ROUNDS (default 9), BASE, BASELINE (1), LOCK (default /work/bench.lock; empty:
+# Environment: ROUNDS (default 9), AB_RUNS (3; 0 skips), AB_SECONDS (5), BASE, BASELINE (1), LOCK (default /work/bench.lock; empty:
 # no lock), TRACE_DIR (default: a temporary dir).
 # The script takes the lock itself, per comparison: do not wrap it in `flock /work/bench.lock`
 # (the inner flock would wait for the outer forever) unless with LOCK= (one lock for all).
@@ -18,6 +24,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 cargo build --release --locked -p ulnet >/dev/null 2>&1
+cargo build --release --locked -p ulnet-msg --example trace_ab >/dev/null 2>&1
 NOW=$ROOT/target/release/ulnet
 LOCK=${LOCK-/work/bench.lock}
 locked() { if [ -n "$LOCK" ]; then flock "$LOCK" "$@"; else "$@"; fi; }
@@ -46,6 +53,22 @@ locked python3 bench/compare.py --rounds "$R" --markdown bench/results/trace-on-
   "rpc-lat 128 B shm, traced vs not|$RPC --trace $TRACE_DIR/rpc.ultrace|$NOW bench $RPC --json|p50_us|<=1.05" \
   "rpc-lat 128 B tcp, traced vs not|$RPCT --trace $TRACE_DIR/rpct.ultrace|$NOW bench $RPCT --json|p50_us|<=1.05" \
   "rpc-lat 128 B shm, NOT traced vs traced with every record timed (ULNET_TRACE_SAMPLE=1)|$RPC|ULNET_TRACE_SAMPLE=1 $NOW bench $RPC --trace $TRACE_DIR/rpcx.ultrace --json|p50_us|>=0.95" || true
+if [ "${AB_RUNS:-3}" -gt 0 ]; then
+  {
+    echo "# Tracing on vs off in one pair of processes (trace_ab)"
+    echo
+    echo "Command: \`target/release/examples/trace_ab ${AB_SECONDS:-5}\` (one run per section), $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD); load before: $(uptime | sed 's/.*load/load/')."
+    for i in $(seq "${AB_RUNS:-3}"); do
+      echo
+      echo "## Run $i"
+      echo
+      echo '```'
+      locked "$ROOT/target/release/examples/trace_ab" "${AB_SECONDS:-5}" || echo "trace_ab failed"
+      echo '```'
+    done
+  } >bench/results/trace-ab.md
+  cat bench/results/trace-ab.md
+fi
 if [ "${BASELINE:-1}" = 1 ]; then
   locked python3 bench/compare.py --rounds "$R" --markdown bench/results/trace-off-baseline.md \
     "msg-rate 8 B shm, off vs baseline|$MSG|$BASELINE_BIN bench $MSG --json|msgs_per_s|>=0.97" \

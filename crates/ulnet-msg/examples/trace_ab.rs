@@ -1,0 +1,173 @@
+//! Tracing on against off in ONE pair of processes, switched every few milliseconds: the
+//! RPC latency benchmark's ping-pong (128-byte echo over shared memory, client and server
+//! in two processes), with both processes switching tracing on and off on the same
+//! schedule of the trace clock (the time-stamp counter, shared by every core). Each block
+//! of the schedule (2^24 ticks, about 6 ms) gets its own median one-way latency, and each
+//! traced block is compared with the untraced block just before it.
+//!
+//! Why: on a shared 2-core machine, the rate of whole benchmark runs swings by ±10% from
+//! one run to the next as other work comes and goes, more than the cost being measured;
+//! blocks a few milliseconds apart see nearly the same machine, so the median of their
+//! paired ratios shows a few percent where whole runs cannot.
+//!
+//! Run: `cargo run --release -p ulnet-msg --example trace_ab [-- SECONDS]` (default 3).
+//! The `ULNET_TRACE_*` variables of `ulnet_core::trace` apply to both processes. With
+//! `TRACE_AB_AA` set, the "traced" blocks stay untraced too: the ratio then shows the
+//! harness's own bias and spread (an A/A run).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use ulnet_core::trace::{self, TraceConfig};
+use ulnet_core::{Endpoint, EndpointConfig, NodeId};
+use ulnet_msg::rpc::{CallOutcome, Rpc, RpcConfig, RpcEvent};
+
+/// A block of the schedule is 2^BLOCK_SHIFT ticks; odd blocks are traced.
+const BLOCK_SHIFT: u32 = 24;
+/// Calls that start this many ticks or less after a block began are not counted: the
+/// server switches at most 64 polls (a few microseconds) after the block begins.
+const GUARD_TICKS: u64 = 1 << 16;
+const METHOD: u16 = 1;
+const SIZE: usize = 128;
+
+fn block(t: u64) -> u64 {
+    t >> BLOCK_SHIFT
+}
+
+fn traced_block(b: u64) -> bool {
+    b & 1 == 1
+}
+
+/// Switches tracing to what the schedule says now.
+fn follow(on: &mut bool) {
+    let want = traced_block(block(trace::now()));
+    if want != *on {
+        if want && std::env::var_os("TRACE_AB_AA").is_none() {
+            trace::resume();
+        } else {
+            trace::pause();
+        }
+        *on = want;
+    }
+}
+
+fn start_trace(path: &Path, node: NodeId) {
+    trace::start(TraceConfig::new(path, node).with_env()).expect("tracing starts");
+    trace::pause();
+}
+
+fn serve(name: &str, path: &Path) {
+    let mut ep = Endpoint::new(EndpointConfig { node_id: NodeId(1), ..Default::default() });
+    ep.listen_shm(name).expect("listen");
+    println!("ready");
+    std::io::stdout().flush().expect("stdout");
+    ep.accept(Duration::from_secs(10)).expect("accept");
+    start_trace(path, NodeId(1));
+    let mut rpc = Rpc::new(ep, RpcConfig { workers: 0, ..Default::default() });
+    let echo = [0x3cu8; SIZE];
+    rpc.register_inline(METHOD, move |req, r| r.reply(&[&echo[..req.payload.len().min(SIZE)]]));
+    let (mut on, mut down, mut polls) = (false, false, 0u32);
+    while !down {
+        polls = polls.wrapping_add(1);
+        if polls % 64 == 0 {
+            follow(&mut on);
+        }
+        rpc.poll(256, |e| down |= matches!(e, RpcEvent::ChannelDown { .. }));
+    }
+    let _ = trace::stop();
+}
+
+fn median(v: &mut [u64]) -> u64 {
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("serve") {
+        serve(&args[2], Path::new(&args[3]));
+        return;
+    }
+    let seconds: f64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(3.0);
+    let dir = std::env::temp_dir().join(format!("trace-ab-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let name = format!("trace-ab-{}", std::process::id());
+    let mut child = Command::new(std::env::current_exe().expect("own path"))
+        .args(["serve", &name, &dir.join("server.ultrace").display().to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("server process");
+    let mut ready = String::new();
+    BufReader::new(child.stdout.take().expect("piped")).read_line(&mut ready).expect("server says ready");
+    let mut ep = Endpoint::new(EndpointConfig { node_id: NodeId(0), ..Default::default() });
+    let ch = ep.connect_shm(&name, Duration::from_secs(10)).expect("connect");
+    start_trace(&dir.join("client.ultrace"), NodeId(0));
+    let mut rpc = Rpc::new(ep, RpcConfig { workers: 0, ..Default::default() });
+    let request = [0xa5u8; SIZE];
+    // Round trips in ticks, per block of the schedule.
+    let mut blocks: Vec<(u64, Vec<u64>)> = Vec::new();
+    let (wall, first) = (Instant::now(), trace::now());
+    let mut on = false;
+    let mut calls = 0u64;
+    while wall.elapsed().as_secs_f64() < seconds {
+        follow(&mut on);
+        let t0 = trace::now();
+        while rpc.call(ch, METHOD, &[&request], None).expect("call") == CallOutcome::NoResource {
+            rpc.poll(1, |_| {});
+        }
+        let mut done = false;
+        while !done {
+            rpc.poll(1, |e| match e {
+                RpcEvent::Reply { .. } => done = true,
+                RpcEvent::Failed { error, .. } => panic!("call failed: {error}"),
+                RpcEvent::ChannelDown { error, .. } => panic!("channel down: {error}"),
+            });
+        }
+        let t1 = trace::now();
+        calls += 1;
+        // Whole calls inside one block, past its guard, with tracing as the block says.
+        let b = block(t1);
+        if block(t0.saturating_sub(GUARD_TICKS)) == b && traced_block(b) == on && calls > 10_000 {
+            match blocks.last_mut() {
+                Some((last, v)) if *last == b => v.push(t1 - t0),
+                _ => blocks.push((b, vec![t1 - t0])),
+            }
+        }
+    }
+    let ns_per_tick = wall.elapsed().as_nanos() as f64 / (trace::now() - first) as f64;
+    rpc.endpoint().close(ch);
+    drop(rpc);
+    let _ = child.wait();
+    let client = trace::stop().expect("trace stops");
+    let _ = std::fs::remove_dir_all(&dir);
+    // Each block's median one-way latency (half its round trips' median), in ns.
+    let one_way = |v: &mut Vec<u64>| median(v) as f64 * ns_per_tick / 2.0;
+    let mut medians: Vec<(u64, f64, usize)> = blocks.iter_mut().map(|(b, v)| (*b, one_way(v), v.len())).collect();
+    medians.retain(|m| m.2 >= 100);
+    let ratios: Vec<f64> =
+        medians.windows(2).filter(|w| w[1].0 == w[0].0 + 1 && traced_block(w[1].0)).map(|w| w[1].1 / w[0].1).collect();
+    let of = |traced: bool| medians.iter().filter(|m| traced_block(m.0) == traced).map(|m| m.1).collect::<Vec<_>>();
+    let mid = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    };
+    let (untraced, traced) = (of(false), of(true));
+    println!("calls {calls}, blocks untraced {} traced {}, pairs {}", untraced.len(), traced.len(), ratios.len());
+    println!("client records {} ({} dropped)", client.records, client.dropped);
+    if ratios.is_empty() {
+        // Calls that slow mean the two processes shared a core: nothing to compare.
+        println!("no pair of complete blocks (100 calls or more each, after 10,000 warm-up calls)");
+        std::process::exit(1);
+    }
+    println!("one-way p50 ns, median over blocks: untraced {:.1}  traced {:.1}", mid(untraced), mid(traced));
+    let mut sorted = ratios.clone();
+    sorted.sort_by(f64::total_cmp);
+    let q = |p: f64| sorted.get(((sorted.len() as f64 - 1.0) * p) as usize).copied().unwrap_or(f64::NAN);
+    println!(
+        "traced / untraced, adjacent blocks: median {:.4}  (quartiles {:.4} .. {:.4})",
+        mid(ratios),
+        q(0.25),
+        q(0.75)
+    );
+}
