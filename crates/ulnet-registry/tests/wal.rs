@@ -8,7 +8,7 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ulnet_registry::gup::{Entry, Epoch, Gup, GupConfig, NodeId, Record, Snapshot, View, VotingConfig};
-use ulnet_registry::wal::{recover, Wal};
+use ulnet_registry::wal::{recover, InlineWal, Wal};
 use ulnet_registry::{Registry, RegistryEvent};
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -63,6 +63,25 @@ fn records_survive_reopening_in_order() {
     let mut want = records.clone();
     want.push(Record::Commit { seq: 500 });
     assert_eq!(rec.recovered.records, want);
+}
+
+#[test]
+fn inline_commit_hints_ride_on_the_next_fsync() {
+    let dir = temp_dir("hints");
+    let mut wal = InlineWal::open(&dir).unwrap();
+    wal.append(1, &entry(1)).unwrap();
+    assert!(wal.pending(), "an entry must be made durable");
+    assert_eq!(wal.sync().unwrap(), Some(1));
+    wal.append(2, &Record::Commit { seq: 1 }).unwrap();
+    assert!(!wal.pending(), "a commit hint alone asks for no fsync");
+    wal.append(3, &entry(2)).unwrap();
+    assert!(wal.pending());
+    assert_eq!(wal.sync().unwrap(), Some(3), "the hint is written and fsynced with the entry after it");
+    assert!(!wal.pending());
+    drop(wal);
+    let rec = recover(&dir).unwrap();
+    assert!(rec.refused.is_none());
+    assert_eq!(rec.recovered.records, vec![entry(1), Record::Commit { seq: 1 }, entry(2)]);
 }
 
 #[test]
