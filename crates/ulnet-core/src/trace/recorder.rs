@@ -79,21 +79,6 @@ pub(crate) struct Recorder {
     staged: Slot,
     staged_state: Staged,
     staged_session: u64,
-    /// How the handler described the delivery, when its times are not exact: kept here
-    /// and recorded by the next hook ([`Recorder::settle`]), which comes after the reply
-    /// the handler sends is published, so the message's round trip does not wait for it.
-    described: Option<Described>,
-}
-
-/// A description of the message being delivered ([`Recorder::describe_receive`]), not
-/// recorded yet.
-#[derive(Clone, Copy, Debug)]
-struct Described {
-    session: u64,
-    /// (sender, receiver), channel, length.
-    message: ((NodeId, NodeId), u32, u64),
-    kind: MessageKind,
-    request_id: u64,
 }
 
 /// Buffers, buffer lengths and size of a gather list (buffers 0: not listable).
@@ -145,16 +130,6 @@ impl Recorder {
             staged: Slot::EMPTY,
             staged_state: Staged::Empty,
             staged_session: 0,
-            described: None,
-        }
-    }
-
-    /// Records the description the handler left ([`Recorder::described`]), if any: every
-    /// hook that reads or writes the staged record first calls this.
-    #[inline(always)]
-    fn settle(&mut self) {
-        if let Some(d) = self.described.take() {
-            self.record_description(d.session, d.message, d.kind, d.request_id);
         }
     }
 
@@ -294,7 +269,6 @@ impl Recorder {
         kind: MessageKind,
         request_id: u64,
     ) {
-        self.settle();
         if request_id != 0 {
             if self.send_call(session, nodes, channel, gather, kind, request_id) {
                 return;
@@ -406,7 +380,6 @@ impl Recorder {
         request_id: u64,
         enqueued: u64,
     ) {
-        self.settle();
         if request_id == 0 && enqueued == 0 && self.extends_send(session, channel, gather, kind) {
             self.count_in_run();
             return;
@@ -449,14 +422,11 @@ impl Recorder {
     }
 
     /// Says what the message being delivered is (`nodes`: sender, receiver; `size`: its
-    /// length); a sampled request id makes its times exact. Only an exact record is made
-    /// now (it reads the clock when the message arrived); any other waits in
-    /// [`Recorder::described`], with no call made here.
-    #[inline(always)]
+    /// length); a sampled request id makes its times exact.
     pub(crate) fn describe_receive(
         &mut self,
         session: u64,
-        message: ((NodeId, NodeId), u32, u64),
+        (nodes, channel, size): ((NodeId, NodeId), u32, u64),
         kind: MessageKind,
         request_id: u64,
     ) {
@@ -464,23 +434,6 @@ impl Recorder {
             return;
         }
         self.receiving = false;
-        if exact_mode() || sampled(request_id) {
-            self.record_description(session, message, kind, request_id);
-        } else {
-            self.described = Some(Described { session, message, kind, request_id });
-        }
-    }
-
-    /// Records the description of the message being delivered: stages its receive, or
-    /// joins it to the request it answers.
-    #[inline(never)]
-    fn record_description(
-        &mut self,
-        session: u64,
-        (nodes, channel, size): ((NodeId, NodeId), u32, u64),
-        kind: MessageKind,
-        request_id: u64,
-    ) {
         if self.staged_state == Staged::Call {
             if kind == MessageKind::Response && self.answers_call(session, channel, size, request_id) {
                 return;
@@ -533,44 +486,25 @@ impl Recorder {
         true
     }
 
-    /// Whether the handler of the message being delivered is timed: its record is exact
-    /// (a description left in [`Recorder::described`] never is).
-    #[inline(always)]
-    fn handler_timed(&self) -> bool {
-        self.staged_state == Staged::Receive && self.staged.flags & FLAG_EXACT != 0
-    }
-
     /// Marks the start of the handler of the message being delivered (exact records only).
-    #[inline(always)]
     pub(crate) fn handler_start(&mut self) {
-        if self.handler_timed() {
-            self.stamp_handler(false);
+        if self.staged_state == Staged::Receive && self.staged.flags & FLAG_EXACT != 0 {
+            let t = self.exact_now();
+            self.staged.stage_a = offset(self.staged.ticks, t);
         }
     }
 
     /// Marks the end of the handler of the message being delivered (exact records only).
-    #[inline(always)]
     pub(crate) fn handler_end(&mut self) {
-        if self.handler_timed() {
-            self.stamp_handler(true);
-        }
-    }
-
-    /// Writes the handler's start or `end` time into the staged record.
-    #[inline(never)]
-    fn stamp_handler(&mut self, end: bool) {
-        let t = offset(self.staged.ticks, self.exact_now());
-        if end {
-            self.staged.stage_b = t;
-        } else {
-            self.staged.stage_a = t;
+        if self.staged_state == Staged::Receive && self.staged.flags & FLAG_EXACT != 0 {
+            let t = self.exact_now();
+            self.staged.stage_b = offset(self.staged.ticks, t);
         }
     }
 
     /// The delivery opened by [`Recorder::open_receive`] is over: records the message.
     #[inline(always)]
     pub(crate) fn close_receive(&mut self, session: u64, nodes: (NodeId, NodeId), channel: u32, size: u64) {
-        self.settle();
         if self.receiving {
             // Not described: a plain message, most often one more of a stream.
             self.receiving = false;
@@ -609,7 +543,6 @@ impl Recorder {
     /// Takes the receive being delivered out of its delivery (its times made exact), to be
     /// written later with [`Recorder::put`]. The handler must have described it.
     pub(crate) fn take_receive(&mut self) -> Option<PendingReceive> {
-        self.settle();
         if self.staged_state != Staged::Receive {
             return None;
         }
@@ -624,7 +557,6 @@ impl Recorder {
 
     /// Writes a receive taken with [`Recorder::take_receive`], if its session still runs.
     pub(crate) fn put(&mut self, session: u64, pending: PendingReceive) {
-        self.settle();
         if pending.session == session {
             self.push(session, pending.slot);
         }
@@ -632,7 +564,6 @@ impl Recorder {
 
     /// Records a datagram of a layer with its own socket ([`super::record_datagram`]).
     pub(crate) fn record_datagram(&mut self, session: u64, mut slot: Slot) {
-        self.settle();
         if exact_mode() {
             slot.ticks = self.exact_now();
             slot.flags |= FLAG_EXACT;
@@ -644,7 +575,6 @@ impl Recorder {
 
     /// Records a one-sided operation issued at `enqueued` (0: not measured).
     pub(crate) fn record_rma(&mut self, session: u64, mut slot: Slot, enqueued: u64) {
-        self.settle();
         let exact = exact_mode() || enqueued != 0;
         slot.ticks = if exact { self.exact_now() } else { self.coarse() };
         if exact {
