@@ -332,11 +332,7 @@ impl BucketArena {
     /// `dst`, which holds exactly that many.
     #[inline]
     pub fn gather(&self, entries: &[u128], dst: &mut [u8]) {
-        let rs = self.record_size;
-        for (d, &e) in dst.chunks_exact_mut(rs).zip(entries) {
-            let at = index_of(e) * rs;
-            copy_record(d, &self.map[at..at + rs]);
-        }
+        gather_records(dst, entries, &self.map, self.record_size);
     }
 
     /// Empties it; the blocks' pages stay for the next fill.
@@ -347,6 +343,16 @@ impl BucketArena {
         self.fill.iter_mut().for_each(|f| *f = 0);
         self.blocks_used = 0;
         self.records = 0;
+    }
+}
+
+/// Copies the records of `src` that `entries` (sort entries) point to into `dst`, one after
+/// another (`dst` holds exactly `entries.len()` records of `rs` bytes).
+#[inline]
+pub(crate) fn gather_records(dst: &mut [u8], entries: &[u128], src: &[u8], rs: usize) {
+    for (d, &e) in dst.chunks_exact_mut(rs).zip(entries) {
+        let at = index_of(e) * rs;
+        copy_record(d, &src[at..at + rs]);
     }
 }
 

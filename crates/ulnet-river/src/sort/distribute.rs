@@ -25,8 +25,8 @@
 //! first pass: on a virtual machine that returns freed memory to its host, new memory
 //! costs a host fault per page, reused memory does not.
 
-use super::bucket::{copy_record, KeyBuckets};
-use super::radix::{entry, index_of, key, sort_entries};
+use super::bucket::{copy_record, gather_records, KeyBuckets};
+use super::radix::{entry, key, sort_entries};
 use super::store::{merge_runs, Run};
 use crate::error::RiverError;
 use crate::flow::{Sink, SpaceSink};
@@ -478,17 +478,25 @@ fn emit_flat_group<S: SpaceSink + ?Sized>(
         if entries.is_empty() {
             continue;
         }
-        let mut sorted = sort_entries(&mut entries, &mut scratch);
-        while !sorted.is_empty() {
-            let space = out.space()?;
-            let n = (space.len() / rs).min(sorted.len());
-            for (d, &e) in space[..n * rs].chunks_exact_mut(rs).zip(&sorted[..n]) {
-                let i = index_of(e) * rs;
-                copy_record(d, &data[i..i + rs]);
-            }
-            out.commit(n * rs)?;
-            sorted = &sorted[n..];
-        }
+        write_sorted(sort_entries(&mut entries, &mut scratch), data, rs, out)?;
+    }
+    Ok(())
+}
+
+/// Writes the records of `data` that the sorted `entries` point to into `out`, in order,
+/// as much as each lent space holds.
+fn write_sorted<S: SpaceSink + ?Sized>(
+    mut entries: &[u128],
+    data: &[u8],
+    rs: usize,
+    out: &mut S,
+) -> Result<(), RiverError> {
+    while !entries.is_empty() {
+        let space = out.space()?;
+        let n = (space.len() / rs).min(entries.len());
+        gather_records(&mut space[..n * rs], &entries[..n], data, rs);
+        out.commit(n * rs)?;
+        entries = &entries[n..];
     }
     Ok(())
 }
@@ -573,17 +581,7 @@ impl FlatSorter {
             if bucket_entries.is_empty() {
                 continue;
             }
-            let mut sorted = sort_entries(bucket_entries, &mut self.scratch);
-            while !sorted.is_empty() {
-                let space = out.space()?;
-                let k = (space.len() / rs).min(sorted.len());
-                for (d, &e) in space[..k * rs].chunks_exact_mut(rs).zip(&sorted[..k]) {
-                    let i = index_of(e) * rs;
-                    copy_record(d, &data[i..i + rs]);
-                }
-                out.commit(k * rs)?;
-                sorted = &sorted[k..];
-            }
+            write_sorted(sort_entries(bucket_entries, &mut self.scratch), data, rs, out)?;
         }
         Ok(())
     }
