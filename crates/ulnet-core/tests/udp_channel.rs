@@ -114,8 +114,12 @@ fn node_ids_are_exchanged_in_the_handshake() {
 /// Runs a handshake between two protocol machines in memory; `tamper` may change each
 /// datagram on its way. Returns both sides.
 fn handshake_in_memory(tamper: impl Fn(&mut Vec<u8>)) -> (Connection, Option<Connection>) {
+    handshake_in_memory_with(UdpConfig { secret: b"k".to_vec(), ..UdpConfig::lan() }, tamper)
+}
+
+/// [`handshake_in_memory`] with both sides on `config`.
+fn handshake_in_memory_with(config: UdpConfig, tamper: impl Fn(&mut Vec<u8>)) -> (Connection, Option<Connection>) {
     let now = Instant::now();
-    let config = UdpConfig { secret: b"k".to_vec(), ..UdpConfig::lan() };
     let mut client = Connection::client(config.clone(), now, 0x11, [1; 16], NodeId(3));
     let mut buf = vec![0u8; wire::DATAGRAM_LIMIT];
     let n = client.poll_transmit(now, &mut buf).expect("a hello");
@@ -448,4 +452,43 @@ fn vanished_peer_is_a_failure_within_the_peer_timeout() {
     assert!(matches!(down, Some(ChannelError::PeerFailed(_))), "{down:?}");
     assert!(after <= peer_timeout + Duration::from_millis(800), "reported after {after:?}");
     assert!(server.counters().sleeps >= 2, "the endpoint slept between timer wake-ups");
+}
+
+/// A sender blocked on credit seals at most `unsent_max` ahead of what it may transmit,
+/// although it has free send slots (without the bound it filled them all, 16 MiB, and the
+/// kernel later copied them out of memory long evicted from the caches), and goes on as
+/// soon as credit comes.
+#[test]
+fn a_sender_blocked_on_credit_writes_at_most_unsent_max_ahead() {
+    let (credit, unsent_max) = (2u64 << 20, 1u64 << 20);
+    let config = UdpConfig {
+        secret: b"k".to_vec(),
+        credit_bytes: credit as u32,
+        unsent_max: unsent_max as u32,
+        ..UdpConfig::lan()
+    };
+    let window = u64::from(config.window_packets);
+    let (mut client, server) = handshake_in_memory_with(config, |_| {});
+    let mut server = server.expect("the server answers");
+    let chunk = vec![7u8; client.fragment_max()];
+    let packet = chunk.len() as u64 + 64;
+    let mut t = Instant::now();
+    pump(&mut client, &mut server, &mut t, &chunk);
+    assert!(server.receive_buffered() + packet > credit, "the credit is used: {}", server.receive_buffered());
+    let unsent = client.unsent_bytes();
+    assert!(unsent >= unsent_max && unsent < unsent_max + packet, "{unsent} bytes sealed ahead of the credit");
+    let (waiting, in_flight) = client.send_backlog();
+    assert!(waiting + in_flight < window / 2, "the bound stopped the sender, not its {window} slots");
+    assert_eq!(client.send(&[&chunk]).unwrap(), SendOutcome::NoResource);
+    assert!(client.counters().credit_stalls >= 1, "the sender waited for credit");
+    // The receiver consumes: its window update lets the waiting packets and new ones go.
+    let sent_before = client.counters().packets_sent;
+    server.poll_recv(usize::MAX, &mut |_, _| {}).unwrap();
+    pump(&mut client, &mut server, &mut t, &chunk);
+    let sent = client.counters().packets_sent - sent_before;
+    assert!(
+        (sent + 1) * packet > credit && sent * packet > unsent + packet,
+        "{sent} packets went out after the window update"
+    );
+    assert!(client.unsent_bytes() < unsent_max + packet, "{} bytes sealed ahead", client.unsent_bytes());
 }

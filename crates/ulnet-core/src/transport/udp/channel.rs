@@ -383,7 +383,7 @@ impl UdpChannel {
 
     fn after_send(&mut self) {
         // Full packets go out in batches without waiting for the next poll.
-        if self.conn.send_backlog().0 >= (BATCH_MAX / 2) as u64 {
+        if self.conn.send_backlog().0 >= (BATCH_MAX / 2) as u64 || self.conn.unsent_full() {
             self.transmit(Instant::now());
             self.update_probe();
         }

@@ -28,6 +28,15 @@ pub struct UdpConfig {
     /// least four datagrams): eight senders into one receiver then queue 16 MiB there, not
     /// 128 MiB that the receiver would copy out of memory long evicted from its caches.
     pub credit_bytes: u32,
+    /// Bytes a sender may seal ahead of what it can transmit (packets waiting for the
+    /// peer's credit or for the driver's next `sendmmsg`); beyond that `send` answers
+    /// `NoResource` and the application waits for credit. 1 MiB: without a bound a sender
+    /// blocked on credit filled all its send slots (16 MiB) ahead, and when credit came
+    /// the kernel copied datagrams written milliseconds and megabytes earlier, long out of
+    /// the caches — eight such senders on one CPU paid twice a lone stream's CPU per
+    /// byte (BENCHMARKS.md, issue 3). A sender that writes a packet just before it goes
+    /// out copies it into the socket from the cache.
+    pub unsent_max: u32,
     /// Whether this side obeys its peer's credit when sending. `true` keeps a slow
     /// receiver's problem with its own senders; `false` exists to measure what that is worth
     /// (`ulnet bench incast`): senders then overrun and the receiver drops and counts.
@@ -76,6 +85,7 @@ impl UdpConfig {
             secret: Vec::new(),
             window_packets: 256,
             credit_bytes: 16 << 20,
+            unsent_max: 1 << 20,
             flow_control: true,
             datagram_max: super::wire::DATAGRAM_LIMIT,
             rto_initial: Duration::from_millis(20),
@@ -91,12 +101,14 @@ impl UdpConfig {
     }
 
     /// The simulator: small windows and credit (64 slots, 64 KiB, 1,400-byte datagrams)
-    /// so that flow control, fragmentation and window stalls happen often, and a peer
-    /// timeout of 5 s so that failure is found within short simulated runs.
+    /// and a small unsent bound (8 KiB, a few datagrams) so that flow control,
+    /// fragmentation and window stalls happen often, and a peer timeout of 5 s so that
+    /// failure is found within short simulated runs.
     pub fn sim() -> Self {
         Self {
             window_packets: 64,
             credit_bytes: 64 << 10,
+            unsent_max: 8 << 10,
             datagram_max: 1400,
             peer_timeout: Duration::from_secs(5),
             ..Self::lan()
@@ -110,6 +122,9 @@ impl UdpConfig {
         }
         if !(super::wire::DATAGRAM_MIN..=super::wire::DATAGRAM_LIMIT).contains(&self.datagram_max) {
             return Err("datagram_max must be 548 to 65,507");
+        }
+        if (self.unsent_max as usize) < self.datagram_max {
+            return Err("unsent_max must hold at least one datagram");
         }
         if (self.credit_bytes as usize) < 2 * self.datagram_max {
             return Err("credit_bytes must hold at least two datagrams");

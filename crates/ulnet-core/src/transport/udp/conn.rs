@@ -223,6 +223,11 @@ struct Tx {
     /// Largest datagram we send (path MTU, the peer's receive size, half its credit).
     datagram_max: usize,
     retx: VecDeque<u64>,
+    /// Stream bytes of the packets sealed so far; `stream_sealed - stream_sent` are sealed
+    /// and waiting for their first transmission.
+    stream_sealed: u64,
+    /// Unsent bytes at which new packets are refused (`UdpConfig::unsent_max`).
+    unsent_max: u64,
     stream_sent: u64,
     peer_credit_bytes: u64,
     peer_credit_seq: u64,
@@ -249,6 +254,25 @@ impl Tx {
         self.slots.len() as u64 - (self.next_seq - self.una) - u64::from(self.open)
     }
 
+    /// Stream bytes written and not yet transmitted (sealed packets waiting for credit or
+    /// for the driver, and the packet being filled).
+    fn unsent_bytes(&self) -> u64 {
+        let filling = if self.open {
+            let slot = &self.slots[(self.next_seq % self.slots.len() as u64) as usize];
+            (slot.buf.len() - wire::DATA_PREFIX_LEN) as u64
+        } else {
+            0
+        };
+        self.stream_sealed + filling - self.stream_sent
+    }
+
+    /// Whether the unsent bytes reached `unsent_max`: no new packet is opened until they
+    /// go out (`NoResource`), so that a sender blocked on credit does not fill its send
+    /// slots far ahead of what it may transmit (see `UdpConfig::unsent_max`).
+    fn unsent_full(&self) -> bool {
+        self.unsent_bytes() >= self.unsent_max
+    }
+
     /// Data bytes a record can carry in an empty packet.
     fn record_capacity(&self) -> usize {
         self.datagram_max - wire::DATA_PREFIX_LEN - wire::RECORD_HEADER_LEN
@@ -260,6 +284,7 @@ impl Tx {
             let seq = self.next_seq;
             let slot = self.slot(seq);
             slot.body = (slot.buf.len() - wire::DATA_PREFIX_LEN) as u32;
+            self.stream_sealed += u64::from(slot.body);
             self.open = false;
             self.next_seq += 1;
         }
@@ -377,7 +402,7 @@ impl Tx {
         }
         let cap = self.record_capacity();
         let packets = total.div_ceil(cap).max(1) as u64;
-        if self.free_slots() < packets {
+        if self.free_slots() < packets || self.unsent_full() {
             return Ok(SendOutcome::NoResource);
         }
         self.seal();
@@ -421,7 +446,7 @@ impl Tx {
         self.seal();
         let cap = self.record_capacity();
         let mut taken = 0;
-        while taken < data.len() && self.free_slots() > 0 {
+        while taken < data.len() && self.free_slots() > 0 && !self.unsent_full() {
             let take = (data.len() - taken).min(cap);
             self.open_packet(0);
             self.append_record(&[&data[taken..]], 0, take, message_len, offset + taken as u64);
@@ -610,6 +635,8 @@ impl Connection {
             open: false,
             datagram_max: config.datagram_max,
             retx: VecDeque::with_capacity(w),
+            stream_sealed: 0,
+            unsent_max: u64::from(config.unsent_max),
             stream_sent: 0,
             peer_credit_bytes: 0,
             peer_credit_seq: 0,
@@ -806,6 +833,18 @@ impl Connection {
     /// Packets sealed but not yet transmitted for the first time, and packets in flight.
     pub fn send_backlog(&self) -> (u64, u64) {
         (self.tx.next_seq - self.tx.next_tx, self.tx.next_tx - self.tx.una)
+    }
+
+    /// Stream bytes written and not yet transmitted for the first time (waiting for
+    /// credit or for the driver, or in the packet being filled).
+    pub fn unsent_bytes(&self) -> u64 {
+        self.tx.unsent_bytes()
+    }
+
+    /// Whether [`Connection::unsent_bytes`] reached `UdpConfig::unsent_max`: sends that
+    /// need a new packet answer `NoResource` until some go out.
+    pub fn unsent_full(&self) -> bool {
+        self.tx.unsent_full()
     }
 
     /// Largest message one [`Connection::send`] takes.

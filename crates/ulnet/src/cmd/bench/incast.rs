@@ -11,10 +11,12 @@
 //! senders were other hosts: the single stream and the N streams then have the same
 //! resources, and the comparison measures the protocol, not the scheduler.
 //!
-//! What that placement cannot equalise: N sender processes on one CPU take turns on it,
-//! and each turn costs a wake-up, a context switch and caches refilled from the other
-//! senders' data (about twice a lone sender's CPU per byte, measured 2026-11-23), where
-//! real senders on N hosts would each have a CPU of their own. `--streams-per-sender K`
+//! What that placement cannot equalise: N sender processes on one CPU take turns on it
+//! and share its caches, where real senders on N hosts would each have a CPU of their own.
+//! (Eight senders cost about twice a lone sender's CPU per byte until each was bounded to
+//! `UdpConfig::unsent_max` written ahead of its credit: blocked senders had filled their
+//! send slots megabytes ahead, and the kernel copied them out of memory; see BENCHMARKS.md,
+//! issue 3.) `--streams-per-sender K`
 //! puts K of the N streams in each sender process (one thread sending round-robin), so
 //! the receiver's side of incast — N sockets, N credit-controlled streams, fairness among
 //! them — is measured without that cost; the default (K = 1) stays one process per sender.
@@ -145,11 +147,14 @@ pub(super) fn run(args: &BenchArgs) -> Result<i32> {
     // The single stream is measured right before and right after the N streams and
     // averaged, so that a change of the host's load during the run weighs on both sides.
     let baseline = senders > 1 && !args.server;
-    let before = if baseline { Some(receive(args, 1, size, flow_control, duration)?.0[0]) } else { None };
-    let (per_sender, msgs, activity) = receive(args, senders, size, flow_control, duration)?;
+    // Read once, before the first phase pins this process to one of them: every phase
+    // places the receiver and the senders on the same CPUs.
+    let cpus = allowed_cpus();
+    let before = if baseline { Some(receive(args, &cpus, 1, size, flow_control, duration)?.0[0]) } else { None };
+    let (per_sender, msgs, activity) = receive(args, &cpus, senders, size, flow_control, duration)?;
     let aggregate: f64 = per_sender.iter().sum();
     let single = match before {
-        Some(b) => Some((b + receive(args, 1, size, flow_control, duration)?.0[0]) / 2.0),
+        Some(b) => Some((b + receive(args, &cpus, 1, size, flow_control, duration)?.0[0]) / 2.0),
         None => None,
     };
     let report = IncastReport {
@@ -201,10 +206,13 @@ pub(super) fn run(args: &BenchArgs) -> Result<i32> {
 
 /// Listens, starts sender processes for `senders` streams (`--streams-per-sender` each; or
 /// waits for remote ones with `--server`),
-/// and measures what each delivers during `duration`. Returns MB/s per sender and the
-/// aggregate message rate, and what the senders and the receiver did.
+/// and measures what each delivers during `duration`; the receiver runs on `cpus[0]` and
+/// the senders on `cpus[1]` (the CPUs the process was allowed before any phase pinned it).
+/// Returns MB/s per sender and the aggregate message rate, and what the senders and the
+/// receiver did.
 fn receive(
     args: &BenchArgs,
+    cpus: &[usize],
     senders: usize,
     size: usize,
     flow_control: bool,
@@ -219,7 +227,6 @@ fn receive(
         TransportArg::Shm => unreachable!("refused above"),
     };
     let mut children: Vec<Child> = Vec::new();
-    let cpus = allowed_cpus();
     if args.server {
         println!("listening {addr}");
     } else {
