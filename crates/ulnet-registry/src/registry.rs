@@ -289,14 +289,15 @@ impl Registry {
                         }
                     }
                 }
-                for (key, value) in self.store.apply(seq, ops) {
-                    for (watch, prefix) in &self.watches {
+                let (watches, events) = (&self.watches, &mut self.events);
+                self.store.apply(seq, ops, |key, value| {
+                    for (watch, prefix) in watches {
                         if key.starts_with(prefix) {
-                            let (watch, key, value) = (*watch, key.clone(), value.clone());
-                            self.events.push_back(RegistryEvent::Changed { watch, key, value, seq });
+                            let (watch, key, value) = (*watch, key.to_vec(), value.map(<[u8]>::to_vec));
+                            events.push_back(RegistryEvent::Changed { watch, key, value, seq });
                         }
                     }
-                }
+                });
                 if seq % self.snapshot_every == 0 {
                     self.gup.compact(seq, Arc::from(self.store.snapshot()));
                 }

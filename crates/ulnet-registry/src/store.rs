@@ -117,25 +117,35 @@ impl Store {
     }
 
     /// Applies the operations of position `seq` (undecodable ones are counted out by the
-    /// caller and skipped); returns what changed.
-    pub fn apply(&mut self, seq: u64, ops: impl IntoIterator<Item = Op>) -> Vec<(Vec<u8>, Option<Vec<u8>>)> {
+    /// caller and skipped), telling `changed` each key that changed and its new value (None:
+    /// deleted). Every node applies every update, so this is per-update work times the
+    /// cluster's size: a key that exists keeps its allocation and takes the decoded value's.
+    pub fn apply(
+        &mut self,
+        seq: u64,
+        ops: impl IntoIterator<Item = Op>,
+        mut changed: impl FnMut(&[u8], Option<&[u8]>),
+    ) {
         assert_eq!(seq, self.applied + 1, "registry positions applied in order");
         self.applied = seq;
-        let mut changed = Vec::new();
         for op in ops {
             match op {
                 Op::Set { key, value } => {
-                    self.map.insert(key.clone(), Versioned { value: value.clone(), seq });
-                    changed.push((key, Some(value)));
+                    changed(&key, Some(&value));
+                    match self.map.get_mut(&key) {
+                        Some(v) => *v = Versioned { value, seq },
+                        None => {
+                            self.map.insert(key, Versioned { value, seq });
+                        }
+                    }
                 }
                 Op::Delete { key } => {
                     if self.map.remove(&key).is_some() {
-                        changed.push((key, None));
+                        changed(&key, None);
                     }
                 }
             }
         }
-        changed
     }
 
     /// The snapshot: `applied u64 | count u64 | (key blob | value blob | seq u64)*`.

@@ -185,7 +185,7 @@ proptest! {
         prop_assert_eq!(Op::decode(&o.encode()), Ok(o));
         let mut store = Store::default();
         for (i, op) in ops.into_iter().enumerate() {
-            store.apply(i as u64 + 1, [op]);
+            store.apply(i as u64 + 1, [op], |_, _| {});
         }
         prop_assert_eq!(Store::from_snapshot(&store.snapshot()), Ok(store));
     }

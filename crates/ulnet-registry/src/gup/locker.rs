@@ -390,6 +390,8 @@ impl Gup {
         }
         locker.queued.push(Part { origin, batch, updates });
         locker.queued_since.get_or_insert(now);
+        self.timing.requested(now, origin);
+        let locker = self.locker.as_mut().expect("checked");
         let seen = locker.senders.entry(origin).or_insert(SenderSeen { last_request: now, last_granted: 0 });
         seen.last_request = now;
     }
@@ -407,12 +409,21 @@ impl Gup {
     /// Delivers a combined entry at once to its senders and to enough voters (in circular
     /// order after me) for a quorum and `eager_spare` more; the other members are owed it
     /// and get it with later positions ([`Gup::deliver_owed`]).
+    ///
+    /// A member of this eager set that is owed earlier positions gets them first, in the
+    /// same turn: with a hole below `seq` it could neither acknowledge `seq` (it
+    /// acknowledges durable prefixes) nor, as one of its senders, apply it and answer its
+    /// clients until the owed positions came, up to `lazy_delivery_max` later. A sender that
+    /// missed one position would then miss the next ones too, each time owed again, and
+    /// with a few such senders every commit would wait for the lazy delivery.
     fn deliver_combined(&mut self, now: Instant, epoch: Epoch, seq: u64, entry: Entry, origins: &[NodeId]) {
         let targets = self.targets_after(self.me);
         let eager = self.eager_targets(&targets, origins);
+        self.last_eager.clone_from(&eager);
         let commit = self.commit;
         for to in targets {
             if eager.contains(&to) {
+                self.deliver_owed_before(to, seq);
                 self.send(to, Msg::Batch { epoch, seq, commit, entry: entry.clone() });
             } else {
                 let locker = self.locker.as_mut().expect("locker");
@@ -441,6 +452,17 @@ impl Gup {
             }
         }
         eager
+    }
+
+    /// Sends `to` the positions it is owed below `seq`, if any, ahead of `seq` itself.
+    fn deliver_owed_before(&mut self, to: NodeId, seq: u64) {
+        let Some(locker) = self.locker.as_mut() else { return };
+        let Some(&(first, _)) = locker.owed.get(&to) else { return };
+        locker.owed.remove(&to);
+        if first < seq {
+            self.counters.owed_with_delivery += 1;
+            self.send_catchup(to, false, first, seq - 1);
+        }
     }
 
     /// Sends the members outside the eager sets the positions they are owed: those whose
@@ -497,7 +519,7 @@ impl Gup {
             return;
         }
         locker.queued_since = None;
-        locker.grantable_since = None;
+        let grantable_since = locker.grantable_since.take();
         let queued = std::mem::take(&mut locker.queued);
         let mut fresh = Vec::with_capacity(queued.len());
         for part in queued {
@@ -526,6 +548,7 @@ impl Gup {
                 }
             }
             locker.pending.insert(seq, now);
+            self.timing.granted(now, seq, grantable_since);
             if combined {
                 self.counters.combined += 1;
                 let origins: Vec<NodeId> = chunk.iter().map(|p| p.origin).filter(|&o| o != self.me).collect();
@@ -537,6 +560,14 @@ impl Gup {
             if combined {
                 let origins: Vec<NodeId> = chunk.iter().map(|p| p.origin).collect();
                 self.deliver_combined(now, epoch, seq, entry, &origins);
+            }
+            if !combined {
+                // Its sender transmits it to every member: those owed earlier positions get
+                // them first, or they would hold it over a hole (see `deliver_combined`).
+                let owed: Vec<NodeId> = self.locker.as_ref().expect("locker").owed.keys().copied().collect();
+                for to in owed {
+                    self.deliver_owed_before(to, seq);
+                }
             }
             // The delivery of a combined entry is its senders' grant (see `on_batch`).
             let me = self.me;
@@ -631,6 +662,7 @@ impl Gup {
         for to in done.into_values().flatten() {
             if !told.contains(&to) {
                 told.push(to);
+                self.timing.notified(self.last_now, to);
                 self.send(to, Msg::Committed { epoch, upto: commit });
             }
         }

@@ -134,10 +134,12 @@ mod config;
 mod locker;
 mod receiver;
 mod sender;
+mod timing;
 pub mod types;
 pub mod wire;
 
 pub use config::GupConfig;
+pub use timing::{Histogram, Timing};
 pub use types::{BatchId, Entry, Epoch, NodeId, Part, Record, Snapshot, View, VotingConfig};
 pub use wire::Msg;
 
@@ -262,6 +264,10 @@ pub struct Counters {
     /// Catch-ups that delivered owed positions to members outside the eager sets (as
     /// locker; see [`GupConfig::eager_spare`]).
     pub owed_deliveries: u64,
+    /// Owed positions sent to a member right before a position it gets at once (as
+    /// locker): it joined an eager set, and a hole would keep it from acknowledging and
+    /// applying.
+    pub owed_with_delivery: u64,
     /// Sync states of late members not answered with another establishing catch-up because
     /// one went to them less than `heartbeat_interval` before (as locker; repeats that a
     /// partition held back and delivered together).
@@ -353,7 +359,18 @@ pub struct Gup {
     transmits: VecDeque<(NodeId, Msg)>,
     events: VecDeque<Event>,
     counters: Counters,
+    timing: timing::TimingState,
+    /// When `timing` was last reported (a `gup_timing` log line every `TIMING_REPORT`).
+    timing_reported: Instant,
+    /// The commit last seen by `timing`, and the member whose acknowledgement came last.
+    timing_commit: u64,
+    last_ack_from: Option<NodeId>,
+    /// The members that got the last combined position at once.
+    last_eager: Vec<NodeId>,
 }
+
+/// How often the `gup_timing` histograms are logged (at info level, target `gup_timing`).
+const TIMING_REPORT: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Gup {
     /// A participant that starts a new cluster whose first voting configuration is
@@ -503,6 +520,11 @@ impl Gup {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             counters: Counters::default(),
+            timing: timing::TimingState::default(),
+            timing_reported: now,
+            timing_commit: 0,
+            last_ack_from: None,
+            last_eager: Vec::new(),
         }
     }
 
@@ -564,6 +586,36 @@ impl Gup {
     /// Counters.
     pub fn counters(&self) -> Counters {
         self.counters
+    }
+
+    /// Where positions spent their time, since the last `gup_timing` report.
+    pub fn timing(&self) -> Timing {
+        self.timing.timing
+    }
+
+    fn observe_timing(&mut self, now: Instant) {
+        let from = self.last_ack_from.take();
+        if self.commit > self.timing_commit {
+            self.timing_commit = self.commit;
+            if self.is_locker() {
+                let by_owed = from.is_some_and(|f| !self.last_eager.contains(&f));
+                self.timing.committed(now, self.commit, from.is_some(), by_owed);
+            }
+        }
+        if now >= self.timing_reported + TIMING_REPORT {
+            self.timing_reported = now;
+            let t = std::mem::take(&mut self.timing.timing);
+            if t != Timing::default() {
+                tracing::info!(
+                    target: "gup_timing",
+                    me = %self.me,
+                    locker = self.is_locker(),
+                    commit = self.commit,
+                    "commit {} | first_ack {} | quorum_ack {} | gap {} | sender_return {} | hold {} | ack_delay {} | own_apply {} | quorum_by_owed {} | own_over_hole {}",
+                    t.commit, t.first_ack, t.quorum_ack, t.gap, t.sender_return, t.hold, t.ack_delay, t.own_apply, t.quorum_by_owed, t.own_over_hole
+                );
+            }
+        }
     }
 
     /// The current view, if one was installed.
@@ -889,6 +941,7 @@ impl Gup {
         self.promised = epoch;
         self.normal = false;
         self.establishing = None;
+        self.timing.reset();
         self.peer_prefix.clear();
         self.ack_wanted.clear();
         if epoch.locker != self.me {
@@ -965,6 +1018,7 @@ impl Gup {
 
     fn after_input(&mut self, now: Instant) {
         self.commit_from_acks();
+        self.observe_timing(now);
         self.notify_commits();
         self.apply_committed();
         self.drive_config(now);

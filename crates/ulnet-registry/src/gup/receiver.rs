@@ -132,6 +132,9 @@ impl Gup {
         if let Entry::Updates { parts } = &entry {
             if from == epoch.locker && parts.len() > 1 {
                 let mine: Vec<BatchId> = parts.iter().filter(|p| p.origin == self.me).map(|p| p.batch).collect();
+                if !mine.is_empty() && self.contiguous + 1 < seq {
+                    self.timing.timing.own_over_hole += 1;
+                }
                 for batch in mine {
                     self.on_grant_combined(now, from, epoch, batch, seq);
                 }
@@ -142,6 +145,7 @@ impl Gup {
         }
         self.granted_known = self.granted_known.max(seq);
         self.learn_commit(commit);
+        self.timing.arrived(now, seq);
         self.ack_wanted.entry(seq).or_default().push(from);
         self.send_due_acks();
     }
@@ -155,6 +159,9 @@ impl Gup {
         let upto = self.durable_prefix;
         let rest = self.ack_wanted.split_off(&(upto + 1));
         let due = std::mem::replace(&mut self.ack_wanted, rest);
+        if !due.is_empty() {
+            self.timing.acknowledged(self.last_now, upto);
+        }
         let mut told: Vec<NodeId> = Vec::new();
         for to in due.into_values().flatten() {
             if !told.contains(&to) {
@@ -166,13 +173,18 @@ impl Gup {
         }
     }
 
-    pub(super) fn on_ack(&mut self, _now: Instant, from: NodeId, epoch: Epoch, upto: u64, round: u64) {
+    pub(super) fn on_ack(&mut self, now: Instant, from: NodeId, epoch: Epoch, upto: u64, round: u64) {
         if epoch != self.promised || !self.normal {
             self.counters.stale += 1;
             return;
         }
         let p = self.peer_prefix.entry(from).or_insert(0);
+        let old = *p;
         *p = (*p).max(upto);
+        if upto > old && self.locker.is_some() {
+            self.timing.acked(now, old, upto);
+            self.last_ack_from = Some(from);
+        }
         if let Some(locker) = &mut self.locker {
             locker.mark_synced(from);
         }

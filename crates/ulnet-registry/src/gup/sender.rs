@@ -257,6 +257,9 @@ impl Gup {
     /// The entry of one of my batches was applied at `seq`: its clients are answered.
     pub(super) fn sender_applied(&mut self, batch: BatchId, seq: u64) {
         if let Some(flight) = self.sender.flights.remove(&batch) {
+            if flight.by_locker {
+                self.timing.own_applied(self.last_now, flight.last_sent);
+            }
             for (id, _) in flight.ids {
                 self.events.push_back(Event::Committed { id, seq });
             }

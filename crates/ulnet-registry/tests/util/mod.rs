@@ -352,7 +352,7 @@ impl SimNode {
                     self.state_seq = seq;
                     self.state_hash = mix(self.state_hash, &entry);
                     let ops: Vec<Op> = entry.updates().filter_map(|u| Op::decode(u).ok()).collect();
-                    self.store.apply(seq, ops);
+                    self.store.apply(seq, ops, |_, _| {});
                     let updates = entry.updates().map(|u| u.to_vec()).collect();
                     self.world.borrow_mut().applied(self.me, seq, self.state_hash, updates);
                     if seq % self.compact_every == 0 {
