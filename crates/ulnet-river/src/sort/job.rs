@@ -88,10 +88,30 @@ impl SortJob {
         PathBuf::from(format!("{}.sum", self.output.display()))
     }
 
-    /// Files a failed run may leave behind, for a launcher to remove.
+    /// Where the temporary group and run files go: `temp_dir`, or the output's directory.
+    pub fn temp_directory(&self) -> PathBuf {
+        self.temp_dir.clone().unwrap_or_else(|| {
+            self.output
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .map_or_else(|| ".".into(), std::path::Path::to_path_buf)
+        })
+    }
+
+    /// Start of the names of node `rank`'s temporary files.
+    pub fn temp_prefix(&self, rank: usize) -> PathBuf {
+        self.temp_directory().join(format!(".ulnet-sort-{}-{rank}", self.job))
+    }
+
+    /// Files a failed run may leave behind, for a launcher to remove: the partial outputs,
+    /// and the temporary files of this run that a killed node could not remove.
     pub fn partial_files(&self) -> Vec<PathBuf> {
         let mut v = vec![self.partial_output()];
         v.extend((0..self.nodes).map(|r| self.partial_partition_file(r)));
+        let ours = format!(".ulnet-sort-{}-", self.job);
+        if let Ok(dir) = std::fs::read_dir(self.temp_directory()) {
+            v.extend(dir.flatten().filter(|e| e.file_name().to_string_lossy().starts_with(&ours)).map(|e| e.path()));
+        }
         v
     }
 }

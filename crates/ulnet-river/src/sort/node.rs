@@ -314,7 +314,9 @@ impl OutputWriter<'_> {
             };
             self.disk = Some(match direct {
                 Some(d) => OutputDisk::Direct(d),
-                None if self.inline_io => OutputDisk::Buffered(DiskSink::inline(file.clone(), offset, pool, RECORD_SIZE)),
+                None if self.inline_io => {
+                    OutputDisk::Buffered(DiskSink::inline(file.clone(), offset, pool, RECORD_SIZE))
+                }
                 None => OutputDisk::Buffered(DiskSink::new(file.clone(), offset, pool, RECORD_SIZE)),
             });
             self.file = Some(file);
@@ -455,10 +457,7 @@ pub fn run_node(
         // Address space for the whole input: a partition can never be larger.
         None => RecordStore::in_memory(RECORD_SIZE, total as usize),
         Some(arena) => {
-            let dir = job.temp_dir.clone().unwrap_or_else(|| {
-                job.output.parent().filter(|p| !p.as_os_str().is_empty()).map_or_else(|| ".".into(), Path::to_path_buf)
-            });
-            let prefix = dir.join(format!(".ulnet-sort-{}-{rank}", job.job));
+            let prefix = job.temp_prefix(rank);
             RecordStore::spilling(
                 RECORD_SIZE,
                 arena.min(expected + expected / 8).max(RECORD_SIZE),
@@ -468,9 +467,9 @@ pub fn run_node(
         }
     };
     let river = River::new(ep, rank, peers, store, river_config, Some(bell.clone()));
-    let ctx = NodeContext { job, river: &river, rank, size, total, slice: first..last, inline_io };
+    let ctx = NodeContext { job, river: &river, rank, size, total, slice: first..last, inline_io, direct_output };
     let times = (launched, connected);
-    let result = node_body(&ctx, sampled, &bell, &write_pool, &plan, direct_output, times, progress);
+    let result = node_body(&ctx, sampled, &bell, &write_pool, &plan, times, progress);
     match result {
         Ok(report) => {
             river.shutdown();
@@ -503,6 +502,8 @@ struct NodeContext<'a> {
     slice: std::ops::Range<u64>,
     /// Disk I/O in the node's own thread (no reader or writer thread).
     inline_io: bool,
+    /// The output is written with direct I/O ([`DirectSink`]).
+    direct_output: bool,
 }
 
 fn node_body(
@@ -511,11 +512,10 @@ fn node_body(
     bell: &Doorbell,
     write_pool: &MemPool,
     plan: &MemoryPlan,
-    direct_output: bool,
     (launched_s, connected_s): (f64, f64),
     progress: &mut dyn FnMut(Phase, u64),
 ) -> Result<Option<SortReport>, RiverError> {
-    let NodeContext { job, river, rank, size, total, ref slice, inline_io } = *ctx;
+    let NodeContext { job, river, rank, size, total, ref slice, inline_io, direct_output } = *ctx;
     let since_start = || (now_ns().saturating_sub(job.start_unix_ns)) as f64 / 1e9;
     let input_err = |e: std::io::Error| RiverError::io(format!("reading {}", job.input.display()), e);
 
