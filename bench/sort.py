@@ -88,7 +88,10 @@ def run_case(name, peer_name, peer_cmd, ours, rounds, records, outputs, goal):
                          temp_gb=max(sum(n["temp_bytes"] for n in p["per_node"]) for p in phases[label]) / 1e9
                          if "temp_bytes" in phases[label][0]["per_node"][0] else None,
                          resident=max(sum(n["resident_groups"] for n in p["per_node"]) for p in phases[label])
-                         if "resident_groups" in phases[label][0]["per_node"][0] else None))
+                         if "resident_groups" in phases[label][0]["per_node"][0] else None,
+                         # How the nodes wrote the output (builds before direct output: n/a).
+                         output_io="/".join(sorted({n.get("output_io") or "n/a" for p in phases[label]
+                                                    for n in p["per_node"]}))))
         print(f"{name:12} {label:28} ulnet {mo:8.3f} s  {peer_name} {mp:8.3f} s  ratio {ratio:6.3f}  "
               f"goal <={goal}  {'PASS' if ratio <= goal else 'MISS'}", flush=True)
     return rows
@@ -158,14 +161,15 @@ def main():
                         + (f"{r['rss_mib']:.0f} |\n" if r["rss_mib"] else "n/a (not reported by this build) |\n"))
             f.write("\nCPU time of ulnet (medians over the rounds, summed over its nodes: user and system "
                     "seconds) and, in external mode, the bytes it wrote to temporary group files (all nodes) "
-                    "and the key-range groups whose later records stayed in memory (all nodes):\n\n"
-                    "| case | ulnet | CPU user | CPU system | temporary GB written | resident groups |\n"
-                    "|---|---|---|---|---|---|\n")
+                    "and the key-range groups whose later records stayed in memory (all nodes), and how the nodes wrote "
+                    "the output (direct or buffered):\n\n"
+                    "| case | ulnet | CPU user | CPU system | temporary GB written | resident groups | output written |\n"
+                    "|---|---|---|---|---|---|---|\n")
             for r in rows:
                 temp = "n/a" if r["temp_gb"] is None else f"{r['temp_gb']:.2f}"
                 resident = "n/a" if r["resident"] is None else r["resident"]
                 f.write(f"| {r['case']} | {r['label']} | {r['cpu_user']:.2f} | {r['cpu_sys']:.2f} | "
-                        f"{temp} | {resident} |\n")
+                        f"{temp} | {resident} | {r['output_io']} |\n")
             f.write("\nCommands (run alternately, peer first in each round):\n\n")
             for r in rows:
                 f.write(f"- {r['case']}, {r['label']}: `{r['cmd']}` vs `{r['peer_cmd']}`; ulnet runs "
