@@ -7,6 +7,8 @@
 //!   registered (faulted in and locked) for the network ([`pool`]).
 //! * [`Source`] and [`Sink`] (record and buffer granularity), composed with [`pump`]
 //!   ([`flow`]).
+//! * [`direct::DirectSink`]: one writer's range of a shared file written with `O_DIRECT`
+//!   (whole blocks; the partial edge blocks through the page cache) ([`direct`]).
 //! * [`DiskSource`] and [`DiskSink`]: asynchronous reads ahead and writes behind on
 //!   threads of their own ([`disk`]).
 //! * [`NetSink`] and [`NetSource`]: records to and from other nodes over ulnet channels,
@@ -22,6 +24,7 @@
 #![deny(missing_docs)]
 
 pub mod credit;
+pub mod direct;
 pub mod disk;
 mod doorbell;
 pub mod error;

@@ -93,6 +93,14 @@ fn matrix(format: RecordFormat) {
             "resident groups: {r}"
         );
         assert!(r["imbalance"].as_f64().unwrap() < 1.15, "partitions unbalanced: {r}");
+        // External mode writes the output directly (whole blocks, O_DIRECT) by default;
+        // the page-cache path stays available and correct.
+        assert!(per_node.iter().all(|n| n["output_io"] == "direct"), "direct output: {r}");
+        if nodes == "2" {
+            let args = ["--nodes", nodes, "--memory", "24MiB", "--verify", "--output-io", "buffered"];
+            let r = sort_and_check(&input, &output, sum, n, &args);
+            assert!(r["per_node"].as_array().unwrap().iter().all(|n| n["output_io"] == "buffered"), "{r}");
+        }
     }
 }
 
@@ -137,27 +145,24 @@ fn partitioned_output_validates_with_valsort_summaries() {
     let prefix = dir.path().join("part");
     let sum = gensort(&input, 100_000, RecordFormat { ascii: false, skewed: true });
     let p = prefix.to_str().unwrap();
-    let out = ulnet(&[
-        "sort",
-        "--input",
-        input.to_str().unwrap(),
-        "--output",
-        p,
-        "--nodes",
-        "3",
-        "--partitioned",
-        "--verify",
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let mut total = Checksum::default();
-    for r in 0..3 {
-        total += summary_of(&PathBuf::from(format!("{p}.{r:05}"))).checksum;
+    for io in ["buffered", "direct"] {
+        let args = ["--nodes", "3", "--partitioned", "--verify", "--json", "--output-io", io];
+        let out = ulnet(&[&["sort", "--input", input.to_str().unwrap(), "--output", p][..], &args].concat());
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let r = json_of(&out);
+        assert!(r["per_node"].as_array().unwrap().iter().all(|n| n["output_io"] == io), "{r}");
+        let mut total = Checksum::default();
+        for r in 0..3 {
+            let part = PathBuf::from(format!("{p}.{r:05}"));
+            total += summary_of(&part).checksum;
+            assert_eq!(std::fs::metadata(&part).unwrap().len() % 100, 0, "whole records, no preallocated tail");
+        }
+        assert_eq!(total, sum);
+        let v = ulnet(&["valsort", "-s", &format!("{p}.sum")]);
+        let text = String::from_utf8_lossy(&v.stderr);
+        assert!(v.status.success() && text.contains("SUCCESS"), "{text}");
+        assert!(text.contains(&format!("Checksum: {sum}")), "{text}");
     }
-    assert_eq!(total, sum);
-    let v = ulnet(&["valsort", "-s", &format!("{p}.sum")]);
-    let text = String::from_utf8_lossy(&v.stderr);
-    assert!(v.status.success() && text.contains("SUCCESS"), "{text}");
-    assert!(text.contains(&format!("Checksum: {sum}")), "{text}");
 }
 
 #[test]
@@ -250,6 +255,67 @@ fn a_node_killed_mid_sort_fails_the_sort_naming_it() {
     assert!(!output.exists(), "no output file after a failed sort");
     let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(leftovers, vec![std::ffi::OsString::from("in.dat")], "no partial files left");
+}
+
+#[test]
+fn a_node_killed_while_writing_directly_fails_the_sort_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.dat");
+    let output = dir.path().join("out.dat");
+    gensort(&input, 1_000_000, RecordFormat::BINARY);
+    // External mode (direct output by default); each node pauses 100 ms after each of its
+    // ~60 output buffers, so it writes for seconds. Node 1 is killed once its direct
+    // writer thread exists: in the middle of writing its partition, with its neighbours
+    // writing theirs.
+    let mut child = Command::new(ULNET)
+        .args(["sort", "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()])
+        .args(["--nodes", "3", "--memory", "24MiB", "--print-pids", "--debug-write-delay-ms", "100"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut victim = None;
+    let mut text = String::new();
+    while victim.is_none() {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        if let Some(pid) = line.trim().strip_prefix("ulnet sort: node 1 pid ") {
+            victim = Some(pid.parse::<i32>().unwrap());
+        }
+        text += &line;
+    }
+    let victim = victim.unwrap_or_else(|| panic!("no pid of node 1 in: {text}"));
+    let writing = || {
+        std::fs::read_dir(format!("/proc/{victim}/task"))
+            .map(|d| {
+                d.flatten().any(|t| {
+                    std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("river-direct"))
+                })
+            })
+            .unwrap_or(false)
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !writing() {
+        assert!(Instant::now() < deadline, "node 1 never started writing its partition");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let started = Instant::now();
+    assert_eq!(unsafe_free_kill(victim), 0, "kill node 1");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    let status = child.wait().unwrap();
+    text += &rest;
+    assert!(!status.success(), "the sort must fail: {text}");
+    assert!(started.elapsed() < Duration::from_secs(20), "the failure must be noticed promptly");
+    let last = text.lines().last().unwrap_or("");
+    assert!(last.contains("node 1") && last.contains("killed by signal 9"), "last line names the node: {text}");
+    assert!(!output.exists(), "no output file after a failed sort");
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(leftovers, vec![std::ffi::OsString::from("in.dat")], "no partial or group files left");
 }
 
 /// Sends SIGKILL with the `kill` command (no unsafe code in tests).

@@ -15,6 +15,22 @@ pub enum FormatChoice {
     Binary,
 }
 
+/// How the sorted output reaches the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputIo {
+    /// Direct in external mode (where the output is larger than memory and nodes write
+    /// it beside a second pass reading group files), buffered otherwise (in-memory sorts,
+    /// whose output is small enough to leave in the page cache as GNU sort and `cp` do).
+    Auto,
+    /// Through the page cache.
+    Buffered,
+    /// Whole blocks with `O_DIRECT` into a preallocated file (the partial blocks at the
+    /// partitions' edges through the page cache); buffered where the file system refuses
+    /// direct I/O.
+    Direct,
+}
+
 /// One sort, as every node sees it (every node is started with the same job).
 #[derive(Clone, Debug)]
 pub struct SortJob {
@@ -44,6 +60,11 @@ pub struct SortJob {
     /// Pause after each buffer read, in ms (for failure tests: keeps a sort running long
     /// enough to kill a node in the middle of it).
     pub read_delay_ms: u64,
+    /// Pause after each output buffer handed to the writer, in ms (for failure tests:
+    /// kills a node while it writes).
+    pub write_delay_ms: u64,
+    /// How the output is written.
+    pub output_io: OutputIo,
 }
 
 impl SortJob {
@@ -67,10 +88,30 @@ impl SortJob {
         PathBuf::from(format!("{}.sum", self.output.display()))
     }
 
-    /// Files a failed run may leave behind, for a launcher to remove.
+    /// Where the temporary group and run files go: `temp_dir`, or the output's directory.
+    pub fn temp_directory(&self) -> PathBuf {
+        self.temp_dir.clone().unwrap_or_else(|| {
+            self.output
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .map_or_else(|| ".".into(), std::path::Path::to_path_buf)
+        })
+    }
+
+    /// Start of the names of node `rank`'s temporary files.
+    pub fn temp_prefix(&self, rank: usize) -> PathBuf {
+        self.temp_directory().join(format!(".ulnet-sort-{}-{rank}", self.job))
+    }
+
+    /// Files a failed run may leave behind, for a launcher to remove: the partial outputs,
+    /// and the temporary files of this run that a killed node could not remove.
     pub fn partial_files(&self) -> Vec<PathBuf> {
         let mut v = vec![self.partial_output()];
         v.extend((0..self.nodes).map(|r| self.partial_partition_file(r)));
+        let ours = format!(".ulnet-sort-{}-", self.job);
+        if let Ok(dir) = std::fs::read_dir(self.temp_directory()) {
+            v.extend(dir.flatten().filter(|e| e.file_name().to_string_lossy().starts_with(&ours)).map(|e| e.path()));
+        }
         v
     }
 }
@@ -127,6 +168,9 @@ pub struct NodeReport {
     /// Bytes written to temporary group files (external mode).
     #[serde(default)]
     pub temp_bytes: u64,
+    /// How its partition was written: "direct" or "buffered".
+    #[serde(default)]
+    pub output_io: String,
     /// Seconds receiving stopped to move the full arena to the group files (external mode).
     pub spill_s: f64,
     /// Records sent to other nodes.

@@ -21,5 +21,5 @@ pub mod radix;
 pub mod store;
 pub mod usage;
 
-pub use job::{FormatChoice, NodeReport, SortJob, SortReport};
+pub use job::{FormatChoice, NodeReport, OutputIo, SortJob, SortReport};
 pub use node::{run_node, NodePlace, Phase};

@@ -16,10 +16,11 @@
 //! every node has written its part.
 
 use super::bucket::{KeyBuckets, BLOCK_BYTES};
-use super::job::{FormatChoice, NodeReport, SortJob, SortReport};
+use super::job::{FormatChoice, NodeReport, OutputIo, SortJob, SortReport};
 use super::radix::entry;
 use super::store::RecordStore;
 use super::usage::Usage;
+use crate::direct::{preallocate, DirectSink, BLOCK};
 use crate::disk::{DiskSink, DiskSource, Poll};
 use crate::error::RiverError;
 use crate::flow::{Sink, SpaceSink};
@@ -29,7 +30,7 @@ use crate::pool::MemPool;
 use crate::river::{River, RiverConfig};
 use crate::Doorbell;
 use std::fs::{File, OpenOptions};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ulnet_sortbench::{Checksum, Summary, Validator, RECORD_SIZE, SUMMARY_SIZE};
@@ -265,32 +266,58 @@ fn sample_slice(input: &Path, slice: std::ops::Range<u64>) -> std::io::Result<(V
     Ok((samples, ascii))
 }
 
+/// Where the sorted records go: a [`DiskSink`] (through the page cache) or a
+/// [`DirectSink`] (whole blocks with `O_DIRECT`).
+enum OutputDisk {
+    Buffered(DiskSink),
+    Direct(DirectSink),
+}
+
 /// The sorted output's way to disk: records are copied once, straight into the disk
 /// sink's buffers it lends; each full buffer is validated (valsort's checks, with verify)
 /// and handed to the writer thread.
 struct OutputWriter<'a> {
     /// Finds the output file and this partition's offset in it (once).
-    locate: &'a mut dyn FnMut() -> Result<(Arc<File>, u64), RiverError>,
-    disk: Option<DiskSink>,
+    locate: &'a mut dyn FnMut() -> Result<(Arc<File>, PathBuf, u64), RiverError>,
+    disk: Option<OutputDisk>,
     file: Option<Arc<File>>,
     pool: MemPool,
     inline_io: bool,
-    current: Option<crate::Buffer>,
+    /// Write whole blocks directly (the pool's buffers have a block of headroom).
+    direct: bool,
+    /// The buffer being filled, and where its records start in it (after the headroom a
+    /// direct sink asks for).
+    current: Option<(crate::Buffer, usize)>,
     validator: Option<Validator>,
     records: u64,
     progress: &'a mut dyn FnMut(Phase, u64),
     last_progress: Instant,
+    /// Pause after each buffer handed over (failure tests).
+    delay: Duration,
 }
 
 impl OutputWriter<'_> {
-    fn disk(&mut self) -> Result<&mut DiskSink, RiverError> {
+    fn disk(&mut self) -> Result<&mut OutputDisk, RiverError> {
         if self.disk.is_none() {
-            let (file, offset) = (self.locate)()?;
+            let (file, path, offset) = (self.locate)()?;
             let pool = self.pool.clone();
-            self.disk = Some(if self.inline_io {
-                DiskSink::inline(file.clone(), offset, pool, RECORD_SIZE)
+            let direct = if self.direct {
+                match DirectSink::open(&path, offset, pool.clone()) {
+                    Ok(d) => Some(d),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "direct output refused; writing through the page cache");
+                        None
+                    }
+                }
             } else {
-                DiskSink::new(file.clone(), offset, pool, RECORD_SIZE)
+                None
+            };
+            self.disk = Some(match direct {
+                Some(d) => OutputDisk::Direct(d),
+                None if self.inline_io => {
+                    OutputDisk::Buffered(DiskSink::inline(file.clone(), offset, pool, RECORD_SIZE))
+                }
+                None => OutputDisk::Buffered(DiskSink::new(file.clone(), offset, pool, RECORD_SIZE)),
             });
             self.file = Some(file);
         }
@@ -298,16 +325,25 @@ impl OutputWriter<'_> {
     }
 
     fn hand_over(&mut self) -> Result<(), RiverError> {
-        if let Some(full) = self.current.take() {
+        if let Some((full, start)) = self.current.take() {
             if let Some(v) = &mut self.validator {
-                v.push(full.as_slice());
+                v.push(&full.as_slice()[start..]);
             }
-            self.records += (full.len() / RECORD_SIZE) as u64;
+            self.records += ((full.len() - start) / RECORD_SIZE) as u64;
             if self.last_progress.elapsed() > Duration::from_millis(50) {
                 (self.progress)(Phase::Write, self.records);
                 self.last_progress = Instant::now();
             }
-            self.disk()?.sink_buffer(full)?;
+            match self.disk()? {
+                OutputDisk::Buffered(d) => {
+                    debug_assert_eq!(start, 0);
+                    d.sink_buffer(full)?
+                }
+                OutputDisk::Direct(d) => d.sink(full, start)?,
+            }
+            if !self.delay.is_zero() {
+                std::thread::sleep(self.delay);
+            }
         }
         Ok(())
     }
@@ -315,7 +351,18 @@ impl OutputWriter<'_> {
     fn close(&mut self) -> Result<(), RiverError> {
         self.hand_over()?;
         (self.progress)(Phase::Write, self.records);
-        self.disk()?.close()
+        match self.disk()? {
+            OutputDisk::Buffered(d) => d.close(),
+            OutputDisk::Direct(d) => d.close().map(|_| ()),
+        }
+    }
+
+    /// How the partition was written (once placed).
+    fn io_name(&self) -> &'static str {
+        match self.disk {
+            Some(OutputDisk::Direct(_)) => "direct",
+            _ => "buffered",
+        }
     }
 }
 
@@ -323,18 +370,28 @@ impl SpaceSink for OutputWriter<'_> {
     #[inline]
     fn space(&mut self) -> Result<&mut [u8], RiverError> {
         if self.current.is_none() {
-            self.current = Some(self.pool.get());
+            let mut b = self.pool.get();
+            // A direct sink wants the records where the block boundary falls; before the
+            // partition is placed that is not known, and the writer moves them.
+            let start = match &self.disk {
+                Some(OutputDisk::Direct(d)) => d.headroom(),
+                _ => 0,
+            };
+            b.set_len(start);
+            self.current = Some((b, start));
         }
-        let current = self.current.as_mut().expect("made above");
-        let room = current.remaining() / RECORD_SIZE * RECORD_SIZE;
+        let (current, start) = self.current.as_mut().expect("made above");
+        let usable = if self.direct { current.capacity() - BLOCK } else { current.capacity() };
+        let room = (*start + usable - current.len()) / RECORD_SIZE * RECORD_SIZE;
         Ok(&mut current.spare_mut()[..room])
     }
 
     #[inline]
     fn commit(&mut self, bytes: usize) -> Result<(), RiverError> {
-        let current = self.current.as_mut().expect("space was lent");
+        let (current, start) = self.current.as_mut().expect("space was lent");
         current.set_len(current.len() + bytes);
-        if current.remaining() < RECORD_SIZE {
+        let usable = if self.direct { current.capacity() - BLOCK } else { current.capacity() };
+        if *start + usable - current.len() < RECORD_SIZE {
             self.hand_over()?;
         }
         Ok(())
@@ -385,17 +442,22 @@ pub fn run_node(
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let inline_io = plan.arena_bytes.is_none() && nodes_here >= cores;
     let io_buffers = if inline_io { INLINE_IO_BUFFERS } else { IO_BUFFERS };
-    let write_pool = MemPool::sector_aligned(io_buffers, plan.io_buffer_bytes, 4096)
+    let direct_output = match job.output_io {
+        OutputIo::Auto => plan.arena_bytes.is_some(),
+        OutputIo::Direct => true,
+        OutputIo::Buffered => false,
+    };
+    // A direct writer's buffers keep a block in front of the records for the bytes of
+    // the block the previous buffer ended in.
+    let write_bytes = plan.io_buffer_bytes + if direct_output { BLOCK } else { 0 };
+    let write_pool = MemPool::sector_aligned(io_buffers, write_bytes, 4096)
         .map_err(|e| RiverError::io("allocating write buffers", e))?;
 
     let store = match plan.arena_bytes {
         // Address space for the whole input: a partition can never be larger.
         None => RecordStore::in_memory(RECORD_SIZE, total as usize),
         Some(arena) => {
-            let dir = job.temp_dir.clone().unwrap_or_else(|| {
-                job.output.parent().filter(|p| !p.as_os_str().is_empty()).map_or_else(|| ".".into(), Path::to_path_buf)
-            });
-            let prefix = dir.join(format!(".ulnet-sort-{}-{rank}", job.job));
+            let prefix = job.temp_prefix(rank);
             RecordStore::spilling(
                 RECORD_SIZE,
                 arena.min(expected + expected / 8).max(RECORD_SIZE),
@@ -405,7 +467,7 @@ pub fn run_node(
         }
     };
     let river = River::new(ep, rank, peers, store, river_config, Some(bell.clone()));
-    let ctx = NodeContext { job, river: &river, rank, size, total, slice: first..last, inline_io };
+    let ctx = NodeContext { job, river: &river, rank, size, total, slice: first..last, inline_io, direct_output };
     let times = (launched, connected);
     let result = node_body(&ctx, sampled, &bell, &write_pool, &plan, times, progress);
     match result {
@@ -440,6 +502,8 @@ struct NodeContext<'a> {
     slice: std::ops::Range<u64>,
     /// Disk I/O in the node's own thread (no reader or writer thread).
     inline_io: bool,
+    /// The output is written with direct I/O ([`DirectSink`]).
+    direct_output: bool,
 }
 
 fn node_body(
@@ -451,7 +515,7 @@ fn node_body(
     (launched_s, connected_s): (f64, f64),
     progress: &mut dyn FnMut(Phase, u64),
 ) -> Result<Option<SortReport>, RiverError> {
-    let NodeContext { job, river, rank, size, total, ref slice, inline_io } = *ctx;
+    let NodeContext { job, river, rank, size, total, ref slice, inline_io, direct_output } = *ctx;
     let since_start = || (now_ns().saturating_sub(job.start_unix_ns)) as f64 / 1e9;
     let input_err = |e: std::io::Error| RiverError::io(format!("reading {}", job.input.display()), e);
 
@@ -475,7 +539,11 @@ fn node_body(
         all.sort_unstable();
         let splitters = splitters_from(&all, size);
         // The output exists, at its full length, before anyone writes to it.
-        if !job.partitioned {
+        // Direct writers overwrite its blocks allocated up front (ext4 lets such writes
+        // run side by side).
+        if !job.partitioned && direct_output {
+            preallocate(&job.partial_output(), total * RECORD_SIZE as u64)?;
+        } else if !job.partitioned {
             let f = File::create(job.partial_output())
                 .map_err(|e| RiverError::io(format!("creating {}", job.partial_output().display()), e))?;
             f.set_len(total * RECORD_SIZE as u64).map_err(|e| RiverError::io("sizing the output", e))?;
@@ -561,7 +629,7 @@ fn node_body(
     for j in (0..size).filter(|&j| j != rank) {
         river.send_control(j, TAG_COUNT, &my_records.to_le_bytes())?;
     }
-    let mut locate = || -> Result<(Arc<File>, u64), RiverError> {
+    let mut locate = || -> Result<(Arc<File>, PathBuf, u64), RiverError> {
         let mut counts = vec![0u64; size];
         counts[rank] = my_records;
         for (j, count) in counts.iter_mut().enumerate().filter(|&(j, _)| j != rank) {
@@ -578,19 +646,23 @@ fn node_body(
                 reason: format!("partitions hold {} records, the input {total}", counts.iter().sum::<u64>()),
             });
         }
-        let (file, offset) = if job.partitioned {
+        let (file, path, offset) = if job.partitioned {
             let path = job.partial_partition_file(rank);
-            let f = File::create(&path).map_err(|e| RiverError::io(format!("creating {}", path.display()), e))?;
-            (f, 0)
+            let f = if direct_output {
+                preallocate(&path, my_records * RECORD_SIZE as u64)?
+            } else {
+                File::create(&path).map_err(|e| RiverError::io(format!("creating {}", path.display()), e))?
+            };
+            (f, path, 0)
         } else {
             let path = job.partial_output();
             let f = OpenOptions::new()
                 .write(true)
                 .open(&path)
                 .map_err(|e| RiverError::io(format!("opening {}", path.display()), e))?;
-            (f, counts[..rank].iter().sum::<u64>() * RECORD_SIZE as u64)
+            (f, path, counts[..rank].iter().sum::<u64>() * RECORD_SIZE as u64)
         };
-        Ok((Arc::new(file), offset))
+        Ok((Arc::new(file), path, offset))
     };
 
     // Sort, writing as each buffer fills (behind the sort on a writer thread, or in turn
@@ -601,11 +673,13 @@ fn node_body(
         file: None,
         pool: write_pool.clone(),
         inline_io,
+        direct: direct_output,
         current: None,
         validator: job.verify.then(Validator::default),
         records: 0,
         progress,
         last_progress: Instant::now(),
+        delay: Duration::from_millis(job.write_delay_ms),
     };
     let groups = store.write_sorted(&mut out, plan.io_buffer_bytes, plan.merge_read_bytes)?;
     out.hand_over()?;
@@ -613,6 +687,7 @@ fn node_body(
     out.close()?;
     let summary = out.validator.take().map(Validator::finish);
     let file = out.file.take().expect("closing placed the partition");
+    let output_io = out.io_name().to_string();
     drop(out);
     if job.fsync {
         file.sync_all().map_err(|e| RiverError::io("syncing the output", e))?;
@@ -644,6 +719,7 @@ fn node_body(
         runs: groups.runs,
         resident_groups: groups.resident_groups,
         temp_bytes: groups.temp_bytes,
+        output_io,
         spill_s,
         records_sent: counters.records_sent,
         credit_waits: counters.credit_waits,

@@ -24,7 +24,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ulnet_river::mesh::{MeshConfig, MeshTransport};
 use ulnet_river::sort::launch::{from_mpi, from_slurm};
-use ulnet_river::sort::{run_node, FormatChoice, NodePlace, Phase, SortJob, SortReport};
+use ulnet_river::sort::{run_node, FormatChoice, NodePlace, OutputIo, Phase, SortJob, SortReport};
 
 /// How the nodes are started.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -105,6 +105,25 @@ pub struct SortArgs {
     /// Pause after each read buffer (ms): keeps a sort running long enough to kill a node.
     #[arg(long, hide = true, default_value_t = 0)]
     debug_read_delay_ms: u64,
+    /// Pause after each output buffer (ms): keeps a node writing long enough to kill it.
+    #[arg(long, hide = true, default_value_t = 0)]
+    debug_write_delay_ms: u64,
+    /// How the output is written: auto (direct in external mode, buffered in memory
+    /// mode), buffered (page cache), direct (O_DIRECT into a preallocated file, whole
+    /// blocks; falls back to buffered where the file system refuses it).
+    #[arg(long, value_enum, default_value_t = OutputIoArg::Auto)]
+    output_io: OutputIoArg,
+}
+
+/// `--output-io` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputIoArg {
+    /// Direct in external mode, buffered in memory mode.
+    Auto,
+    /// Through the page cache.
+    Buffered,
+    /// O_DIRECT whole blocks into a preallocated file.
+    Direct,
 }
 
 /// Arguments of one node started by a launcher (`ulnet sort-node`).
@@ -181,6 +200,12 @@ fn job_of(a: &SortArgs, job: String, nodes: usize, t0: u128) -> SortJob {
         start_unix_ns: t0,
         fsync: a.fsync,
         read_delay_ms: a.debug_read_delay_ms,
+        write_delay_ms: a.debug_write_delay_ms,
+        output_io: match a.output_io {
+            OutputIoArg::Auto => OutputIo::Auto,
+            OutputIoArg::Buffered => OutputIo::Buffered,
+            OutputIoArg::Direct => OutputIo::Direct,
+        },
     }
 }
 
@@ -389,6 +414,13 @@ fn node_args(a: &SortArgs, job: &str, rank: usize, size: usize, t0: u128) -> Vec
     }
     if let Some(f) = &a.secret_file {
         v.extend(["--secret-file".into(), f.display().to_string()]);
+    }
+    if a.debug_write_delay_ms > 0 {
+        v.extend(["--debug-write-delay-ms".into(), a.debug_write_delay_ms.to_string()]);
+    }
+    if a.output_io != OutputIoArg::Auto {
+        let name = clap::ValueEnum::to_possible_value(&a.output_io).expect("no skipped values");
+        v.extend(["--output-io".into(), name.get_name().to_string()]);
     }
     if a.debug_read_delay_ms > 0 {
         v.extend(["--debug-read-delay-ms".into(), a.debug_read_delay_ms.to_string()]);
