@@ -10,13 +10,21 @@
 #                    them (the hooks' cost with the session's background work present in
 #                    both); AB_RUNS runs (default 3) of AB_SECONDS (default 5) each, into
 #                    bench/results/trace-ab.md;
+#   before vs after: rpc-lat 128 B shm, untraced and traced with this build and traced (and
+#                    untraced) with an older binary BEFORE (default
+#                    /var/tmp/ulnet-base-trace-542c17a, main before the compact format v4;
+#                    skipped when missing), and this build traced into a 2-record ring (every
+#                    record dropped and counted: the hooks without ring writes, writer work or
+#                    file), the five alternating round after round
+#                    (bench/alternate.py), BA_ROUNDS rounds (default 15; 0 skips), into
+#                    bench/results/trace-before-after.md, with the file bytes per record of each;
 #   off vs baseline: this build with tracing off against a build of the commit before
 #                    tracing existed (BASE, default 5b66311), alternating (goal: no
 #                    measurable cost, ratio within the run-to-run noise). BASELINE=0 skips it.
 # Every comparison runs under `flock /work/bench.lock` (one benchmark at a time on the shared
 # machine); builds run before, outside the lock. Writes bench/results/trace-on-off.md and
 # bench/results/trace-off-baseline.md; the summary is bench/results/trace.md.
-# Environment: ROUNDS (default 9), AB_RUNS (3; 0 skips), AB_SECONDS (5), BASE, BASELINE (1), LOCK (default /work/bench.lock; empty:
+# Environment: ROUNDS (default 9), BEFORE, BA_ROUNDS (15), AB_RUNS (3; 0 skips), AB_SECONDS (5), BASE, BASELINE (1), LOCK (default /work/bench.lock; empty:
 # no lock), TRACE_DIR (default: a temporary dir).
 # The script takes the lock itself, per comparison: do not wrap it in `flock /work/bench.lock`
 # (the inner flock would wait for the outer forever) unless with LOCK= (one lock for all).
@@ -53,6 +61,24 @@ locked python3 bench/compare.py --rounds "$R" --markdown bench/results/trace-on-
   "rpc-lat 128 B shm, traced vs not|$RPC --trace $TRACE_DIR/rpc.ultrace|$NOW bench $RPC --json|p50_us|<=1.05" \
   "rpc-lat 128 B tcp, traced vs not|$RPCT --trace $TRACE_DIR/rpct.ultrace|$NOW bench $RPCT --json|p50_us|<=1.05" \
   "rpc-lat 128 B shm, NOT traced vs traced with every record timed (ULNET_TRACE_SAMPLE=1)|$RPC|ULNET_TRACE_SAMPLE=1 $NOW bench $RPC --trace $TRACE_DIR/rpcx.ultrace --json|p50_us|>=0.95" || true
+BEFORE=${BEFORE:-/var/tmp/ulnet-base-trace-542c17a}
+if [ "${BA_ROUNDS:-15}" -gt 0 ] && [ -x "$BEFORE" ]; then
+  {
+    echo "# rpc-lat 128 B shm: tracing before and after, alternating (bench/alternate.py)"
+    echo
+    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD) against \`$BEFORE\`; load before: $(uptime | sed 's/.*load/load/')."
+  } >bench/results/trace-before-after.md
+  locked python3 bench/alternate.py --rounds "${BA_ROUNDS:-15}" --markdown bench/results/trace-before-after.md \
+    "off=$NOW bench $RPC --json" \
+    "before traced=$BEFORE bench $RPC --trace $TRACE_DIR/before.ultrace --json" \
+    "after traced=$NOW bench $RPC --trace $TRACE_DIR/after.ultrace --json" \
+    "before off=$BEFORE bench $RPC --json" \
+    "after traced, 2-record ring=ULNET_TRACE_RING=2 $NOW bench $RPC --trace $TRACE_DIR/ring2.ultrace --json" || true
+  for f in before after; do
+    records=$("$NOW" trace analyze "$TRACE_DIR/$f.ultrace" --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["messages"])' 2>/dev/null || echo "?")
+    echo "- $f: trace file $(stat -c %s "$TRACE_DIR/$f.ultrace") bytes for $records messages (a pair record is 2 messages)" | tee -a bench/results/trace-before-after.md
+  done
+fi
 if [ "${AB_RUNS:-3}" -gt 0 ]; then
   {
     echo "# Tracing on vs off in one pair of processes (trace_ab)"

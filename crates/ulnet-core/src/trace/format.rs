@@ -1,11 +1,12 @@
-//! The trace file format: a header, then checksummed blocks of fixed-size records.
+//! The trace file format: a header, then checksummed blocks of records.
 //!
 //! All integers are little-endian. A file is written by one process.
 //!
 //! ```text
 //!  file header (72 bytes)
-//!  0  magic "ULTRACE\0"                8  version u16 (3)     10 header_len u16 (72)
-//!  12 record_len u16 (64)              14 block_header_len u16 (48)
+//!  0  magic "ULTRACE\0"                8  version u16 (4)     10 header_len u16 (72)
+//!  12 record_len u16 (0: compact records of varying length; 64 in versions 2 and 3)
+//!  14 block_header_len u16 (48)
 //!  16 node_id u32                      20 pid u32
 //!  24 boot_id u64      (hash of the kernel boot id: equal boot ids share one monotonic clock)
 //!  32 ref_ticks u64    (clock reference: a tick reading ...
@@ -14,14 +15,17 @@
 //!  56 ticks_per_sec u64 (estimate at start; blocks refine it)
 //!  64 crc32c u32 of bytes 0..64        68 reserved u32 (0)
 //!
-//!  block (48-byte header, then record_count records)
+//!  block (48-byte header, then record_count records in body_len bytes)
 //!  0  magic "ULTB"    4 flags u16 (1: end block)    6 reserved u16 (0)
 //!  8  record_count u32                12 sequence u32 (0, 1, 2, ... per file)
 //!  16 dropped_total u64 (records lost to full rings so far, all threads)
 //!  24 ref_ticks u64   32 ref_mono_ns u64   (another clock reference, taken at write time)
-//!  40 crc32c u32 of header bytes 0..40 and the records   44 reserved u32 (0)
+//!  40 crc32c u32 of header bytes 0..40 and the body
+//!  44 body_len u32 (bytes of the records; versions 2 and 3: reserved, 0, the body being
+//!     record_count × 64 bytes)
 //!
-//!  record (64 bytes: the in-memory record, copied as it is)
+//!  record, as the recorder keeps it in memory (64 bytes; in the file of versions 2 and 3
+//!  as it is, in version 4 compact: see below)
 //!  0  ticks u64 (event time)   8 src_node u32   12 dst_node u32   16 channel u32
 //!  20 kind u8   21 flags u8   22 buffers u8 (0: not known; 1-4)   23 reserved u8 (0)
 //!  24 size u64  32 buffer_len [u32; 4] (the first `buffers`; the rest 0)
@@ -42,6 +46,22 @@
 //!              = ticks from `ticks` to the start and end of the handler this side ran on
 //!              the message it received, + 1 (0: not measured). Decoded as the two
 //!              records the two messages would have had.
+//!
+//!  compact record (version 4): the fields above that differ from the block's previous
+//!  record (all zeros before its first)
+//!    mask u8, then ticks, then each group whose mask bit is set, in bit order
+//!    ticks            varint of zigzag(ticks - previous ticks)        (always)
+//!    bit 0 nodes      varint src_node, varint dst_node
+//!    bit 1 channel    varint channel
+//!    bit 2 shape      kind u8, flags u8, buffers u8, reserved u8
+//!    bit 3 size       varint size
+//!    bit 4 buffers    varint buffer_len[0], [1], [2]
+//!    bit 5 last       varint buffer_len[3]
+//!    bit 6 request    varint of zigzag(request_id - previous request_id)
+//!    bit 7 stages     varint stage_a, varint stage_b
+//!    varints are LEB128 (7 bits a byte, low bits first, at most 10 bytes); zigzag(d) =
+//!    (d << 1) ^ (d >> 63) of the 64-bit wrapping difference as a signed number.
+//!    A call on one channel (pair records) takes 5–7 bytes instead of 64.
 //! ```
 //!
 //! Ticks become nanoseconds of CLOCK_MONOTONIC by interpolating between the clock
@@ -49,9 +69,10 @@
 //! The last block of a complete file is an end block; a file without one was cut short.
 //!
 //! Versions (append-only; discriminants are format): 1 — 96-byte records with absolute
-//! stage times (no longer read); 2 — this layout without pair records (still read);
-//! 3 — this layout.
+//! stage times (no longer read); 2 — 64-byte records without pair records (still read);
+//! 3 — 64-byte records (still read); 4 — compact records (this layout).
 
+use super::compact;
 use super::slot::{Slot, FLAGS_KNOWN, FLAGS_KNOWN_V2, FLAG_PAIR, FLAG_RECEIVE, FLAG_RUN, PAIR_BUFFERS_MAX};
 use std::fmt;
 
@@ -60,16 +81,21 @@ pub const FILE_MAGIC: [u8; 8] = *b"ULTRACE\0";
 /// The first bytes of every block.
 pub const BLOCK_MAGIC: [u8; 4] = *b"ULTB";
 /// Format version written.
-pub const VERSION: u16 = 3;
+pub const VERSION: u16 = 4;
+/// The last version with fixed-size records ([`RECORD_LEN`] bytes each, no body length).
+pub const VERSION_FIXED_MAX: u16 = 3;
 /// The oldest format version read (version 2 lacks pair records only).
 pub const VERSION_MIN: u16 = 2;
 /// Bytes of the file header.
 pub const FILE_HEADER_LEN: usize = 72;
 /// Bytes of a block header.
 pub const BLOCK_HEADER_LEN: usize = 48;
-/// Bytes of a record.
+/// Bytes of a record in memory, and in the file of versions 2 and 3.
 pub const RECORD_LEN: usize = 64;
-/// Most records in one block: 4,096 records are 256 KiB, written in one go.
+/// Most bytes of a compact (version 4) record.
+pub const COMPACT_RECORD_LEN_MAX: usize = compact::RECORD_LEN_MAX;
+/// Most records in one block: 4,096 records are at most 256 KiB in memory (a few tens of
+/// KiB compact), written in one go.
 pub const BLOCK_RECORDS_MAX: usize = 4096;
 /// Block flag: the last block of a complete file.
 pub const BLOCK_FLAG_END: u16 = 1;
@@ -262,6 +288,15 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().expect("8 bytes"))
 }
 
+/// The header's `record_len` of a file of `version`: 0 for compact records.
+fn record_len(version: u16) -> u16 {
+    if version > VERSION_FIXED_MAX {
+        0
+    } else {
+        RECORD_LEN as u16
+    }
+}
+
 impl FileHeader {
     /// Encodes the header with its checksum.
     pub fn encode(&self) -> [u8; FILE_HEADER_LEN] {
@@ -269,7 +304,7 @@ impl FileHeader {
         b[0..8].copy_from_slice(&FILE_MAGIC);
         b[8..10].copy_from_slice(&self.version.to_le_bytes());
         b[10..12].copy_from_slice(&(FILE_HEADER_LEN as u16).to_le_bytes());
-        b[12..14].copy_from_slice(&(RECORD_LEN as u16).to_le_bytes());
+        b[12..14].copy_from_slice(&record_len(self.version).to_le_bytes());
         b[14..16].copy_from_slice(&(BLOCK_HEADER_LEN as u16).to_le_bytes());
         b[16..20].copy_from_slice(&self.node_id.to_le_bytes());
         b[20..24].copy_from_slice(&self.pid.to_le_bytes());
@@ -305,8 +340,8 @@ impl FileHeader {
         if crc32c::crc32c(&b[..64]) != u32_at(b, 64) {
             return Err(DecodeError::Corrupt { offset: 0, what: "file header checksum mismatch".into() });
         }
-        let lens = (u16_at(b, 10) as usize, u16_at(b, 12) as usize, u16_at(b, 14) as usize);
-        if lens != (FILE_HEADER_LEN, RECORD_LEN, BLOCK_HEADER_LEN) || u32_at(b, 68) != 0 {
+        let lens = (u16_at(b, 10) as usize, u16_at(b, 12), u16_at(b, 14) as usize);
+        if lens != (FILE_HEADER_LEN, record_len(version), BLOCK_HEADER_LEN) || u32_at(b, 68) != 0 {
             return Err(DecodeError::Corrupt { offset: 0, what: format!("unexpected header layout {lens:?}") });
         }
         Ok(FileHeader {
@@ -328,37 +363,8 @@ impl Record {
     /// runs and pairs. A pair record decodes to two records: the request and its response.
     pub fn decode(b: &[u8], offset: u64, version: u16) -> Result<(Self, Option<Self>), DecodeError> {
         assert_eq!(b.len(), RECORD_LEN, "a record is {RECORD_LEN} bytes");
-        let corrupt = |what: String| DecodeError::Corrupt { offset, what };
         let slot = Slot::from_bytes(b);
-        if MessageKind::from_u8(slot.kind).is_none() {
-            return Err(corrupt(format!("record has unknown kind {}", slot.kind)));
-        }
-        let known = if version >= 3 { FLAGS_KNOWN } else { FLAGS_KNOWN_V2 };
-        if slot.flags & !known != 0 || slot.reserved != 0 {
-            return Err(corrupt("record has reserved bits set".into()));
-        }
-        let buffers = slot.buffers as usize;
-        let pair = slot.flags & FLAG_PAIR != 0;
-        // A pair lists at most two buffers; the other two words are its response.
-        let listable = if pair { PAIR_BUFFERS_MAX } else { RECORD_BUFFERS_MAX };
-        if buffers > listable {
-            return Err(corrupt(format!("record lists {buffers} buffers")));
-        }
-        if slot.buffer_len[buffers..listable].iter().any(|&l| l != 0) {
-            return Err(corrupt(format!("record of {buffers} buffers has lengths beyond them")));
-        }
-        let listed: u64 = slot.buffer_len[..listable].iter().map(|&l| u64::from(l)).sum();
-        // The message the buffers describe: the one this side sent.
-        let sent_size = if pair && slot.flags & FLAG_RECEIVE != 0 { u64::from(slot.buffer_len[2]) } else { slot.size };
-        if buffers > 0 && listed != sent_size {
-            return Err(corrupt(format!("record of {sent_size} bytes lists buffers of {listed} bytes")));
-        }
-        if slot.flags & FLAG_RUN != 0 && (slot.stage_a < 2 || slot.request_id != 0 || pair) {
-            return Err(corrupt("run record without a count of 2 or more, or with a request id".into()));
-        }
-        if pair && (slot.kind != MessageKind::Request as u8 || slot.request_id == 0 || slot.buffer_len[3] == 0) {
-            return Err(corrupt("pair record that is not a request with an id and a response time".into()));
-        }
+        check_slot(&slot, offset, version)?;
         Ok(slot.to_records())
     }
 
@@ -377,6 +383,42 @@ impl Record {
     }
 }
 
+/// Refuses a record (found at byte `offset` of a file of format `version`) with an unknown
+/// kind or flags, set reserved bits, an inconsistent buffer list, or a malformed run or pair.
+fn check_slot(slot: &Slot, offset: u64, version: u16) -> Result<(), DecodeError> {
+    let corrupt = |what: String| DecodeError::Corrupt { offset, what };
+    if MessageKind::from_u8(slot.kind).is_none() {
+        return Err(corrupt(format!("record has unknown kind {}", slot.kind)));
+    }
+    let known = if version >= 3 { FLAGS_KNOWN } else { FLAGS_KNOWN_V2 };
+    if slot.flags & !known != 0 || slot.reserved != 0 {
+        return Err(corrupt("record has reserved bits set".into()));
+    }
+    let buffers = slot.buffers as usize;
+    let pair = slot.flags & FLAG_PAIR != 0;
+    // A pair lists at most two buffers; the other two words are its response.
+    let listable = if pair { PAIR_BUFFERS_MAX } else { RECORD_BUFFERS_MAX };
+    if buffers > listable {
+        return Err(corrupt(format!("record lists {buffers} buffers")));
+    }
+    if slot.buffer_len[buffers..listable].iter().any(|&l| l != 0) {
+        return Err(corrupt(format!("record of {buffers} buffers has lengths beyond them")));
+    }
+    let listed: u64 = slot.buffer_len[..listable].iter().map(|&l| u64::from(l)).sum();
+    // The message the buffers describe: the one this side sent.
+    let sent_size = if pair && slot.flags & FLAG_RECEIVE != 0 { u64::from(slot.buffer_len[2]) } else { slot.size };
+    if buffers > 0 && listed != sent_size {
+        return Err(corrupt(format!("record of {sent_size} bytes lists buffers of {listed} bytes")));
+    }
+    if slot.flags & FLAG_RUN != 0 && (slot.stage_a < 2 || slot.request_id != 0 || pair) {
+        return Err(corrupt("run record without a count of 2 or more, or with a request id".into()));
+    }
+    if pair && (slot.kind != MessageKind::Request as u8 || slot.request_id == 0 || slot.buffer_len[3] == 0) {
+        return Err(corrupt("pair record that is not a request with an id and a response time".into()));
+    }
+    Ok(())
+}
+
 impl BlockHeader {
     /// Encodes the header; `crc` is computed by [`encode_block`].
     fn encode_without_crc(&self) -> [u8; BLOCK_HEADER_LEN] {
@@ -392,8 +434,30 @@ impl BlockHeader {
     }
 }
 
-/// Appends a block of `records` (at most [`BLOCK_RECORDS_MAX`], each [`RECORD_LEN`]
-/// bytes, concatenated) to `out`.
+/// Appends a block of `header.record_count` compact records (format version 4, encoded
+/// one after the other, the first against an all-zero record) to `out`.
+pub fn encode_compact_block(header: &BlockHeader, body: &[u8], out: &mut Vec<u8>) {
+    assert!(header.record_count as usize <= BLOCK_RECORDS_MAX, "a block holds at most {BLOCK_RECORDS_MAX} records");
+    assert!(body.len() <= BLOCK_RECORDS_MAX * COMPACT_RECORD_LEN_MAX, "the body is compact records");
+    let start = out.len();
+    out.extend_from_slice(&header.encode_without_crc());
+    out[start + 44..start + 48].copy_from_slice(&(body.len() as u32).to_le_bytes());
+    out.extend_from_slice(body);
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&out[start..start + 40]), body);
+    out[start + 40..start + 44].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Appends `slots`, compact (format version 4), to `body`: the body of one block.
+#[cfg(test)]
+pub(crate) fn encode_compact_records<'a>(slots: impl IntoIterator<Item = &'a Slot>, body: &mut Vec<u8>) {
+    let mut prev = Slot::EMPTY;
+    for s in slots {
+        compact::encode(&mut prev, s, body);
+    }
+}
+
+/// Appends a block of `records` (format versions 2 and 3: at most [`BLOCK_RECORDS_MAX`],
+/// each [`RECORD_LEN`] bytes, concatenated) to `out`.
 pub fn encode_block(header: &BlockHeader, records: &[u8], out: &mut Vec<u8>) {
     let count = records.len() / RECORD_LEN;
     assert_eq!(records.len() % RECORD_LEN, 0, "whole records");
@@ -515,10 +579,14 @@ pub fn decode_prefix(bytes: &[u8]) -> (Option<TraceFile>, Option<DecodeError>) {
             );
         }
         match decode_block(bytes, at, file.blocks.len() as u32, header.version) {
-            Ok((block, records, next)) => {
+            Ok((block, slots, next)) => {
                 let end = block.flags & BLOCK_FLAG_END != 0;
                 file.blocks.push(block);
-                file.records.extend(records);
+                for slot in slots {
+                    let (record, second) = slot.to_records();
+                    file.records.push(record);
+                    file.records.extend(second);
+                }
                 at = next;
                 if end {
                     if at != bytes.len() {
@@ -535,13 +603,28 @@ pub fn decode_prefix(bytes: &[u8]) -> (Option<TraceFile>, Option<DecodeError>) {
     }
 }
 
-/// Decodes the block at `at`, which must be block number `sequence`.
+/// The records of a whole file as they were stored (a pair is one), for tests that count
+/// what the writer stored.
+#[cfg(test)]
+pub(crate) fn decode_slots(bytes: &[u8]) -> Result<Vec<Slot>, DecodeError> {
+    let header = FileHeader::decode(bytes)?;
+    let (mut slots, mut at, mut sequence) = (Vec::new(), FILE_HEADER_LEN, 0);
+    while at < bytes.len() {
+        let (_, block, next) = decode_block(bytes, at, sequence, header.version)?;
+        slots.extend(block);
+        (at, sequence) = (next, sequence + 1);
+    }
+    Ok(slots)
+}
+
+/// Decodes the block at `at`, which must be block number `sequence`: its header, its
+/// records as stored (checked), and where the next block starts.
 fn decode_block(
     bytes: &[u8],
     at: usize,
     sequence: u32,
     version: u16,
-) -> Result<(BlockHeader, Vec<Record>, usize), DecodeError> {
+) -> Result<(BlockHeader, Vec<Slot>, usize), DecodeError> {
     let offset = at as u64;
     if bytes.len() - at < BLOCK_HEADER_LEN {
         return Err(DecodeError::Truncated { offset, what: "block header" });
@@ -558,18 +641,26 @@ fn decode_block(
         ref_ticks: u64_at(h, 24),
         ref_mono_ns: u64_at(h, 32),
     };
-    if block.flags & !BLOCK_FLAG_END != 0 || u16_at(h, 6) != 0 || u32_at(h, 44) != 0 {
+    let compact = version > VERSION_FIXED_MAX;
+    if block.flags & !BLOCK_FLAG_END != 0 || u16_at(h, 6) != 0 || (!compact && u32_at(h, 44) != 0) {
         return Err(DecodeError::Corrupt { offset, what: "block header has reserved bits set".into() });
     }
     if block.record_count as usize > BLOCK_RECORDS_MAX {
         return Err(DecodeError::Corrupt { offset, what: format!("block claims {} records", block.record_count) });
     }
-    let body = block.record_count as usize * RECORD_LEN;
-    let end = at + BLOCK_HEADER_LEN + body;
+    let body = if compact { u32_at(h, 44) as usize } else { block.record_count as usize * RECORD_LEN };
+    if body > block.record_count as usize * COMPACT_RECORD_LEN_MAX.max(RECORD_LEN) {
+        return Err(DecodeError::Corrupt {
+            offset,
+            what: format!("block claims {body} bytes for {} records", block.record_count),
+        });
+    }
+    let start = at + BLOCK_HEADER_LEN;
+    let end = start + body;
     if end > bytes.len() {
         return Err(DecodeError::Truncated { offset, what: "block records" });
     }
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&h[..40]), &bytes[at + BLOCK_HEADER_LEN..end]);
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&h[..40]), &bytes[start..end]);
     if crc != u32_at(h, 40) {
         return Err(DecodeError::Corrupt { offset, what: "block checksum mismatch".into() });
     }
@@ -579,14 +670,31 @@ fn decode_block(
             what: format!("block {} where block {sequence} belongs (blocks lost or reordered)", block.sequence),
         });
     }
-    let mut records = Vec::with_capacity(block.record_count as usize);
-    for i in 0..block.record_count as usize {
-        let r_at = at + BLOCK_HEADER_LEN + i * RECORD_LEN;
-        let (record, second) = Record::decode(&bytes[r_at..r_at + RECORD_LEN], r_at as u64, version)?;
-        records.push(record);
-        records.extend(second);
+    let mut slots = Vec::with_capacity(block.record_count as usize);
+    if compact {
+        let (body, mut pos, mut prev) = (&bytes[start..end], 0, Slot::EMPTY);
+        for _ in 0..block.record_count {
+            let r_at = (start + pos) as u64;
+            let slot = compact::decode(body, &mut pos, &mut prev)
+                .map_err(|what| DecodeError::Corrupt { offset: r_at, what: what.into() })?;
+            check_slot(&slot, r_at, version)?;
+            slots.push(slot);
+        }
+        if pos != body.len() {
+            return Err(DecodeError::Corrupt {
+                offset: (start + pos) as u64,
+                what: format!("{} bytes after the block's last record", body.len() - pos),
+            });
+        }
+    } else {
+        for i in 0..block.record_count as usize {
+            let r_at = start + i * RECORD_LEN;
+            let slot = Slot::from_bytes(&bytes[r_at..r_at + RECORD_LEN]);
+            check_slot(&slot, r_at as u64, version)?;
+            slots.push(slot);
+        }
     }
-    Ok((block, records, end))
+    Ok((block, slots, end))
 }
 
 impl fmt::Display for MessageKind {
@@ -688,7 +796,12 @@ mod tests {
 
     /// A file of the given blocks of records, the last one an end block.
     fn file(blocks: &[Vec<Slot>]) -> Vec<u8> {
-        let mut out = header().encode().to_vec();
+        file_of(VERSION, blocks)
+    }
+
+    /// A file of format `version` (compact records from version 4 on).
+    fn file_of(version: u16, blocks: &[Vec<Slot>]) -> Vec<u8> {
+        let mut out = FileHeader { version, ..header() }.encode().to_vec();
         for (i, records) in blocks.iter().enumerate() {
             let last = i + 1 == blocks.len();
             let h = BlockHeader {
@@ -699,9 +812,20 @@ mod tests {
                 ref_ticks: 2_000 + i as u64 * 1_000,
                 ref_mono_ns: 5_500 + i as u64 * 500,
             };
-            encode_block(&h, &bytes_of(records), &mut out);
+            if version > VERSION_FIXED_MAX {
+                let mut body = Vec::new();
+                encode_compact_records(records, &mut body);
+                encode_compact_block(&h, &body, &mut out);
+            } else {
+                encode_block(&h, &bytes_of(records), &mut out);
+            }
         }
         out
+    }
+
+    /// Where the block after the one at `at` starts.
+    fn next_block(bytes: &[u8], at: usize) -> usize {
+        at + BLOCK_HEADER_LEN + u32_at(bytes, at + 44) as usize
     }
 
     proptest! {
@@ -783,8 +907,8 @@ mod tests {
     fn a_flipped_record_byte_names_its_block() {
         let r = Slot { size: 10, kind: 1, ..Slot::EMPTY };
         let mut bytes = file(&[vec![r; 3], vec![r; 2]]);
-        let second_block = FILE_HEADER_LEN + BLOCK_HEADER_LEN + 3 * RECORD_LEN;
-        bytes[second_block + BLOCK_HEADER_LEN + 30] ^= 0x40;
+        let second_block = next_block(&bytes, FILE_HEADER_LEN);
+        bytes[second_block + BLOCK_HEADER_LEN + 3] ^= 0x40;
         assert_eq!(
             decode_file(&bytes),
             Err(DecodeError::Corrupt { offset: second_block as u64, what: "block checksum mismatch".into() })
@@ -798,7 +922,9 @@ mod tests {
         let good = Slot { size: 10, kind: 1, flags: FLAG_RECEIVE | FLAG_EXACT, ..Slot::EMPTY };
         let run_with_id = Slot { flags: FLAG_RUN, stage_a: 5, request_id: 9, ..Slot::EMPTY };
         let bytes = file(&[vec![good, run_with_id]]);
-        let at = (FILE_HEADER_LEN + BLOCK_HEADER_LEN + RECORD_LEN) as u64;
+        let mut first = Vec::new();
+        encode_compact_records(&[good], &mut first);
+        let at = (FILE_HEADER_LEN + BLOCK_HEADER_LEN + first.len()) as u64;
         match decode_file(&bytes) {
             Err(DecodeError::Corrupt { offset, what }) => {
                 assert_eq!(offset, at);
@@ -912,6 +1038,68 @@ mod tests {
     }
 
     #[test]
+    fn version_3_files_of_fixed_records_are_still_read() {
+        let records = vec![
+            Slot { size: 10, kind: 1, ..Slot::EMPTY },
+            Slot {
+                ticks: 5,
+                kind: 1,
+                flags: FLAG_PAIR,
+                size: 5,
+                buffer_len: [0, 0, 7, 1],
+                request_id: 9,
+                ..Slot::EMPTY
+            },
+        ];
+        let v3 = file_of(3, &[records.clone(), vec![]]);
+        assert_eq!(u16_at(&v3, 12), 64, "version 3 declares 64-byte records");
+        let v4 = file(&[records, vec![]]);
+        assert_eq!(u16_at(&v4, 12), 0, "version 4 declares compact records");
+        assert!(v4.len() < v3.len());
+        let (a, b) = (decode_file(&v3).unwrap(), decode_file(&v4).unwrap());
+        assert_eq!(a.records, b.records, "the same records in either version");
+        assert_eq!(a.records.len(), 3, "a pair is two records");
+    }
+
+    #[test]
+    fn compact_blocks_with_bytes_left_over_or_cut_records_name_the_offset() {
+        let r = Slot { size: 10, kind: 1, ..Slot::EMPTY };
+        let mut body = Vec::new();
+        encode_compact_records(&[r, r], &mut body);
+        let block = |count: u32, body: &[u8]| {
+            let mut out = header().encode().to_vec();
+            let h = BlockHeader {
+                flags: BLOCK_FLAG_END,
+                record_count: count,
+                sequence: 0,
+                dropped_total: 0,
+                ref_ticks: 2_000,
+                ref_mono_ns: 5_500,
+            };
+            encode_compact_block(&h, body, &mut out);
+            out
+        };
+        assert_eq!(decode_file(&block(2, &body)).map(|f| f.records.len()), Ok(2));
+        let body_at = FILE_HEADER_LEN + BLOCK_HEADER_LEN;
+        match decode_file(&block(1, &body)) {
+            Err(DecodeError::Corrupt { offset, what }) => {
+                let mut first = Vec::new();
+                encode_compact_records(&[r], &mut first);
+                assert_eq!(offset as usize, body_at + first.len(), "{what}");
+                assert!(what.contains("after the block's last record"), "{what}");
+            }
+            other => panic!("decoded as {other:?}"),
+        }
+        match decode_file(&block(3, &body)) {
+            Err(DecodeError::Corrupt { offset, what }) => {
+                assert_eq!(offset as usize, body_at + body.len(), "{what}");
+                assert!(what.contains("past the end of its block"), "{what}");
+            }
+            other => panic!("decoded as {other:?}"),
+        }
+    }
+
+    #[test]
     fn version_1_files_are_refused_by_name() {
         let mut bytes = file(&[vec![]]);
         bytes[8..10].copy_from_slice(&1u16.to_le_bytes());
@@ -922,7 +1110,7 @@ mod tests {
     fn a_file_cut_at_a_block_boundary_lacks_its_end_block() {
         let r = Slot::EMPTY;
         let bytes = file(&[vec![r; 2], vec![r; 2]]);
-        let boundary = FILE_HEADER_LEN + BLOCK_HEADER_LEN + 2 * RECORD_LEN;
+        let boundary = next_block(&bytes, FILE_HEADER_LEN);
         let (f, e) = decode_prefix(&bytes[..boundary]);
         assert_eq!(f.unwrap().records.len(), 2, "the intact prefix is kept");
         assert!(matches!(e, Some(DecodeError::Truncated { offset, .. }) if offset == boundary as u64));

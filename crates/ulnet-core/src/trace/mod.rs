@@ -53,6 +53,7 @@
 //! [`format::decode_prefix`] still reads, and without the runs still open.
 
 mod clock;
+mod compact;
 pub mod format;
 pub(crate) mod recorder;
 mod ring;

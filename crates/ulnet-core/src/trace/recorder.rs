@@ -600,7 +600,6 @@ mod tests {
     /// tests of this process may record meanwhile: only records between `ME` and `PEER`
     /// count).
     fn recorded(play: impl FnOnce(&mut Recorder, u64)) -> (u64, Vec<Seen>) {
-        use super::super::format::{BLOCK_HEADER_LEN, FILE_HEADER_LEN, RECORD_LEN};
         let path = std::env::temp_dir().join(format!("ulnet-recorder-{}-{:x}.ultrace", std::process::id(), rand_id()));
         let mut config = TraceConfig::new(&path, ME);
         config.sample = 1 << 20;
@@ -612,17 +611,8 @@ mod tests {
         let bytes = std::fs::read(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
         let ours = |src: u32, dst: u32| (src, dst) == (ME.0, PEER.0) || (src, dst) == (PEER.0, ME.0);
-        let mut records = 0;
-        let mut at = FILE_HEADER_LEN;
-        while at < bytes.len() {
-            let count = u32::from_le_bytes(bytes[at + 8..at + 12].try_into().unwrap()) as usize;
-            for i in 0..count {
-                let r = at + BLOCK_HEADER_LEN + i * RECORD_LEN;
-                let word = |o: usize| u32::from_le_bytes(bytes[r + o..r + o + 4].try_into().unwrap());
-                records += u64::from(ours(word(8), word(12)));
-            }
-            at += BLOCK_HEADER_LEN + count * RECORD_LEN;
-        }
+        let stored = super::super::format::decode_slots(&bytes).unwrap();
+        let records = stored.iter().filter(|s| ours(s.src_node, s.dst_node)).count() as u64;
         let file = decode_file(&bytes).unwrap();
         let messages = file
             .records

@@ -167,14 +167,26 @@ impl RecordRing {
 
     /// Copies every published record into `out` (consumer side; one consumer at a time)
     /// and returns how many.
+    #[cfg(any(test, loom))]
     pub(crate) fn drain_into(&self, out: &mut Vec<Slot>) -> usize {
+        self.drain_with(|s| out.push(*s))
+    }
+
+    /// Hands every published record, in order and where it lies, to `each` (consumer side;
+    /// one consumer at a time), then gives the slots back; returns how many. The writer
+    /// encodes straight from the ring: no copy of the records on the way to the file.
+    pub(crate) fn drain_with(&self, mut each: impl FnMut(&Slot)) -> usize {
         let head = self.head.0.load(Ordering::Relaxed);
         let tail = self.tail.0.load(Ordering::Acquire);
         debug_assert!(tail.wrapping_sub(head) <= self.mask + 1, "the producer never overruns the consumer");
+        if tail == head {
+            return 0;
+        }
         for pos in head..tail {
             // SAFETY: slots in head..tail were published by the producer's Release store of
-            // `tail` (read above with Acquire) and are not reused until `head` passes them.
-            out.push(self.slots[pos & self.mask].with(|p| unsafe { *p }));
+            // `tail` (read above with Acquire) and are not reused until `head` passes them
+            // (after this loop), so nothing writes the slot while `each` reads it.
+            self.slots[pos & self.mask].with(|p| each(unsafe { &*p }));
         }
         self.head.0.store(tail, Ordering::Release);
         tail - head

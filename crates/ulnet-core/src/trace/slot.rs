@@ -134,8 +134,8 @@ impl Slot {
         }
     }
 
-    /// Appends the file form (64 bytes) to `out`.
-    #[inline]
+    /// Appends the file form of versions 2 and 3 (64 bytes) to `out`.
+    #[cfg(test)]
     pub(crate) fn encode_into(&self, out: &mut Vec<u8>) {
         for w in self.to_words() {
             out.extend_from_slice(&w.to_le_bytes());

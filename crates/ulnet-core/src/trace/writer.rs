@@ -1,10 +1,15 @@
 //! The trace writer: owns the file and the registered rings, and one thread that keeps the
 //! session ticker current (every `tick_interval`) and drains the rings into checksummed
-//! blocks (every `flush_interval`, or sooner when a ring is half full). Records are copied
-//! to the file as they are in the rings: the thread does no per-record work but a copy.
+//! blocks (every `flush_interval`, or sooner when a ring is half full). Records are encoded
+//! compact (format version 4) straight from the rings into the flush's buffer, which one
+//! `write` hands to the file: a few bytes per record to copy and to write back, not 64.
 
 use super::clock;
-use super::format::{encode_block, BlockHeader, FileHeader, BLOCK_FLAG_END, BLOCK_RECORDS_MAX, RECORD_LEN};
+use super::compact;
+use super::format::{
+    encode_compact_block, BlockHeader, FileHeader, BLOCK_FLAG_END, BLOCK_HEADER_LEN, BLOCK_RECORDS_MAX,
+    COMPACT_RECORD_LEN_MAX,
+};
 use super::ring::RecordRing;
 use super::slot::Slot;
 use super::{TraceConfig, TraceError, TraceSummary, TICKER};
@@ -22,10 +27,12 @@ struct Sink {
     sequence: u32,
     written: u64,
     bytes: u64,
-    /// Records drained from a ring, reused across flushes.
-    scratch: Vec<Slot>,
-    /// Their bytes, reused across flushes.
+    /// The compact records of the block being built, reused across blocks.
     records: Vec<u8>,
+    /// How many.
+    count: u32,
+    /// The record before the next one in the block (compact records say what changed).
+    previous: Slot,
     /// Encoded blocks of one flush, written with one call; reused across flushes.
     blocks: Vec<u8>,
     /// The first write error; the writer stops writing after it and `stop` reports it.
@@ -72,9 +79,10 @@ impl Session {
                 sequence: 0,
                 written: 0,
                 bytes: super::format::FILE_HEADER_LEN as u64,
-                scratch: Vec::with_capacity(BLOCK_RECORDS_MAX),
-                records: Vec::with_capacity(BLOCK_RECORDS_MAX * RECORD_LEN),
-                blocks: Vec::with_capacity(64 + BLOCK_RECORDS_MAX * RECORD_LEN),
+                records: Vec::with_capacity(BLOCK_RECORDS_MAX * COMPACT_RECORD_LEN_MAX),
+                count: 0,
+                previous: Slot::EMPTY,
+                blocks: Vec::with_capacity(BLOCK_HEADER_LEN + BLOCK_RECORDS_MAX * COMPACT_RECORD_LEN_MAX),
                 error: None,
             }),
             stopping: (Mutex::new(false), Condvar::new()),
@@ -135,33 +143,18 @@ impl Session {
         let dropped: u64 = rings.iter().map(|r| r.dropped()).sum();
         self.dropped_seen.store(dropped, Ordering::Relaxed);
         for ring in &rings {
-            loop {
-                sink.scratch.clear();
-                ring.drain_into(&mut sink.scratch);
-                if sink.scratch.is_empty() {
-                    break;
-                }
-                let scratch = std::mem::take(&mut sink.scratch);
-                for chunk in scratch.chunks(BLOCK_RECORDS_MAX) {
-                    sink.records.clear();
-                    for s in chunk {
-                        s.encode_into(&mut sink.records);
-                    }
-                    add_block(sink, 0, dropped);
-                }
-                sink.scratch = scratch;
-            }
+            while ring.drain_with(|s| add_record(sink, s, dropped)) > 0 {}
         }
         if end {
-            sink.records.clear();
             for run in rings.iter().filter_map(|r| r.open_run()) {
-                run.closed_run().encode_into(&mut sink.records);
+                add_record(sink, &run.closed_run(), dropped);
             }
-            if !sink.records.is_empty() {
+            if sink.count > 0 {
                 add_block(sink, 0, dropped);
             }
-            sink.records.clear();
             add_block(sink, BLOCK_FLAG_END, dropped);
+        } else if sink.count > 0 {
+            add_block(sink, 0, dropped);
         }
         if sink.error.is_none() && !sink.blocks.is_empty() {
             match sink.file.write_all(&sink.blocks) {
@@ -201,19 +194,28 @@ impl Session {
     }
 }
 
-/// Appends a block of the records in `sink.records` to the blocks of this flush.
+/// Adds a record to the block being built, and the block to the blocks of this flush when
+/// it is full.
+#[inline]
+fn add_record(sink: &mut Sink, slot: &Slot, dropped_total: u64) {
+    compact::encode(&mut sink.previous, slot, &mut sink.records);
+    sink.count += 1;
+    if sink.count as usize == BLOCK_RECORDS_MAX {
+        add_block(sink, 0, dropped_total);
+    }
+}
+
+/// Appends a block of the records in `sink.records` to the blocks of this flush, and starts
+/// the next block.
 fn add_block(sink: &mut Sink, flags: u16, dropped_total: u64) {
     let (ref_ticks, ref_mono_ns) = clock::reference();
-    let count = sink.records.len() / RECORD_LEN;
-    let header = BlockHeader {
-        flags,
-        record_count: count as u32,
-        sequence: sink.sequence,
-        dropped_total,
-        ref_ticks,
-        ref_mono_ns,
-    };
-    encode_block(&header, &sink.records, &mut sink.blocks);
+    let count = sink.count;
+    let header =
+        BlockHeader { flags, record_count: count, sequence: sink.sequence, dropped_total, ref_ticks, ref_mono_ns };
+    encode_compact_block(&header, &sink.records, &mut sink.blocks);
     sink.sequence += 1;
-    sink.written += count as u64;
+    sink.written += u64::from(count);
+    sink.records.clear();
+    sink.count = 0;
+    sink.previous = Slot::EMPTY;
 }
