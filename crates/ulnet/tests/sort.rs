@@ -217,44 +217,14 @@ fn a_node_killed_mid_sort_fails_the_sort_naming_it() {
     gensort(&input, 1_000_000, RecordFormat::BINARY);
     // Each node reads 6 or 7 buffers with a pause of 150 ms after each: about a second
     // of reading and distributing, in which node 2 is killed.
-    let mut child = Command::new(ULNET)
-        .args(["sort", "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()])
-        .args(["--nodes", "4", "--print-pids", "--debug-read-delay-ms", "150"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut victim = None;
-    let mut text = String::new();
-    while victim.is_none() {
-        let mut line = String::new();
-        if stderr.read_line(&mut line).unwrap() == 0 {
-            break;
-        }
-        if let Some(pid) = line.trim().strip_prefix("ulnet sort: node 2 pid ") {
-            victim = Some(pid.parse::<i32>().unwrap());
-        }
-        text += &line;
-    }
-    let victim = victim.unwrap_or_else(|| panic!("no pid of node 2 in: {text}"));
+    let mut sort = SortWithPids::start(&input, &output, &["--nodes", "4", "--debug-read-delay-ms", "150"], 2);
     std::thread::sleep(Duration::from_millis(400));
-    let started = Instant::now();
-    assert_eq!(unsafe_free_kill(victim), 0, "kill node 2");
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
-    let status = child.wait().unwrap();
-    text += &rest;
-    assert!(!status.success(), "the sort must fail: {text}");
-    assert!(started.elapsed() < Duration::from_secs(20), "the failure must be noticed promptly");
+    let text = sort.kill_victim_and_expect_failure();
     let last = text.lines().last().unwrap_or("");
     assert!(last.contains("node 2") && last.contains("killed by signal 9"), "last line names the node: {text}");
     assert!(last.contains("node 2 failed"), "and what a surviving node saw: {text}");
     assert_eq!(text.lines().filter(|l| l.starts_with("ulnet: error")).count(), 1, "one error line: {text}");
-    assert!(!output.exists(), "no output file after a failed sort");
-    let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert_eq!(leftovers, vec![std::ffi::OsString::from("in.dat")], "no partial files left");
+    assert_only_input_left(dir.path(), &output);
 }
 
 #[test]
@@ -267,28 +237,13 @@ fn a_node_killed_while_writing_directly_fails_the_sort_naming_it() {
     // ~60 output buffers, so it writes for seconds. Node 1 is killed once its direct
     // writer thread exists: in the middle of writing its partition, with its neighbours
     // writing theirs.
-    let mut child = Command::new(ULNET)
-        .args(["sort", "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()])
-        .args(["--nodes", "3", "--memory", "24MiB", "--print-pids", "--debug-write-delay-ms", "100"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut victim = None;
-    let mut text = String::new();
-    while victim.is_none() {
-        let mut line = String::new();
-        if stderr.read_line(&mut line).unwrap() == 0 {
-            break;
-        }
-        if let Some(pid) = line.trim().strip_prefix("ulnet sort: node 1 pid ") {
-            victim = Some(pid.parse::<i32>().unwrap());
-        }
-        text += &line;
-    }
-    let victim = victim.unwrap_or_else(|| panic!("no pid of node 1 in: {text}"));
+    let mut sort = SortWithPids::start(
+        &input,
+        &output,
+        &["--nodes", "3", "--memory", "24MiB", "--debug-write-delay-ms", "100"],
+        1,
+    );
+    let victim = sort.victim;
     let writing = || {
         std::fs::read_dir(format!("/proc/{victim}/task"))
             .map(|d| {
@@ -303,18 +258,69 @@ fn a_node_killed_while_writing_directly_fails_the_sort_naming_it() {
         assert!(Instant::now() < deadline, "node 1 never started writing its partition");
         std::thread::sleep(Duration::from_millis(5));
     }
-    let started = Instant::now();
-    assert_eq!(unsafe_free_kill(victim), 0, "kill node 1");
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
-    let status = child.wait().unwrap();
-    text += &rest;
-    assert!(!status.success(), "the sort must fail: {text}");
-    assert!(started.elapsed() < Duration::from_secs(20), "the failure must be noticed promptly");
+    let text = sort.kill_victim_and_expect_failure();
     let last = text.lines().last().unwrap_or("");
     assert!(last.contains("node 1") && last.contains("killed by signal 9"), "last line names the node: {text}");
+    assert_only_input_left(dir.path(), &output);
+}
+
+/// A `ulnet sort` started with `--print-pids`, its error output read up to the line that
+/// names the pid of the node a test is going to kill.
+struct SortWithPids {
+    child: std::process::Child,
+    stderr: BufReader<std::process::ChildStderr>,
+    text: String,
+    victim: i32,
+}
+
+impl SortWithPids {
+    fn start(input: &Path, output: &Path, args: &[&str], victim_node: usize) -> Self {
+        let mut child = Command::new(ULNET)
+            .args(["sort", "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()])
+            .arg("--print-pids")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        let prefix = format!("ulnet sort: node {victim_node} pid ");
+        let mut text = String::new();
+        let mut victim = None;
+        while victim.is_none() {
+            let mut line = String::new();
+            if stderr.read_line(&mut line).unwrap() == 0 {
+                break;
+            }
+            text += &line;
+            victim = line.trim().strip_prefix(prefix.as_str()).map(|pid| pid.parse().unwrap());
+        }
+        let Some(victim) = victim else {
+            child.wait().unwrap();
+            panic!("no pid of node {victim_node} in: {text}");
+        };
+        SortWithPids { child, stderr, text, victim }
+    }
+
+    /// Kills the victim node and returns all the sort printed, having checked that the
+    /// sort failed, and promptly.
+    fn kill_victim_and_expect_failure(&mut self) -> String {
+        let started = Instant::now();
+        assert_eq!(unsafe_free_kill(self.victim), 0, "kill pid {}", self.victim);
+        std::io::Read::read_to_string(&mut self.stderr, &mut self.text).unwrap();
+        let status = self.child.wait().unwrap();
+        let text = std::mem::take(&mut self.text);
+        assert!(!status.success(), "the sort must fail: {text}");
+        assert!(started.elapsed() < Duration::from_secs(20), "the failure must be noticed promptly");
+        text
+    }
+}
+
+/// After a failed sort: no output, and no partial or group file beside the input.
+fn assert_only_input_left(dir: &Path, output: &Path) {
     assert!(!output.exists(), "no output file after a failed sort");
-    let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let leftovers: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(leftovers, vec![std::ffi::OsString::from("in.dat")], "no partial or group files left");
 }
 
