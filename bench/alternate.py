@@ -9,15 +9,9 @@ usage: bench/alternate.py [--rounds N] [--metric p50_us] [--markdown FILE] [--ti
                           NAME=COMMAND ...
   COMMAND runs in a shell and prints a JSON line holding METRIC (as `ulnet bench --json`).
 """
-import argparse, json, statistics, subprocess, sys
+import argparse, statistics, sys
 
-
-def run_json(cmd):
-    out = subprocess.run(cmd, shell=True, check=True, capture_output=True, text=True).stdout
-    lines = [l for l in out.splitlines() if l.startswith("{")]
-    if not lines:
-        raise SystemExit(f"no JSON from: {cmd}\n{out}")
-    return json.loads(lines[-1])
+from compare import run_json
 
 
 def main():

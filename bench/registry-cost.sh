@@ -5,14 +5,11 @@
 #   flock /work/bench.lock bench/registry-cost.sh target/release/ulnet
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib/registry-nodes.sh
 BIN=$1; n=32; WORK=/var/tmp/ulnet-registry-bench-prof
 rm -rf $WORK && mkdir -p $WORK
-pids=(); seeds=""
-for i in $(seq 0 $((n - 1))); do
-  $BIN node --name "n$i" --listen "127.0.0.1:$((24000 + i))" ${seeds:+--seeds "$seeds"} --data-dir "$WORK/n$i" >"$WORK/n$i.log" 2>&1 &
-  pids+=($!); seeds=${seeds:-127.0.0.1:24000}
-done
-addrs=$(seq -s, 24000 $((24000 + n - 1)) | sed 's/\([0-9]*\)/127.0.0.1:\1/g')
+pids=()
+start_registry_nodes "$BIN" "$n" 24000 "$WORK"
 sample() { python3 - "${pids[@]}" <<'PY'
 import sys, glob
 cpu=0; cs=0
@@ -26,10 +23,10 @@ print(cpu, cs)
 PY
 }
 # warm-up run (waits for members), then the measured one
-$BIN registry load --connect "$addrs" --clients 16 --value-bytes 64 --seconds 2 --wait-members $n --json >/dev/null 2>&1
+$BIN registry load --connect "$registry_addrs" --clients 16 --value-bytes 64 --seconds 2 --wait-members $n --json >/dev/null 2>&1
 applied() { $BIN registry status --connect 127.0.0.1:24000 --json 2>/dev/null | python3 -c 'import sys, json; print(json.load(sys.stdin)["applied"])'; }
 a=$(sample); pa=$(applied)
-out=$($BIN registry load --connect "$addrs" --clients 16 --value-bytes 64 --seconds 5 --warmup 0 --json 2>/dev/null)
+out=$($BIN registry load --connect "$registry_addrs" --clients 16 --value-bytes 64 --seconds 5 --warmup 0 --json 2>/dev/null)
 b=$(sample); pb=$(applied)
 for p in "${pids[@]}"; do kill "$p"; done; wait 2>/dev/null || true
 python3 - "$a" "$b" "$out" "$pa" "$pb" <<'PY'

@@ -6,6 +6,7 @@
 # Run under `flock /work/bench.lock`. ULNET=<binary> selects the build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib/registry-nodes.sh
 ULNET=${ULNET:-target/release/ulnet}
 NODES=${NODES:-32}
 RUNS=${RUNS:-6}
@@ -13,21 +14,14 @@ W=${REGISTRY_PROBE_DIR:-/var/tmp/ulnet-registry-probe}   # on disk: fsync must m
 for r in $(seq "$RUNS"); do
   rm -rf "$W" && mkdir -p "$W"
   pids=()
-  seeds=""
-  for i in $(seq 0 $((NODES - 1))); do
-    "$ULNET" node --name "n$i" --listen "127.0.0.1:$((25000 + i))" ${seeds:+--seeds "$seeds"} \
-      --data-dir "$W/n$i" >"$W/n$i.log" 2>&1 &
-    pids+=($!)
-    seeds=${seeds:-127.0.0.1:25000}
-  done
-  addrs=$(seq -s, 25000 $((25000 + NODES - 1)) | sed 's/\([0-9]*\)/127.0.0.1:\1/g')
-  "$ULNET" registry load --connect "$addrs" --clients 16 --value-bytes 64 --seconds 10 \
+  start_registry_nodes "$ULNET" "$NODES" 25000 "$W"
+  "$ULNET" registry load --connect "$registry_addrs" --clients 16 --value-bytes 64 --seconds 10 \
     --wait-members "$NODES" --json >"$W/load.json" 2>/dev/null &
   load=$!
   sleep 9
   status=$("$ULNET" registry status --connect 127.0.0.1:25005 2>/dev/null | grep -o 'applied [0-9]*' || true)
   wait "$load"
-  echo "run $r: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f\"{d['updates_per_s']:.0f} updates/s, p50 {d['p50_ms']:.2f} ms, p99 {d['p99_ms']:.2f} ms\")" "$W/load.json"); at 9 s: ${status:-no status}"
+  echo "run $r: $(load_summary "$W/load.json"); at 9 s: ${status:-no status}"
   kill "${pids[@]}" 2>/dev/null || true
   wait 2>/dev/null || true
 done

@@ -8,6 +8,7 @@
 # arrival → acknowledgement. Run under `flock /work/bench.lock`. ULNET=<binary>.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib/registry-nodes.sh
 ULNET=${ULNET:-target/release/ulnet}
 NODES=${NODES:-32}
 RUNS=${RUNS:-4}
@@ -17,19 +18,12 @@ KEEP=${KEEP:-}   # a directory to copy each run's node logs to
 for r in $(seq "$RUNS"); do
   rm -rf "$W" && mkdir -p "$W"
   pids=()
-  seeds=""
-  for i in $(seq 0 $((NODES - 1))); do
-    ULNET_LOG=gup_timing=info "$ULNET" node --name "n$i" --listen "127.0.0.1:$((26000 + i))" ${seeds:+--seeds "$seeds"} \
-      --data-dir "$W/n$i" >"$W/n$i.log" 2>&1 &
-    pids+=($!)
-    seeds=${seeds:-127.0.0.1:26000}
-  done
-  addrs=$(seq -s, 26000 $((26000 + NODES - 1)) | sed 's/\([0-9]*\)/127.0.0.1:\1/g')
-  "$ULNET" registry load --connect "$addrs" --clients "$CLIENTS" --value-bytes 64 --seconds 10 \
+  NODE_ENV="ULNET_LOG=gup_timing=info" start_registry_nodes "$ULNET" "$NODES" 26000 "$W"
+  "$ULNET" registry load --connect "$registry_addrs" --clients "$CLIENTS" --value-bytes 64 --seconds 10 \
     --wait-members "$NODES" --json >"$W/load.json" 2>/dev/null
   kill "${pids[@]}" 2>/dev/null || true
   wait 2>/dev/null || true
-  echo "run $r: $(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f\"{d['updates_per_s']:.0f} updates/s, p50 {d['p50_ms']:.2f} ms, p99 {d['p99_ms']:.2f} ms\")" "$W/load.json")"
+  echo "run $r: $(load_summary "$W/load.json")"
   python3 bench/registry-timing.py "$W" "$NODES" "$CLIENTS"
   if [ -n "$KEEP" ]; then mkdir -p "$KEEP/run$r" && cp "$W"/*.log "$W/load.json" "$KEEP/run$r/"; fi
 done

@@ -11,6 +11,7 @@
 # Only some sizes, without etcd: NODES=32 ETCD=0 bench/registry.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib/registry-nodes.sh
 SECS=${SECONDS_PER_RUN:-10}
 CLIENTS=${CLIENTS:-16}
 VALUE=${VALUE_BYTES:-64}
@@ -61,16 +62,8 @@ fi
 if "$ULNET" registry --help 2>/dev/null | grep -q load; then
   for n in $NODES; do
     rm -rf "$WORK/ulnet" && mkdir -p "$WORK/ulnet"
-    seeds=""
-    for i in $(seq 0 $((n - 1))); do
-      port=$((24000 + i))
-      "$ULNET" node --name "n$i" --listen "127.0.0.1:$port" ${seeds:+--seeds "$seeds"} \
-        --data-dir "$WORK/ulnet/n$i" >"$WORK/ulnet/n$i.log" 2>&1 &
-      pids+=($!)
-      seeds=${seeds:-127.0.0.1:24000}
-    done
-    addrs=$(seq -s, 24000 $((24000 + n - 1)) | sed 's/\([0-9]*\)/127.0.0.1:\1/g')
-    "$ULNET" registry load --connect "$addrs" --clients "$CLIENTS" --value-bytes "$VALUE" \
+    start_registry_nodes "$ULNET" "$n" 24000 "$WORK/ulnet"
+    "$ULNET" registry load --connect "$registry_addrs" --clients "$CLIENTS" --value-bytes "$VALUE" \
       --seconds "$SECS" --wait-members "$n" --json | sed "s/}\$/,\"nodes\":$n}/" >>"$OUT"
     cleanup; pids=()
   done
