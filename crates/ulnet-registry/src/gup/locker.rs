@@ -60,7 +60,7 @@ pub(super) struct LockerState {
     /// Members outside the eager set of some combined positions (see
     /// [`crate::gup::GupConfig::eager_spare`]): the first position each is owed, and since
     /// when. Bounded by the members.
-    owed: HashMap<NodeId, (u64, Instant)>,
+    owed: BTreeMap<NodeId, (u64, Instant)>,
     /// When each uncommitted position was granted or last transmitted by me.
     pending: BTreeMap<u64, Instant>,
     /// Nodes known to hold this epoch's log (answered a catch-up).
@@ -313,7 +313,7 @@ impl Gup {
             grantable_since: None,
             senders: HashMap::new(),
             notify: BTreeMap::new(),
-            owed: HashMap::new(),
+            owed: BTreeMap::new(),
             pending: BTreeMap::new(),
             synced: vec![self.me],
             established: HashMap::new(),
@@ -564,8 +564,7 @@ impl Gup {
             if !combined {
                 // Its sender transmits it to every member: those owed earlier positions get
                 // them first, or they would hold it over a hole (see `deliver_combined`).
-                let owed: Vec<NodeId> = self.locker.as_ref().expect("locker").owed.keys().copied().collect();
-                for to in owed {
+                while let Some(to) = self.locker.as_ref().and_then(|l| l.owed.keys().next().copied()) {
                     self.deliver_owed_before(to, seq);
                 }
             }
