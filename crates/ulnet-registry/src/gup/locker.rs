@@ -707,52 +707,16 @@ impl Gup {
     /// Sends positions `from..=end` (a snapshot first when they are no longer in the log).
     /// A repair gets one message of at most `catchup_entries_max` entries (the receiver asks
     /// again for the rest); an establishing catch-up carries the whole log up to `end`, in
-    /// as many messages as it takes, the first one marked `establish`.
+    /// as many messages as it takes, the first one marked `establish`. Entries are cloned
+    /// one message at a time, so a repair of a long range copies only what it sends.
     pub(super) fn send_catchup(&mut self, to: NodeId, establish: bool, from: u64, end: u64) {
         let epoch = self.promised;
         let mut snapshot = if from <= self.base { self.snapshot.clone() } else { None };
-        let first = if snapshot.is_some() { self.base + 1 } else { from.max(self.base + 1) };
-        let mut from_field = if snapshot.is_some() { self.base } else { first };
-        let mut chunk: Vec<(u64, Entry)> = Vec::new();
-        let mut bytes = 0;
+        let mut next = if snapshot.is_some() { self.base + 1 } else { from.max(self.base + 1) };
+        let mut from_field = if snapshot.is_some() { self.base } else { next };
         let mut establish_flag = establish;
-        let entries: Vec<(u64, Entry)> = self
-            .log
-            .range(first..=end.max(first))
-            .filter(|(s, _)| **s <= end)
-            .map(|(s, slot)| (*s, slot.entry.clone()))
-            .collect();
-        let mut sent_one = false;
-        for (seq, entry) in entries {
-            let size = entry.updates().map(|u| u.len() + 4).sum::<usize>() + 32;
-            if !chunk.is_empty() && (chunk.len() >= self.config.catchup_entries_max || bytes + size > CATCHUP_BYTES_MAX)
-            {
-                if !establish {
-                    break;
-                }
-                let next_from = seq;
-                let entries = std::mem::take(&mut chunk);
-                self.send(
-                    to,
-                    Msg::Catchup {
-                        epoch,
-                        establish: establish_flag,
-                        from: from_field,
-                        end,
-                        commit: self.commit,
-                        snapshot: snapshot.take(),
-                        entries,
-                    },
-                );
-                sent_one = true;
-                establish_flag = false;
-                from_field = next_from;
-                bytes = 0;
-            }
-            bytes += size;
-            chunk.push((seq, entry));
-        }
-        if !chunk.is_empty() || !sent_one {
+        loop {
+            let (entries, rest) = self.catchup_chunk(next, end);
             self.send(
                 to,
                 Msg::Catchup {
@@ -761,11 +725,40 @@ impl Gup {
                     from: from_field,
                     end,
                     commit: self.commit,
-                    snapshot,
-                    entries: chunk,
+                    snapshot: snapshot.take(),
+                    entries,
                 },
             );
+            match rest {
+                Some(seq) if establish => {
+                    establish_flag = false;
+                    from_field = seq;
+                    next = seq;
+                }
+                _ => break,
+            }
         }
+    }
+
+    /// The log's entries from `first` up to `end`, as many as one catch-up message holds
+    /// (`catchup_entries_max` entries, `CATCHUP_BYTES_MAX` bytes, at least one entry), and
+    /// the position of the first entry left for another message.
+    fn catchup_chunk(&self, first: u64, end: u64) -> (Vec<(u64, Entry)>, Option<u64>) {
+        let mut chunk: Vec<(u64, Entry)> = Vec::new();
+        let mut bytes = 0;
+        if end < first {
+            return (chunk, None);
+        }
+        for (&seq, slot) in self.log.range(first..=end) {
+            let size = slot.entry.updates().map(|u| u.len() + 4).sum::<usize>() + 32;
+            if !chunk.is_empty() && (chunk.len() >= self.config.catchup_entries_max || bytes + size > CATCHUP_BYTES_MAX)
+            {
+                return (chunk, Some(seq));
+            }
+            bytes += size;
+            chunk.push((seq, slot.entry.clone()));
+        }
+        (chunk, None)
     }
 
     pub(super) fn locker_tick(&mut self, now: Instant) {
