@@ -158,21 +158,30 @@ impl Gup {
         }
     }
 
-    pub(super) fn on_grant(&mut self, now: Instant, from: NodeId, epoch: Epoch, batch: BatchId, seq: u64) {
+    /// Whether a grant of position `seq` to `batch` places a flight that waits for one: it
+    /// comes from the locker of our epoch, and the flight has no position yet. A position
+    /// applied already, as part of a snapshot (an applied entry of mine would have answered
+    /// the flight), means the flight committed, and it is answered here.
+    fn accept_grant(&mut self, from: NodeId, epoch: Epoch, batch: BatchId, seq: u64) -> bool {
         if epoch != self.promised || !self.normal || from != epoch.locker {
             self.counters.stale += 1;
-            return;
+            return false;
         }
-        let Some(flight) = self.sender.flights.get_mut(&batch) else { return };
-        if flight.seq.is_some() {
-            return;
+        if self.sender.flights.get(&batch).is_none_or(|f| f.seq.is_some()) {
+            return false;
         }
         if seq <= self.applied {
-            // Applied already, as part of a snapshot (an applied entry of mine would have
-            // answered the flight): committed.
             self.sender_applied(batch, seq);
+            return false;
+        }
+        true
+    }
+
+    pub(super) fn on_grant(&mut self, now: Instant, from: NodeId, epoch: Epoch, batch: BatchId, seq: u64) {
+        if !self.accept_grant(from, epoch, batch, seq) {
             return;
         }
+        let flight = self.sender.flights.get_mut(&batch).expect("accepted");
         flight.seq = Some(seq);
         flight.last_sent = now;
         let entry = Entry::single(self.me, batch, flight.updates.clone());
@@ -183,18 +192,10 @@ impl Gup {
     }
 
     pub(super) fn on_grant_combined(&mut self, now: Instant, from: NodeId, epoch: Epoch, batch: BatchId, seq: u64) {
-        if epoch != self.promised || !self.normal || from != epoch.locker {
-            self.counters.stale += 1;
+        if !self.accept_grant(from, epoch, batch, seq) {
             return;
         }
-        let Some(flight) = self.sender.flights.get_mut(&batch) else { return };
-        if flight.seq.is_some() {
-            return;
-        }
-        if seq <= self.applied {
-            self.sender_applied(batch, seq);
-            return;
-        }
+        let flight = self.sender.flights.get_mut(&batch).expect("accepted");
         flight.seq = Some(seq);
         flight.by_locker = true;
         flight.last_sent = now;

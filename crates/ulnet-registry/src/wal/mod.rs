@@ -143,6 +143,23 @@ struct Queue {
     error: Option<String>,
 }
 
+impl Queue {
+    /// Frames `record` after the records waiting (LSNs must come in order); the error of an
+    /// earlier write instead, once the log failed.
+    fn push(&mut self, lsn: u64, record: &Record) -> Result<(), WalError> {
+        if let Some(e) = &self.error {
+            return Err(WalError::Io(e.clone()));
+        }
+        debug_assert!(lsn > self.last_lsn || self.last_lsn == 0, "LSNs in order");
+        if matches!(record, Record::Snapshot { .. }) {
+            self.rotate_at = Some(self.bytes.len());
+        }
+        frame_record(record, &mut self.bytes);
+        self.last_lsn = lsn;
+        Ok(())
+    }
+}
+
 /// The log writer: [`Wal::append`] queues records; a thread writes everything queued,
 /// fsyncs once for all of it (group commit), and reports the durable LSN on the channel
 /// given by [`Wal::open`]. A snapshot record starts a new segment and removes the old ones.
@@ -180,17 +197,7 @@ impl Wal {
 
     /// Queues `record` with its LSN (LSNs must come in order).
     pub fn append(&self, lsn: u64, record: &Record) -> Result<(), WalError> {
-        let mut q = self.shared.state.lock().expect("wal lock");
-        if let Some(e) = &q.error {
-            return Err(WalError::Io(e.clone()));
-        }
-        debug_assert!(lsn > q.last_lsn || q.last_lsn == 0, "LSNs in order");
-        if matches!(record, Record::Snapshot { .. }) {
-            q.rotate_at = Some(q.bytes.len());
-        }
-        frame_record(record, &mut q.bytes);
-        q.last_lsn = lsn;
-        drop(q);
+        self.shared.state.lock().expect("wal lock").push(lsn, record)?;
         self.shared.wake.notify_one();
         Ok(())
     }
@@ -302,16 +309,7 @@ impl InlineWal {
 
     /// Buffers `record` with its LSN (LSNs must come in order).
     pub fn append(&mut self, lsn: u64, record: &Record) -> Result<(), WalError> {
-        let q = &mut self.queue;
-        if let Some(e) = &q.error {
-            return Err(WalError::Io(e.clone()));
-        }
-        debug_assert!(lsn > q.last_lsn || q.last_lsn == 0, "LSNs in order");
-        if matches!(record, Record::Snapshot { .. }) {
-            q.rotate_at = Some(q.bytes.len());
-        }
-        frame_record(record, &mut q.bytes);
-        q.last_lsn = lsn;
+        self.queue.push(lsn, record)?;
         self.must_sync |= !matches!(record, Record::Commit { .. });
         Ok(())
     }

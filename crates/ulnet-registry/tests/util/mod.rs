@@ -168,33 +168,9 @@ fn parse_snapshot(data: &[u8]) -> (u64, Store) {
 
 impl SimNode {
     pub fn new(gup: Gup, slot: u32, world: Rc<RefCell<World>>, rng: StdRng, now: Instant) -> Self {
-        let me = gup.id();
         world.borrow_mut().t0.get_or_insert(now);
-        world.borrow_mut().slot_of.insert(me, slot);
-        let mut n = Self {
-            gup,
-            me,
-            disk: Disk::default(),
-            fsync: None,
-            fsync_delay: Duration::from_micros(800),
-            state_hash: 0,
-            state_seq: 0,
-            out: VecDeque::new(),
-            world,
-            rng,
-            submit_every: None,
-            next_submit: None,
-            submitted: 0,
-            pending: HashMap::new(),
-            compact_every: 40,
-            committed: 0,
-            store: Store::default(),
-            registry_keys: 0,
-            sets: HashMap::new(),
-            gets: HashMap::new(),
-            last_view: None,
-            slot,
-        };
+        world.borrow_mut().slot_of.insert(gup.id(), slot);
+        let mut n = Self::new_inner(gup, slot, world, rng);
         n.pump(now);
         n
     }
