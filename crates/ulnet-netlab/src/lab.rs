@@ -161,6 +161,20 @@ impl Lab {
         Ok(())
     }
 
+    /// A lab of `n` hosts for a test, or `None` where labs cannot exist here (not root, or
+    /// the tools missing), with the reason printed so that the skip shows in the output.
+    /// Any other failure to make the lab panics: the test cannot run and must not pass.
+    pub fn for_test(n: usize) -> Option<Self> {
+        match Self::new(n) {
+            Ok(lab) => Some(lab),
+            Err(LabError::Unavailable(why)) => {
+                eprintln!("skipped: {why}");
+                None
+            }
+            Err(e) => panic!("creating the lab: {e}"),
+        }
+    }
+
     /// Creates `n` hosts on one bridge, every link up, no faults.
     pub fn new(n: usize) -> Result<Self, LabError> {
         Self::available().map_err(LabError::Unavailable)?;

@@ -6,18 +6,6 @@ use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 use ulnet_netlab::{Lab, RelayFaults};
 
-macro_rules! lab_or_skip {
-    ($n:expr) => {
-        match Lab::available() {
-            Ok(()) => Lab::new($n).expect("create lab"),
-            Err(why) => {
-                eprintln!("skipped: {why}");
-                return;
-            }
-        }
-    };
-}
-
 /// Sends `count` datagrams from `from` to `to`:`port` and returns how many arrived (the
 /// receiver drains concurrently, so its socket buffer never overflows).
 fn send_count(lab: &Lab, from: usize, to: usize, port: u16, count: usize) -> usize {
@@ -53,7 +41,7 @@ fn send_count(lab: &Lab, from: usize, to: usize, port: u16, count: usize) -> usi
 
 #[test]
 fn hosts_reach_each_other_and_partitions_cut_and_heal() {
-    let lab = lab_or_skip!(3);
+    let Some(lab) = Lab::for_test(3) else { return };
     assert_eq!(lab.host(1).addr().to_string(), "10.77.0.2");
     assert_eq!(send_count(&lab, 0, 1, 7001, 100), 100);
     lab.partition(lab.host(0), lab.host(1)).unwrap();
@@ -74,7 +62,7 @@ fn hosts_reach_each_other_and_partitions_cut_and_heal() {
 
 #[test]
 fn loss_drops_about_the_asked_fraction() {
-    let lab = lab_or_skip!(2);
+    let Some(lab) = Lab::for_test(2) else { return };
     lab.set_loss(lab.host(1), 0.3).unwrap();
     let got = send_count(&lab, 0, 1, 7100, 4000);
     // 4,000 trials at p = 0.7: σ ≈ 29, so ±200 is a seven-sigma band.
@@ -85,7 +73,7 @@ fn loss_drops_about_the_asked_fraction() {
 
 #[test]
 fn spawned_processes_run_inside_the_host() {
-    let lab = lab_or_skip!(2);
+    let Some(lab) = Lab::for_test(2) else { return };
     let out = lab.command(lab.host(1), "ip").args(["-4", "-o", "addr", "show", "dev", "eth0"]).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("10.77.0.2/24"));
     let mut cmd = std::process::Command::new("sh");
@@ -123,7 +111,7 @@ fn stale_labs_of_dead_processes_are_removed() {
 
 #[test]
 fn relay_forwards_with_seeded_duplication_reordering_and_delay() {
-    let lab = lab_or_skip!(3);
+    let Some(lab) = Lab::for_test(3) else { return };
     let (a, b, r) = (lab.host(0), lab.host(1), lab.host(2));
     let server = lab
         .run_in(b, move || {

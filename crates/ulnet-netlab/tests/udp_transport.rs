@@ -15,18 +15,6 @@ use ulnet_netlab::{Lab, RelayFaults};
 
 const MESSAGES: u64 = 100_000;
 
-macro_rules! lab_or_skip {
-    ($n:expr) => {
-        match Lab::available() {
-            Ok(()) => Lab::new($n).expect("create lab"),
-            Err(why) => {
-                eprintln!("skipped: {why}");
-                return;
-            }
-        }
-    };
-}
-
 /// Message `seq` of the stream: a seeded size (85% up to 256 B, 13% up to 4 KiB, 2% up to
 /// 64 KiB), the sequence number first, seeded bytes after.
 fn message(seq: u64) -> Vec<u8> {
@@ -157,7 +145,7 @@ fn stream_through(lab: &Lab, client_host: usize, server_host: usize, target: Opt
 
 #[test]
 fn ten_percent_kernel_loss_delivers_every_message_in_order_exactly_once() {
-    let lab = lab_or_skip!(2);
+    let Some(lab) = Lab::for_test(2) else { return };
     lab.set_loss(lab.host(0), 0.10).unwrap();
     lab.set_loss(lab.host(1), 0.10).unwrap();
     stream_through(&lab, 0, 1, None);
@@ -165,7 +153,7 @@ fn ten_percent_kernel_loss_delivers_every_message_in_order_exactly_once() {
 
 #[test]
 fn relay_duplication_reordering_and_delay_deliver_every_message_in_order_exactly_once() {
-    let lab = lab_or_skip!(3);
+    let Some(lab) = Lab::for_test(3) else { return };
     let seed = std::env::var("ULNET_RELAY_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
     let server_addr = SocketAddr::from((lab.host(1).addr(), 7000));
     let relay = lab.start_relay(lab.host(2), 7100, server_addr, RelayFaults::dup_reorder_delay(), seed).unwrap();
@@ -177,7 +165,7 @@ fn relay_duplication_reordering_and_delay_deliver_every_message_in_order_exactly
 
 #[test]
 fn a_ten_second_partition_stalls_the_channel_and_it_resumes_without_loss() {
-    let lab = lab_or_skip!(2);
+    let Some(lab) = Lab::for_test(2) else { return };
     let (a, b) = (lab.host(0), lab.host(1));
     lab.set_loss(a, 0.02).unwrap();
     let server_addr = SocketAddr::from((b.addr(), 7000));
@@ -242,7 +230,7 @@ fn a_ten_second_partition_stalls_the_channel_and_it_resumes_without_loss() {
 
 #[test]
 fn a_disappearing_peer_is_reported_within_the_peer_timeout() {
-    let lab = lab_or_skip!(2);
+    let Some(lab) = Lab::for_test(2) else { return };
     let (a, b) = (lab.host(0), lab.host(1));
     let peer_timeout = Duration::from_secs(2);
     let server_addr = SocketAddr::from((b.addr(), 7000));

@@ -20,7 +20,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 use ulnet_cluster::runtime::StatusReport;
 use ulnet_cluster::Config;
-use ulnet_netlab::{Lab, LabError};
+use ulnet_netlab::Lab;
 
 const NODES: usize = 5;
 /// Every node listens on this port of its own host's address (one namespace each).
@@ -86,18 +86,7 @@ fn agreed(reports: &[Option<StatusReport>], hosts: &[usize], members: &BTreeSet<
 impl Cluster {
     /// Five hosts, one node each; `None` (with the reason printed) where labs cannot exist.
     fn start(test: &str) -> Option<Cluster> {
-        if let Err(why) = Lab::available() {
-            eprintln!("skipped: {why}");
-            return None;
-        }
-        let lab = match Lab::new(NODES) {
-            Ok(lab) => lab,
-            Err(LabError::Unavailable(why)) => {
-                eprintln!("skipped: {why}");
-                return None;
-            }
-            Err(e) => panic!("creating the lab: {e}"),
-        };
+        let lab = Lab::for_test(NODES)?;
         let dir = std::env::temp_dir().join(format!("ulnet-netns-{test}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();

@@ -1,7 +1,10 @@
 //! Real processes: 32 `ulnet node` processes on loopback form one cluster; killing one
 //! (SIGKILL) yields a view without it, agreed by all 31 survivors.
 
-use std::net::{SocketAddr, TcpListener, UdpSocket};
+mod common;
+
+use common::free_addrs;
+use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use ulnet_cluster::runtime::{query_status, StatusReport};
@@ -14,22 +17,6 @@ impl Drop for Cluster {
             let _ = c.wait();
         }
     }
-}
-
-/// `n` addresses free for both UDP and TCP, below the kernel's ephemeral range (32768 and
-/// up here), so that no outgoing connection can take a node's port before it binds it.
-fn free_addrs(n: usize, salt: u16) -> Vec<SocketAddr> {
-    let mut port = 20_000 + (std::process::id() as u16 % 100) * 100 + salt;
-    let mut out = Vec::new();
-    while out.len() < n {
-        port += 1;
-        assert!(port < 32_768, "no free ports below the ephemeral range");
-        let a = SocketAddr::from(([127, 0, 0, 1], port));
-        if UdpSocket::bind(a).is_ok() && TcpListener::bind(a).is_ok() {
-            out.push(a);
-        }
-    }
-    out
 }
 
 fn statuses(addrs: &[SocketAddr], secret: &[u8]) -> Vec<Option<StatusReport>> {

@@ -15,7 +15,7 @@ use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use ulnet_netlab::{Lab, LabError};
+use ulnet_netlab::Lab;
 use ulnet_registry::client::{ClientError, RegistryClient};
 use ulnet_registry::linearizability::{check, Action, Operation};
 
@@ -168,18 +168,7 @@ fn client(addr: String, id: usize, t0: Instant, stop: Arc<AtomicBool>) -> Vec<Op
 
 #[test]
 fn registry_histories_under_partitions_and_kills_are_linearizable() {
-    if let Err(why) = Lab::available() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let lab = match Lab::new(NODES) {
-        Ok(lab) => lab,
-        Err(LabError::Unavailable(why)) => {
-            eprintln!("skipped: {why}");
-            return;
-        }
-        Err(e) => panic!("creating the lab: {e}"),
-    };
+    let Some(lab) = Lab::for_test(NODES) else { return };
     let dir = std::env::temp_dir().join(format!("ulnet-registry-netns-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();

@@ -3,28 +3,16 @@
 //! a restarted node catches up; a torn or bit-flipped log tail is refused at start-up, said
 //! so, and recovered from the peers.
 
-use std::net::{SocketAddr, TcpListener, UdpSocket};
+mod common;
+
+use common::free_addrs;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use ulnet_registry::client::{RegistryClient, RegistryStatus};
 
 const SECRET: &[u8] = b"registry-processes-secret";
-
-/// `n` addresses free for both UDP and TCP, below the ephemeral range.
-fn free_addrs(n: usize, salt: u16) -> Vec<SocketAddr> {
-    let mut port = 20_000 + (std::process::id() as u16 % 100) * 100 + salt;
-    let mut out = Vec::new();
-    while out.len() < n {
-        port += 1;
-        assert!(port < 32_768, "no free ports below the ephemeral range");
-        let a = SocketAddr::from(([127, 0, 0, 1], port));
-        if UdpSocket::bind(a).is_ok() && TcpListener::bind(a).is_ok() {
-            out.push(a);
-        }
-    }
-    out
-}
 
 /// Node processes; slot i listens on `addrs[i]` with data in `dir/n<i>`, stderr in
 /// `dir/n<i>.<start>.log`.
