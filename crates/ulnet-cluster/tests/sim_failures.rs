@@ -90,12 +90,10 @@ fn seeded_fault_plans_keep_views_agreed_and_never_split_brain() {
         // Restarts keep their durable state (a process crash, not a lost disk: a member
         // that loses its promises cannot count towards a quorum again).
         let mut incarnation = 0;
-        let start = sim.start();
         sim.run_plan(
             &plan,
-            |id, old| {
+            |id, old, now| {
                 incarnation += 1;
-                let now = start;
                 match old {
                     Some(old) => resumed(&old, n, &config, seed, now),
                     _ => restarted(id, n, incarnation, &config, seed, now),

@@ -431,7 +431,7 @@ fn a_mesh_of_endpoints_survives_a_seeded_fault_plan() {
             ..FaultPlanConfig::standard(n, Duration::from_secs(3))
         };
         let plan = FaultPlan::random(seed, &plan_config, Faults::lossy(0.05));
-        sim.run_plan(&plan, |_, _| unreachable!("no restarts"), check)?;
+        sim.run_plan(&plan, |_, _, _| unreachable!("no restarts"), check)?;
         sim.run_for(Duration::from_secs(20), check)?;
         for (_, p) in sim.live_nodes() {
             if !p.all_done(&|peer| if peer < p.me { 50 } else { 40 }) {

@@ -240,8 +240,8 @@ impl<N: Node> Sim<N> {
     }
 
     /// Applies one change of the world (used by [`FaultPlan`]; `restart_with` builds the
-    /// node that comes back).
-    pub fn apply(&mut self, change: &WorldChange, restart_with: &mut dyn FnMut(NodeId, Option<N>) -> N) {
+    /// node that comes back from its state at the crash, at the simulated time it is given).
+    pub fn apply(&mut self, change: &WorldChange, restart_with: &mut dyn FnMut(NodeId, Option<N>, Instant) -> N) {
         match change {
             WorldChange::Crash(id) => {
                 if let Some(old) = self.crash(*id) {
@@ -251,7 +251,7 @@ impl<N: Node> Sim<N> {
             WorldChange::Restart(id) => {
                 if self.is_crashed(*id) {
                     let old = self.crashed_state[id.0 as usize].take();
-                    let node = restart_with(*id, old);
+                    let node = restart_with(*id, old, self.now);
                     self.restart(*id, node);
                 }
             }
@@ -330,7 +330,7 @@ impl<N: Node> Sim<N> {
     pub fn run_plan(
         &mut self,
         plan: &FaultPlan,
-        mut restart_with: impl FnMut(NodeId, Option<N>) -> N,
+        mut restart_with: impl FnMut(NodeId, Option<N>, Instant) -> N,
         mut check: impl FnMut(&Self) -> Result<(), String>,
     ) -> Result<(), Violation> {
         for (at, change) in &plan.changes {

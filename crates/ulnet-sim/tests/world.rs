@@ -145,9 +145,9 @@ fn plans_replay_and_end_healed() {
     let mut restarted = 0;
     sim.run_plan(
         &a,
-        |id, _old| {
+        |id, _old, now| {
             restarted += 1;
-            Chatter::new(id.0, 5, Instant::now())
+            Chatter::new(id.0, 5, now)
         },
         |s| {
             let down = (0..5).filter(|&i| s.is_crashed(NodeId(i))).count();

@@ -533,7 +533,7 @@ impl Cluster {
         }
         for slot in n..total {
             // Joiners wait, crashed, for the plan to start them.
-            sim.apply(&WorldChange::Crash(SlotId(slot)), &mut |_, _| unreachable!());
+            sim.apply(&WorldChange::Crash(SlotId(slot)), &mut |_, _, _| unreachable!());
         }
         let mut c = Self {
             sim,
@@ -720,7 +720,7 @@ impl Cluster {
             }
             min
         };
-        self.sim.apply(change, &mut |slot, old| {
+        self.sim.apply(change, &mut |slot, old, now| {
             let old = old.expect("a restarted node was crashed");
             restarted.push(slot.0 as usize);
             if !started[slot.0 as usize] {
