@@ -37,9 +37,6 @@ const EVENT_QUEUE_MAX: usize = 1024;
 const REMOVED_MAX: usize = 64;
 /// Peers remembered for rate-limiting catch-up answers (cleared when full).
 const CATCHUP_PEERS_MAX: usize = 4096;
-/// Times a corrected connectivity row is sent to the proposer (one per retransmit period):
-/// three make its loss at 5% datagram loss a 1-in-8000 event.
-const ROW_RESENDS: u32 = 3;
 
 /// Where this node stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,6 +128,9 @@ pub struct Membership {
     /// Times our current connectivity row is still to be sent to the proposer (rows can
     /// be lost like any datagram; the proposer must not prune on a stale one).
     row_resends: u32,
+    /// Version of our connectivity row, raised whenever the row changes, so that the
+    /// proposer keeps the newest when an older row arrives after it.
+    row_version: u32,
     round_seen: u32,
     // Proposer state.
     regroup: Option<Regroup>,
@@ -195,6 +195,7 @@ impl Membership {
             resumed_accepted: None,
             promised_to: None,
             row_resends: 0,
+            row_version: 0,
             round_seen: 0,
             regroup: None,
             cautious: false,
@@ -502,8 +503,9 @@ impl Membership {
                 }
             }
             Message::Prepare { base, ballot } => self.on_prepare(now, from, sender, base, ballot),
-            Message::Promise { base, ballot, accepted, suspects } => {
-                self.on_promise(now, sender, base, ballot, accepted, suspects)
+            Message::Promise { base, ballot, accepted, suspects, row } => {
+                let row = PromiseRow { accepted, suspects: suspects.into_iter().collect(), row };
+                self.on_promise(now, sender, base, ballot, row)
             }
             Message::Nack { base, promised } => self.on_nack(now, base, promised),
             Message::Accept { base, ballot, proposal } => self.on_accept(now, from, sender, base, ballot, proposal),
@@ -552,6 +554,7 @@ impl Membership {
             ballot: self.promised,
             accepted: self.accepted.as_ref().map(|(b, v, _)| (*b, v.clone())),
             suspects: self.local_suspects.iter().copied().collect(),
+            row: self.row_version,
         };
         self.send_to(p, promise);
     }
@@ -691,11 +694,13 @@ impl Membership {
         self.announced_suspects.retain(|t| suspicions.contains_key(t));
         // A member that promised sends its corrected row when its suspicions change.
         if changed {
-            self.row_resends = ROW_RESENDS;
+            self.row_version = self.row_version.wrapping_add(1);
+            self.row_resends = self.config.row_resends();
             self.send_row();
             if let Some(r) = &mut self.regroup {
                 if let Some(row) = r.promises.get_mut(&self.me.id) {
                     row.suspects = self.local_suspects.clone();
+                    row.row = self.row_version;
                 }
             }
         }
@@ -838,6 +843,7 @@ impl Membership {
             PromiseRow {
                 accepted: self.accepted.as_ref().map(|(b, v, _)| (*b, v.clone())),
                 suspects: self.local_suspects.clone(),
+                row: self.row_version,
             },
         );
         self.counters.regroups_started += 1;
@@ -1079,12 +1085,13 @@ impl Membership {
         self.overtaken(now, ballot);
         self.promised = ballot;
         self.promised_to = Some(sender);
-        self.row_resends = if self.local_suspects.is_empty() { 0 } else { ROW_RESENDS };
+        self.row_resends = if self.local_suspects.is_empty() { 0 } else { self.config.row_resends() };
         let promise = Message::Promise {
             base,
             ballot,
             accepted: self.accepted.as_ref().map(|(b, v, _)| (*b, v.clone())),
             suspects: self.local_suspects.iter().copied().collect(),
+            row: self.row_version,
         };
         self.send(from, promise);
         // Check the members we cannot hear: if they answer, our row is corrected.
@@ -1093,33 +1100,28 @@ impl Membership {
         }
     }
 
-    fn on_promise(
-        &mut self,
-        now: Instant,
-        sender: MemberId,
-        base: u64,
-        ballot: Ballot,
-        accepted: Option<(Ballot, View)>,
-        suspects: Vec<MemberId>,
-    ) {
+    fn on_promise(&mut self, now: Instant, sender: MemberId, base: u64, ballot: Ballot, row: PromiseRow) {
         let Some(r) = self.regroup.as_mut() else { return };
         if r.base.id != base || r.ballot != ballot || !r.base.contains(sender) {
             self.counters.ignored += 1;
             return;
         }
-        if let Some((b, v)) = &accepted {
+        if let Some((b, v)) = &row.accepted {
             // A value accepted at a higher ballot than ours would mean a broken acceptor.
             if *b > ballot || v.id != base + 1 {
                 self.counters.ignored += 1;
                 return;
             }
         }
-        let row = PromiseRow { accepted, suspects: suspects.into_iter().collect() };
-        if let Phase::Collect = r.phase {
-            r.promises.insert(sender, row);
+        if r.promises.get(&sender).is_some_and(|held| held.row > row.row) {
+            // An older row overtaken by its correction: keep the correction.
+            self.counters.ignored += 1;
+            return;
+        }
+        let collecting = matches!(r.phase, Phase::Collect);
+        r.promises.insert(sender, row);
+        if collecting {
             self.try_decide(now);
-        } else {
-            r.promises.insert(sender, row);
         }
     }
 

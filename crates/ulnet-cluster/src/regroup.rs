@@ -42,6 +42,8 @@ use std::time::Instant;
 pub(crate) struct PromiseRow {
     pub accepted: Option<(Ballot, View)>,
     pub suspects: BTreeSet<MemberId>,
+    /// The row's version (`Message::Promise::row`): a row never replaces a newer one.
+    pub row: u32,
 }
 
 /// Where a regroup run by this node stands.
@@ -128,7 +130,7 @@ mod tests {
     use super::*;
 
     fn row(suspects: &[u64]) -> PromiseRow {
-        PromiseRow { accepted: None, suspects: suspects.iter().map(|&i| MemberId(i)).collect() }
+        PromiseRow { accepted: None, suspects: suspects.iter().map(|&i| MemberId(i)).collect(), row: 0 }
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //!
 //! The format is append-only (STYLE §11): kinds keep their numbers forever, and new
 //! fields go at the end of a body, where older decoders ignore them. Version history:
-//! 1 — first version.
+//! 1 — first version. Later, appended within it: `Promise` ends with its row version
+//! (a `Promise` without it reads as row 0).
 
 use crate::view::{Member, MemberId, View, NAME_MAX};
 use hmac::{Hmac, Mac};
@@ -87,6 +88,10 @@ pub enum Message {
         accepted: Option<(Ballot, View)>,
         /// The members this member cannot hear (its row of the connectivity matrix).
         suspects: Vec<MemberId>,
+        /// Version of the row, raised whenever the member's row changes: a corrected row
+        /// and the one it corrects may arrive in either order, and the proposer keeps the
+        /// newest.
+        row: u32,
     },
     /// The member refuses a ballot: it promised a higher one, or is in another view.
     Nack {
@@ -334,7 +339,7 @@ fn encode_body(w: &mut Vec<u8>, m: &Message) {
             put_u64(w, *base);
             put_ballot(w, *ballot);
         }
-        Message::Promise { base, ballot, accepted, suspects } => {
+        Message::Promise { base, ballot, accepted, suspects, row } => {
             put_u64(w, *base);
             put_ballot(w, *ballot);
             match accepted {
@@ -346,6 +351,7 @@ fn encode_body(w: &mut Vec<u8>, m: &Message) {
                 }
             }
             put_ids(w, suspects);
+            w.extend_from_slice(&row.to_le_bytes());
         }
         Message::Nack { base, promised } => {
             put_u64(w, *base);
@@ -379,6 +385,10 @@ impl Reader<'_> {
     fn u16(&mut self) -> Result<u16, DecodeError> {
         Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
     }
+    fn at_end(&self) -> bool {
+        self.pos == self.data.len()
+    }
+
     fn u32(&mut self) -> Result<u32, DecodeError> {
         Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
     }
@@ -452,7 +462,9 @@ fn decode_body(kind: u8, r: &mut Reader<'_>) -> Result<Message, DecodeError> {
                 1 => Some((r.ballot()?, r.view()?)),
                 _ => return Err(DecodeError::Body("bad option flag")),
             };
-            Message::Promise { base, ballot, accepted, suspects: r.ids()? }
+            let suspects = r.ids()?;
+            let row = if r.at_end() { 0 } else { r.u32()? };
+            Message::Promise { base, ballot, accepted, suspects, row }
         }
         6 => Message::Nack { base: r.u64()?, promised: r.ballot()? },
         7 => Message::Accept { base: r.u64()?, ballot: r.ballot()?, proposal: r.view()? },
@@ -486,6 +498,7 @@ mod tests {
                 ballot: Ballot { round: 2, proposer: MemberId(1) },
                 accepted: Some((Ballot { round: 1, proposer: MemberId(3) }, view.clone())),
                 suspects: vec![],
+                row: 7,
             },
             Message::Nack { base: 4, promised: Ballot { round: 3, proposer: MemberId(2) } },
             Message::Accept { base: 4, ballot: Ballot { round: 2, proposer: MemberId(1) }, proposal: view.clone() },
@@ -505,6 +518,28 @@ mod tests {
             let bytes = auth.encode(&p);
             assert_eq!(auth.decode(&bytes), Ok(p));
         }
+    }
+
+    /// A `Promise` from a sender that does not append its row version (the body as first
+    /// written) still decodes, as row 0.
+    #[test]
+    fn a_promise_without_its_row_version_reads_as_row_zero() {
+        let auth = Authenticator::new(b"secret");
+        let message = Message::Promise {
+            base: 4,
+            ballot: Ballot { round: 2, proposer: MemberId(1) },
+            accepted: None,
+            suspects: vec![MemberId(3)],
+            row: 9,
+        };
+        let bytes = auth.encode(&Packet { sender: MemberId(5), sender_view: 4, message: message.clone() });
+        let mut unsigned = bytes[..bytes.len() - TAG_LEN - 4].to_vec();
+        let tag = auth.tag(&unsigned);
+        unsigned.extend_from_slice(&tag);
+        let Message::Promise { row, suspects, .. } = auth.decode(&unsigned).expect("decodes").message else {
+            panic!("not a promise")
+        };
+        assert_eq!((row, suspects), (0, vec![MemberId(3)]));
     }
 
     #[test]

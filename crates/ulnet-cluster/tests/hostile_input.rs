@@ -41,12 +41,19 @@ fn message() -> impl Strategy<Value = Message> {
             .prop_map(|(i, f)| Message::JoinRequest { member: member(i, 9000 + i as u16), forwarded: f }),
         (0u64..10).prop_map(|t| Message::Suspect { target: MemberId(t) }),
         (0u64..4, ballot()).prop_map(|(base, ballot)| Message::Prepare { base, ballot }),
-        (0u64..4, ballot(), proptest::option::of((ballot(), view())), proptest::collection::vec(0u64..10, 0..3))
-            .prop_map(|(base, ballot, accepted, s)| Message::Promise {
+        (
+            0u64..4,
+            ballot(),
+            proptest::option::of((ballot(), view())),
+            proptest::collection::vec(0u64..10, 0..3),
+            any::<u32>()
+        )
+            .prop_map(|(base, ballot, accepted, s, row)| Message::Promise {
                 base,
                 ballot,
                 accepted,
-                suspects: s.into_iter().map(MemberId).collect()
+                suspects: s.into_iter().map(MemberId).collect(),
+                row
             }),
         (0u64..4, ballot()).prop_map(|(base, promised)| Message::Nack { base, promised }),
         (0u64..4, ballot(), view()).prop_map(|(base, ballot, proposal)| Message::Accept { base, ballot, proposal }),
