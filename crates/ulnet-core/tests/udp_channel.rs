@@ -5,6 +5,8 @@
 
 mod util;
 
+use util::receive_whole;
+
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 use ulnet_core::transport::udp::{wire, Connection, UdpConfig};
@@ -12,28 +14,6 @@ use ulnet_core::{ChannelError, ConnectError, Endpoint, EndpointConfig, Event, No
 
 fn config(secret: &[u8]) -> EndpointConfig {
     EndpointConfig { udp: UdpConfig { secret: secret.to_vec(), ..UdpConfig::lan() }, ..Default::default() }
-}
-
-/// Receives until `n` whole messages arrived (reassembling fragments) or the channel went down.
-fn receive(ep: &mut Endpoint, n: usize, within: Duration) -> (Vec<Vec<u8>>, Option<ChannelError>) {
-    let mut whole = Vec::new();
-    let mut partial = Vec::new();
-    let mut down = None;
-    let deadline = Instant::now() + within;
-    while whole.len() < n && down.is_none() && Instant::now() < deadline {
-        ep.poll(64, |e| match e {
-            Event::Message { data, message_len, offset, .. } => {
-                assert_eq!(offset, partial.len() as u64, "fragments in order");
-                partial.extend_from_slice(data);
-                if partial.len() as u64 == message_len {
-                    whole.push(std::mem::take(&mut partial));
-                }
-            }
-            Event::ChannelDown { error, .. } => down = Some(error),
-            Event::SendComplete { .. } => {}
-        });
-    }
-    (whole, down)
 }
 
 #[test]
@@ -65,7 +45,7 @@ fn messages_of_every_size_arrive_whole_in_order_then_closed() {
         ep.close(ch);
     });
     server.accept(Duration::from_secs(5)).unwrap();
-    let (got, down) = receive(&mut server, sizes.len() + 1, Duration::from_secs(60));
+    let (got, down) = receive_whole(&mut server, sizes.len() + 1, Duration::from_secs(60));
     client.join().unwrap();
     assert_eq!(got.len(), sizes.len() + 1, "all messages arrived ({down:?})");
     for (i, &len) in sizes.iter().enumerate() {
@@ -75,7 +55,7 @@ fn messages_of_every_size_arrive_whole_in_order_then_closed() {
     let last = &got[sizes.len()];
     assert_eq!(last.len(), 64 << 20);
     assert!(last.iter().enumerate().all(|(k, &b)| b == (k % 251) as u8));
-    let (_, down) = if down.is_none() { receive(&mut server, 1, Duration::from_secs(5)) } else { (vec![], down) };
+    let (_, down) = if down.is_none() { receive_whole(&mut server, 1, Duration::from_secs(5)) } else { (vec![], down) };
     assert_eq!(down, Some(ChannelError::Closed));
 }
 
@@ -361,7 +341,7 @@ fn malformed_truncated_replayed_stranger_and_wrong_secret_datagrams_are_dropped_
     let mut raw = RawClient::connect(addr, b"k");
     let mut server = server_thread.join().unwrap();
     raw.send(b"first");
-    let (got, _) = receive(&mut server, 1, Duration::from_secs(5));
+    let (got, _) = receive_whole(&mut server, 1, Duration::from_secs(5));
     assert_eq!(got, vec![b"first".to_vec()]);
     let data = raw
         .sent
@@ -411,7 +391,7 @@ fn malformed_truncated_replayed_stranger_and_wrong_secret_datagrams_are_dropped_
     assert_eq!(server.udp_counters().dropped(), c.dropped() + 2);
     // The channel still works, in order.
     raw.send(b"second");
-    let (got, down) = receive(&mut server, 1, Duration::from_secs(5));
+    let (got, down) = receive_whole(&mut server, 1, Duration::from_secs(5));
     assert_eq!((got, down), (vec![b"second".to_vec()], None));
 }
 
@@ -433,7 +413,7 @@ fn vanished_peer_is_a_failure_within_the_peer_timeout() {
     let addr = server.listen_udp("127.0.0.1:0").unwrap().to_string();
     let mut child = util::spawn_child("vanished_peer_is_a_failure_within_the_peer_timeout", &addr, &[]);
     server.accept(Duration::from_secs(5)).unwrap();
-    let (got, _) = receive(&mut server, 1, Duration::from_secs(5));
+    let (got, _) = receive_whole(&mut server, 1, Duration::from_secs(5));
     assert_eq!(got, vec![b"last words".to_vec()]);
     child.wait().unwrap();
     let gone = Instant::now();
