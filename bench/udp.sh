@@ -4,14 +4,16 @@
 # throughput (TCP, the goal; and UDP goodput, the kernel's ceiling for any UDP
 # transport), and the incast run (8 sender processes to one receiver, flow control on
 # and off; and 8 streams from one sender process, labelled, see BENCHMARKS.md). Writes
-# bench/results/udp.md. ROUNDS=N sets the alternating rounds (default 5); CASES=incast runs
-# only the incast rows (appending them to bench/results/udp.md).
+# $UDP_OUT (default bench/results/udp-latest.md; a file of its own, since the comparison
+# table replaces the file's contents: bench/results/udp.md keeps the A/B records that
+# bench/udp-incast-ab.sh appends). ROUNDS=N sets the alternating rounds (default 5);
+# CASES=incast runs only the incast rows (appending them to $UDP_OUT).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --locked -p ulnet >/dev/null 2>&1
 UCX=${UCX_REF:-../shared/peers/ucx-ref}
 ROUNDS=${ROUNDS:-5}
-out=bench/results/udp.md
+out=${UDP_OUT:-bench/results/udp-latest.md}
 CASES=${CASES:-all}
 [[ $CASES == incast ]] || python3 bench/compare.py --rounds "$ROUNDS" --markdown "$out" \
   "am-lat 64 B, udp|am-lat --transport udp --size 64 --iters 50000|$UCX am-lat tcp 64 50000|p50_us|<=1.0" \

@@ -3,6 +3,8 @@
 
 mod util;
 
+use util::receive_whole;
+
 use std::io::Write;
 use std::time::{Duration, Instant};
 use ulnet_core::transport::tcp::TcpConfig;
@@ -10,28 +12,6 @@ use ulnet_core::{ChannelError, ConnectError, Endpoint, EndpointConfig, Event, Se
 
 fn config(secret: &[u8]) -> EndpointConfig {
     EndpointConfig { tcp: TcpConfig { secret: secret.to_vec() }, ..Default::default() }
-}
-
-/// Receives until `n` whole messages arrived (reassembling fragments) or the channel went down.
-fn receive(ep: &mut Endpoint, n: usize) -> (Vec<Vec<u8>>, Option<ChannelError>) {
-    let mut whole = Vec::new();
-    let mut partial = Vec::new();
-    let mut down = None;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while whole.len() < n && down.is_none() && Instant::now() < deadline {
-        ep.poll(64, |e| match e {
-            Event::Message { data, message_len, offset, .. } => {
-                assert_eq!(offset, partial.len() as u64, "fragments in order");
-                partial.extend_from_slice(data);
-                if partial.len() as u64 == message_len {
-                    whole.push(std::mem::take(&mut partial));
-                }
-            }
-            Event::ChannelDown { error, .. } => down = Some(error),
-            Event::SendComplete { .. } => {}
-        });
-    }
-    (whole, down)
 }
 
 #[test]
@@ -55,7 +35,7 @@ fn messages_of_every_size_arrive_whole_in_order_then_closed() {
         ep.close(ch);
     });
     server.accept(Duration::from_secs(5)).unwrap();
-    let (got, down) = receive(&mut server, sizes.len() + 1);
+    let (got, down) = receive_whole(&mut server, sizes.len() + 1, Duration::from_secs(30));
     client.join().unwrap();
     for (i, &len) in sizes.iter().enumerate() {
         let want: Vec<u8> = (0..len).map(|k| (k + i) as u8).collect();
@@ -63,7 +43,8 @@ fn messages_of_every_size_arrive_whole_in_order_then_closed() {
     }
     assert!(got[sizes.len()].iter().enumerate().all(|(k, &b)| b == (k % 251) as u8));
     assert_eq!(got[sizes.len()].len(), 20_000_000);
-    let (_, down) = if down.is_none() { receive(&mut server, 1) } else { (vec![], down) };
+    let (_, down) =
+        if down.is_none() { receive_whole(&mut server, 1, Duration::from_secs(30)) } else { (vec![], down) };
     assert_eq!(down, Some(ChannelError::Closed));
 }
 
@@ -93,7 +74,7 @@ fn vanished_peer_is_a_failure() {
     let addr = server.listen_tcp("127.0.0.1:0").unwrap().to_string();
     let mut child = util::spawn_child("vanished_peer_is_a_failure", &addr, &[]);
     server.accept(Duration::from_secs(5)).unwrap();
-    let (got, down) = receive(&mut server, 2);
+    let (got, down) = receive_whole(&mut server, 2, Duration::from_secs(30));
     child.wait().unwrap();
     assert_eq!(got, vec![b"last words".to_vec()]);
     assert!(matches!(down, Some(ChannelError::PeerFailed(_))), "{down:?}");
@@ -116,7 +97,7 @@ fn forged_frames_fail_the_channel_and_strangers_never_connect() {
         std::thread::sleep(Duration::from_millis(200));
     });
     server.accept(Duration::from_secs(5)).unwrap();
-    let (got, down) = receive(&mut server, 1);
+    let (got, down) = receive_whole(&mut server, 1, Duration::from_secs(30));
     t.join().unwrap();
     assert!(got.is_empty());
     assert!(matches!(down, Some(ChannelError::Protocol(_))), "{down:?}");
@@ -157,7 +138,7 @@ fn closing_while_the_peer_streams_is_a_clean_close_for_the_peer() {
     });
     let ch = receiver.accept(Duration::from_secs(5)).unwrap();
     // Read at full speed (the streamer never waits for room), then close with input unread.
-    let (got, down) = receive(&mut receiver, 2000);
+    let (got, down) = receive_whole(&mut receiver, 2000, Duration::from_secs(30));
     assert!(got.len() >= 2000 && down.is_none(), "{} messages, {down:?}", got.len());
     receiver.close(ch);
     assert_eq!(streamer.join().unwrap(), Some(ChannelError::Closed));
@@ -188,7 +169,7 @@ fn aborting_drops_what_the_peer_has_not_received() {
     let sent = filled_rx.recv().unwrap();
     abort_tx.send(()).unwrap();
     sender.join().unwrap();
-    let (got, down) = receive(&mut receiver, sent);
+    let (got, down) = receive_whole(&mut receiver, sent, Duration::from_secs(30));
     assert!(got.len() < sent, "{} of {sent} messages arrived after the abort", got.len());
     assert!(matches!(down, Some(ChannelError::PeerFailed(_))), "{down:?}");
 }

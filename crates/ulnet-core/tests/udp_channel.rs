@@ -5,6 +5,8 @@
 
 mod util;
 
+use util::receive_whole;
+
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 use ulnet_core::transport::udp::{wire, Connection, UdpConfig};
@@ -12,28 +14,6 @@ use ulnet_core::{ChannelError, ConnectError, Endpoint, EndpointConfig, Event, No
 
 fn config(secret: &[u8]) -> EndpointConfig {
     EndpointConfig { udp: UdpConfig { secret: secret.to_vec(), ..UdpConfig::lan() }, ..Default::default() }
-}
-
-/// Receives until `n` whole messages arrived (reassembling fragments) or the channel went down.
-fn receive(ep: &mut Endpoint, n: usize, within: Duration) -> (Vec<Vec<u8>>, Option<ChannelError>) {
-    let mut whole = Vec::new();
-    let mut partial = Vec::new();
-    let mut down = None;
-    let deadline = Instant::now() + within;
-    while whole.len() < n && down.is_none() && Instant::now() < deadline {
-        ep.poll(64, |e| match e {
-            Event::Message { data, message_len, offset, .. } => {
-                assert_eq!(offset, partial.len() as u64, "fragments in order");
-                partial.extend_from_slice(data);
-                if partial.len() as u64 == message_len {
-                    whole.push(std::mem::take(&mut partial));
-                }
-            }
-            Event::ChannelDown { error, .. } => down = Some(error),
-            Event::SendComplete { .. } => {}
-        });
-    }
-    (whole, down)
 }
 
 #[test]
@@ -65,7 +45,7 @@ fn messages_of_every_size_arrive_whole_in_order_then_closed() {
         ep.close(ch);
     });
     server.accept(Duration::from_secs(5)).unwrap();
-    let (got, down) = receive(&mut server, sizes.len() + 1, Duration::from_secs(60));
+    let (got, down) = receive_whole(&mut server, sizes.len() + 1, Duration::from_secs(60));
     client.join().unwrap();
     assert_eq!(got.len(), sizes.len() + 1, "all messages arrived ({down:?})");
     for (i, &len) in sizes.iter().enumerate() {
@@ -75,7 +55,7 @@ fn messages_of_every_size_arrive_whole_in_order_then_closed() {
     let last = &got[sizes.len()];
     assert_eq!(last.len(), 64 << 20);
     assert!(last.iter().enumerate().all(|(k, &b)| b == (k % 251) as u8));
-    let (_, down) = if down.is_none() { receive(&mut server, 1, Duration::from_secs(5)) } else { (vec![], down) };
+    let (_, down) = if down.is_none() { receive_whole(&mut server, 1, Duration::from_secs(5)) } else { (vec![], down) };
     assert_eq!(down, Some(ChannelError::Closed));
 }
 
@@ -361,7 +341,7 @@ fn malformed_truncated_replayed_stranger_and_wrong_secret_datagrams_are_dropped_
     let mut raw = RawClient::connect(addr, b"k");
     let mut server = server_thread.join().unwrap();
     raw.send(b"first");
-    let (got, _) = receive(&mut server, 1, Duration::from_secs(5));
+    let (got, _) = receive_whole(&mut server, 1, Duration::from_secs(5));
     assert_eq!(got, vec![b"first".to_vec()]);
     let data = raw
         .sent
@@ -411,7 +391,7 @@ fn malformed_truncated_replayed_stranger_and_wrong_secret_datagrams_are_dropped_
     assert_eq!(server.udp_counters().dropped(), c.dropped() + 2);
     // The channel still works, in order.
     raw.send(b"second");
-    let (got, down) = receive(&mut server, 1, Duration::from_secs(5));
+    let (got, down) = receive_whole(&mut server, 1, Duration::from_secs(5));
     assert_eq!((got, down), (vec![b"second".to_vec()], None));
 }
 
@@ -433,7 +413,7 @@ fn vanished_peer_is_a_failure_within_the_peer_timeout() {
     let addr = server.listen_udp("127.0.0.1:0").unwrap().to_string();
     let mut child = util::spawn_child("vanished_peer_is_a_failure_within_the_peer_timeout", &addr, &[]);
     server.accept(Duration::from_secs(5)).unwrap();
-    let (got, _) = receive(&mut server, 1, Duration::from_secs(5));
+    let (got, _) = receive_whole(&mut server, 1, Duration::from_secs(5));
     assert_eq!(got, vec![b"last words".to_vec()]);
     child.wait().unwrap();
     let gone = Instant::now();
@@ -454,13 +434,11 @@ fn vanished_peer_is_a_failure_within_the_peer_timeout() {
     assert!(server.counters().sleeps >= 2, "the endpoint slept between timer wake-ups");
 }
 
-/// A sender blocked on credit seals at most `unsent_max` ahead of what it may transmit,
-/// although it has free send slots (without the bound it filled them all, 16 MiB, and the
-/// kernel later copied them out of memory long evicted from the caches), and goes on as
-/// soon as credit comes.
-#[test]
-fn a_sender_blocked_on_credit_writes_at_most_unsent_max_ahead() {
-    let (credit, unsent_max) = (2u64 << 20, 1u64 << 20);
+/// A sender blocked on credit seals at most an eighth of the peer's grant (capped at
+/// `unsent_max`) ahead of what it may transmit, although it has free send slots (without a
+/// bound it filled them all, 16 MiB, and the kernel later copied them out of memory long
+/// evicted from the caches), and goes on as soon as credit comes.
+fn sender_blocked_on_credit_seals_at_most(credit: u64, unsent_max: u64, bound: u64) {
     let config = UdpConfig {
         secret: b"k".to_vec(),
         credit_bytes: credit as u32,
@@ -476,7 +454,7 @@ fn a_sender_blocked_on_credit_writes_at_most_unsent_max_ahead() {
     pump(&mut client, &mut server, &mut t, &chunk);
     assert!(server.receive_buffered() + packet > credit, "the credit is used: {}", server.receive_buffered());
     let unsent = client.unsent_bytes();
-    assert!(unsent >= unsent_max && unsent < unsent_max + packet, "{unsent} bytes sealed ahead of the credit");
+    assert!(unsent >= bound && unsent < bound + packet, "{unsent} bytes sealed ahead of the credit, bound {bound}");
     let (waiting, in_flight) = client.send_backlog();
     assert!(waiting + in_flight < window / 2, "the bound stopped the sender, not its {window} slots");
     assert_eq!(client.send(&[&chunk]).unwrap(), SendOutcome::NoResource);
@@ -490,5 +468,41 @@ fn a_sender_blocked_on_credit_writes_at_most_unsent_max_ahead() {
         (sent + 1) * packet > credit && sent * packet > unsent + packet,
         "{sent} packets went out after the window update"
     );
-    assert!(client.unsent_bytes() < unsent_max + packet, "{} bytes sealed ahead", client.unsent_bytes());
+    assert!(client.unsent_bytes() < bound + packet, "{} bytes sealed ahead", client.unsent_bytes());
+}
+
+/// One of eight streams sharing a 16 MiB budget has a 2 MiB grant: it seals 256 KiB ahead,
+/// not the 1 MiB ceiling.
+#[test]
+fn a_sender_with_a_small_grant_seals_an_eighth_of_it_ahead() {
+    sender_blocked_on_credit_seals_at_most(2 << 20, 1 << 20, 256 << 10);
+}
+
+/// A lone stream with a 16 MiB grant: an eighth would be 2 MiB, so the `unsent_max`
+/// ceiling (1 MiB) applies.
+#[test]
+fn a_sender_with_a_large_grant_seals_at_most_unsent_max_ahead() {
+    sender_blocked_on_credit_seals_at_most(16 << 20, 1 << 20, 1 << 20);
+}
+
+/// The grant the sender follows is the receiver's share of its budget, learned from its
+/// acks after the HELLO's whole credit: sharing among four channels cuts the fill-ahead
+/// from `unsent_max` to an eighth of a quarter of the budget.
+#[test]
+fn the_fill_ahead_follows_a_shared_receive_budget() {
+    let (mut client, server) = handshake_in_memory(|_| {});
+    let mut server = server.expect("the server answers");
+    let whole = u64::from(UdpConfig::lan().credit_bytes);
+    server.share_receive_budget(4);
+    let chunk = vec![3u8; client.fragment_max()];
+    let packet = chunk.len() as u64 + 64;
+    let mut t = Instant::now();
+    // The HELLO granted the whole budget; use it up, then consume, so that the grants
+    // from here on are the quarter share.
+    pump(&mut client, &mut server, &mut t, &chunk);
+    server.poll_recv(usize::MAX, &mut |_, _| {}).unwrap();
+    pump(&mut client, &mut server, &mut t, &chunk);
+    let bound = whole / 4 / 8;
+    let unsent = client.unsent_bytes();
+    assert!(unsent >= bound && unsent < bound + packet, "{unsent} bytes sealed ahead, bound {bound}");
 }

@@ -114,3 +114,30 @@ pub fn send_blocking(ep: &mut Endpoint, ch: ChannelId, gather: &[&[u8]], timeout
         }
     }
 }
+
+/// Receives until `n` whole messages arrived (reassembling fragments), the channel went
+/// down, or `within` passed.
+pub fn receive_whole(
+    ep: &mut Endpoint,
+    n: usize,
+    within: Duration,
+) -> (Vec<Vec<u8>>, Option<ulnet_core::ChannelError>) {
+    let mut whole = Vec::new();
+    let mut partial = Vec::new();
+    let mut down = None;
+    let deadline = Instant::now() + within;
+    while whole.len() < n && down.is_none() && Instant::now() < deadline {
+        ep.poll(64, |e| match e {
+            Event::Message { data, message_len, offset, .. } => {
+                assert_eq!(offset, partial.len() as u64, "fragments in order");
+                partial.extend_from_slice(data);
+                if partial.len() as u64 == message_len {
+                    whole.push(std::mem::take(&mut partial));
+                }
+            }
+            Event::ChannelDown { error, .. } => down = Some(error),
+            Event::SendComplete { .. } => {}
+        });
+    }
+    (whole, down)
+}

@@ -195,9 +195,16 @@ pub struct BenchArgs {
     /// one CPU; the single-stream baseline is one stream in one process either way.
     #[arg(long, default_value_t = 1)]
     streams_per_sender: usize,
-    /// Measured time of `incast`, in milliseconds.
+    /// Measured time of each `incast` phase, in milliseconds.
     #[arg(long, default_value_t = 2000)]
     duration_ms: u64,
+    /// `incast` cycles: the N streams are measured this many times, each time between two
+    /// single-stream phases (S N S N … S), and the reported ratio is the median of the
+    /// cycles' ratios, each against the mean of its two neighbouring single streams. The
+    /// speed of a shared host changes within seconds; the interleaving lets every ratio
+    /// compare phases that saw the same host.
+    #[arg(long, default_value_t = 3)]
+    cycles: usize,
     /// Blocking mode: sleep in `Endpoint::wait` whenever a poll found nothing to do or a
     /// send found no room, instead of busy-polling (as iperf3 and most socket programs do).
     #[arg(long)]

@@ -28,14 +28,17 @@ pub struct UdpConfig {
     /// least four datagrams): eight senders into one receiver then queue 16 MiB there, not
     /// 128 MiB that the receiver would copy out of memory long evicted from its caches.
     pub credit_bytes: u32,
-    /// Bytes a sender may seal ahead of what it can transmit (packets waiting for the
+    /// Most bytes a sender seals ahead of what it can transmit (packets waiting for the
     /// peer's credit or for the driver's next `sendmmsg`); beyond that `send` answers
-    /// `NoResource` and the application waits for credit. 1 MiB: without a bound a sender
-    /// blocked on credit filled all its send slots (16 MiB) ahead, and when credit came
-    /// the kernel copied datagrams written milliseconds and megabytes earlier, long out of
-    /// the caches — eight such senders on one CPU paid twice a lone stream's CPU per
-    /// byte (BENCHMARKS.md, issue 3). A sender that writes a packet just before it goes
-    /// out copies it into the socket from the cache.
+    /// `NoResource` and the application waits for credit. The bound in force is an eighth
+    /// of the credit the peer grants (credit returns in steps of about an eighth), capped
+    /// here. 1 MiB: without a bound a sender blocked on credit filled all its send slots
+    /// (16 MiB) ahead, and when credit came the kernel copied datagrams written
+    /// milliseconds and megabytes earlier, long out of the caches — eight such senders on
+    /// one CPU paid twice a lone stream's CPU per byte (BENCHMARKS.md, issue 3). A sender
+    /// that writes a packet just before it goes out copies it into the socket from the
+    /// cache. A lone stream (16 MiB grant) uses the whole 1 MiB: a fixed 256 KiB made it
+    /// 5 % slower; eight streams sharing a receiver (2 MiB grants) seal 256 KiB each.
     pub unsent_max: u32,
     /// Whether this side obeys its peer's credit when sending. `true` keeps a slow
     /// receiver's problem with its own senders; `false` exists to measure what that is worth

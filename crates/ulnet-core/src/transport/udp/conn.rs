@@ -226,9 +226,13 @@ struct Tx {
     /// Stream bytes of the packets sealed so far; `stream_sealed - stream_sent` are sealed
     /// and waiting for their first transmission.
     stream_sealed: u64,
-    /// Unsent bytes at which new packets are refused (`UdpConfig::unsent_max`).
+    /// Ceiling of the unsent bytes at which new packets are refused (`UdpConfig::unsent_max`);
+    /// the bound in force is [`Tx::fill_ahead_max`].
     unsent_max: u64,
     stream_sent: u64,
+    /// The credit window the peer grants at a time ([`AckBlock::grant`], at first the
+    /// credit of its HELLO).
+    peer_grant: u64,
     peer_credit_bytes: u64,
     peer_credit_seq: u64,
     /// Since when the next packet has waited for credit (for `credit_blocked_us`).
@@ -266,11 +270,24 @@ impl Tx {
         self.stream_sealed + filling - self.stream_sent
     }
 
-    /// Whether the unsent bytes reached `unsent_max`: no new packet is opened until they
-    /// go out (`NoResource`), so that a sender blocked on credit does not fill its send
-    /// slots far ahead of what it may transmit (see `UdpConfig::unsent_max`).
+    /// Unsent bytes at which new packets are refused: an eighth of the peer's grant, at
+    /// most `unsent_max` and at least one datagram. Credit comes back in steps of about an
+    /// eighth of the grant (the receiver renews it every eighth consumed), so that much
+    /// sealed ahead fills each step the moment it arrives; more would wait for later steps
+    /// and go cold in the caches meanwhile. A lone stream with a 16 MiB grant keeps the
+    /// whole `unsent_max` (1 MiB); each of eight streams sharing that budget (2 MiB grants)
+    /// seals 256 KiB ahead, so eight senders on one CPU stay within its caches
+    /// (BENCHMARKS.md, issue 3).
+    fn fill_ahead_max(&self) -> u64 {
+        let datagram = self.datagram_max as u64;
+        (self.peer_grant / 8).clamp(datagram, self.unsent_max.max(datagram))
+    }
+
+    /// Whether the unsent bytes reached [`Tx::fill_ahead_max`]: no new packet is opened
+    /// until they go out (`NoResource`), so that a sender blocked on credit does not fill
+    /// its send slots far ahead of what it may transmit (see `UdpConfig::unsent_max`).
     fn unsent_full(&self) -> bool {
-        self.unsent_bytes() >= self.unsent_max
+        self.unsent_bytes() >= self.fill_ahead_max()
     }
 
     /// Data bytes a record can carry in an empty packet.
@@ -530,7 +547,9 @@ impl Rx {
         self.advertised_seq = credit_seq;
         self.ack_due = None;
         self.unacked = 0;
-        AckBlock { cum_ack: self.cum_ack, sack, credit_bytes, credit_seq }
+        // `credit_bytes` is at most the configured `u32` budget.
+        let grant = u32::try_from(self.credit_bytes).unwrap_or(u32::MAX);
+        AckBlock { cum_ack: self.cum_ack, sack, credit_bytes, credit_seq, grant }
     }
 
     fn ack_at(&mut self, at: Instant) {
@@ -638,6 +657,7 @@ impl Connection {
             stream_sealed: 0,
             unsent_max: u64::from(config.unsent_max),
             stream_sent: 0,
+            peer_grant: 0,
             peer_credit_bytes: 0,
             peer_credit_seq: 0,
             credit_blocked_since: None,
@@ -744,6 +764,7 @@ impl Connection {
         let dg = self.tx.datagram_max.min(peer.datagram_max as usize).min(peer.credit as usize / 2);
         self.tx.datagram_max = dg.max(wire::DATAGRAM_MIN);
         self.tx.peer_credit_bytes = u64::from(peer.credit);
+        self.tx.peer_grant = u64::from(peer.credit);
         self.tx.peer_credit_seq = u64::from(peer.window);
         let w = self.tx.slots.len().min(peer.window as usize);
         self.tx.slots.truncate(w);
@@ -841,8 +862,9 @@ impl Connection {
         self.tx.unsent_bytes()
     }
 
-    /// Whether [`Connection::unsent_bytes`] reached `UdpConfig::unsent_max`: sends that
-    /// need a new packet answer `NoResource` until some go out.
+    /// Whether [`Connection::unsent_bytes`] reached the fill-ahead bound (an eighth of the
+    /// peer's grant, at most `UdpConfig::unsent_max`): sends that need a new packet answer
+    /// `NoResource` until some go out.
     pub fn unsent_full(&self) -> bool {
         self.tx.unsent_full()
     }
@@ -1035,6 +1057,9 @@ impl Connection {
             self.counters.malformed += 1;
             tracing::debug!("udp: ack of a packet never sent ({} >= {})", ack.cum_ack, tx.next_tx);
             return;
+        }
+        if ack.credit_bytes >= tx.peer_credit_bytes {
+            tx.peer_grant = u64::from(ack.grant); // not from an ack that a newer one overtook
         }
         tx.peer_credit_bytes = tx.peer_credit_bytes.max(ack.credit_bytes);
         tx.peer_credit_seq = tx.peer_credit_seq.max(ack.credit_seq);
@@ -1469,7 +1494,7 @@ impl Connection {
         let slot = self.tx.slot(seq);
         slot.sends += 1;
         slot.last_sent = Some(now);
-        ack.write(&mut slot.buf, wire::DATA_ACK_OFFSET);
+        wire::write_data_ack(&mut slot.buf, &ack);
         debug_assert_eq!(slot.records_crc, wire::records_checksum(&slot.buf[wire::DATA_PREFIX_LEN..], salt));
         wire::finish_with_records_checksum(&mut slot.buf, Kind::Data, peer_id, slot.records_crc);
         if self.rto_at.is_none() {

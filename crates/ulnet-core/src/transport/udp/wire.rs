@@ -21,8 +21,8 @@
 //!             mac[32] server_node u32
 //!  PROOF      mac[32]
 //!  READY      (empty)
-//!  DATA       seq u64 | flags u32 | 0 u32 | ack block | records...
-//!  ACK        ack block | flags u32 | 0 u32
+//!  DATA       seq u64 | flags u32 | grant u32 | ack block | records...
+//!  ACK        ack block | flags u32 | grant u32
 //!  ack block  cum_ack u64 | credit_bytes u64 | credit_seq u64 | sack [u64; 4]
 //!  record     data_len u32 | message_len u32 | offset u32 | data_len bytes
 //! ```
@@ -35,9 +35,12 @@
 //!   v1 took them in wire order), so that records are checksummed once as they are copied.
 //! - 3 — node ids appended to HELLO and CHALLENGE and covered by the handshake MACs and the
 //!   session salt (as in the TCP and shared-memory v2 handshakes).
+//! - 4 — the word after `flags` in DATA and ACK (zero until v3) carries the sender's
+//!   *grant*: the credit window it gives its peer now (its share of the receive budget),
+//!   which the peer's fill-ahead bound follows.
 
 /// Protocol version spoken; the handshake refuses any other.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 /// First two bytes of every packet.
 pub const MAGIC: [u8; 2] = *b"uU";
 /// Bytes of the common header.
@@ -53,6 +56,8 @@ pub const ACK_BLOCK_LEN: usize = 24 + 8 * SACK_WORDS;
 pub const DATA_PREFIX_LEN: usize = HEADER_LEN + 16 + ACK_BLOCK_LEN;
 /// Offset of the ack block in a DATA packet.
 pub const DATA_ACK_OFFSET: usize = HEADER_LEN + 16;
+/// Offset of the grant word in a DATA packet (after seq and flags).
+const DATA_GRANT_OFFSET: usize = HEADER_LEN + 12;
 /// Bytes of a record header.
 pub const RECORD_HEADER_LEN: usize = 12;
 /// Bytes of an ACK packet.
@@ -276,10 +281,14 @@ pub struct AckBlock {
     pub credit_bytes: u64,
     /// The sender may send packets up to this sequence number (receive slots).
     pub credit_seq: u64,
+    /// Bytes of credit the receiver grants at a time (`credit_bytes` less what it has not
+    /// yet consumed, when nothing is buffered): its share of its receive budget. Carried in
+    /// the packet's word after `flags`, not in the block's bytes.
+    pub grant: u32,
 }
 
 impl AckBlock {
-    /// Writes the block at `at`.
+    /// Writes the block at `at` (not [`AckBlock::grant`], which the packet places).
     #[inline]
     pub fn write(&self, b: &mut [u8], at: usize) {
         b[at..at + 8].copy_from_slice(&self.cum_ack.to_le_bytes());
@@ -290,14 +299,15 @@ impl AckBlock {
         }
     }
 
-    /// Reads the block at `at` (the caller checked the length).
+    /// Reads the block at `at` (the caller checked the length); [`AckBlock::grant`] is 0
+    /// until the packet's reader sets it.
     #[inline]
     pub fn read(b: &[u8], at: usize) -> Self {
         let mut sack = [0u64; SACK_WORDS];
         for (i, w) in sack.iter_mut().enumerate() {
             *w = u64_at(b, at + 24 + 8 * i);
         }
-        Self { cum_ack: u64_at(b, at), credit_bytes: u64_at(b, at + 8), credit_seq: u64_at(b, at + 16), sack }
+        Self { cum_ack: u64_at(b, at), credit_bytes: u64_at(b, at + 8), credit_seq: u64_at(b, at + 16), sack, grant: 0 }
     }
 }
 
@@ -315,30 +325,42 @@ pub struct DataPrefix {
 /// Reads the prefix of a DATA packet whose header passed [`parse_header`].
 pub fn read_data_prefix(b: &[u8]) -> Result<DataPrefix, WireError> {
     let flags = u32_at(b, HEADER_LEN + 8);
-    if flags & !DATA_FIN != 0 || u32_at(b, HEADER_LEN + 12) != 0 {
+    if flags & !DATA_FIN != 0 {
         return Err(WireError::Malformed("unknown data flags"));
     }
     let seq = u64_at(b, HEADER_LEN);
     if seq == 0 {
         return Err(WireError::Malformed("sequence number 0"));
     }
-    Ok(DataPrefix { seq, flags, ack: AckBlock::read(b, DATA_ACK_OFFSET) })
+    let mut ack = AckBlock::read(b, DATA_ACK_OFFSET);
+    ack.grant = u32_at(b, DATA_GRANT_OFFSET);
+    Ok(DataPrefix { seq, flags, ack })
 }
 
-/// Writes the prefix of a DATA packet (the ack block is filled in at transmission).
+/// Writes the prefix of a DATA packet (the ack block and grant are filled in at
+/// transmission, by [`write_data_ack`]).
 pub fn write_data_prefix(b: &mut [u8], seq: u64, flags: u32) {
     b[HEADER_LEN..HEADER_LEN + 8].copy_from_slice(&seq.to_le_bytes());
     b[HEADER_LEN + 8..HEADER_LEN + 12].copy_from_slice(&flags.to_le_bytes());
-    b[HEADER_LEN + 12..HEADER_LEN + 16].copy_from_slice(&0u32.to_le_bytes());
+    b[DATA_GRANT_OFFSET..DATA_GRANT_OFFSET + 4].copy_from_slice(&0u32.to_le_bytes());
+}
+
+/// Writes the piggybacked ack block and grant into a DATA packet's prefix.
+#[inline]
+pub fn write_data_ack(b: &mut [u8], ack: &AckBlock) {
+    ack.write(b, DATA_ACK_OFFSET);
+    b[DATA_GRANT_OFFSET..DATA_GRANT_OFFSET + 4].copy_from_slice(&ack.grant.to_le_bytes());
 }
 
 /// Reads an ACK packet's block and flags.
 pub fn read_ack(b: &[u8]) -> Result<(AckBlock, u32), WireError> {
     let flags = u32_at(b, HEADER_LEN + ACK_BLOCK_LEN);
-    if flags & !ACK_REQUESTED != 0 || u32_at(b, HEADER_LEN + ACK_BLOCK_LEN + 4) != 0 {
+    if flags & !ACK_REQUESTED != 0 {
         return Err(WireError::Malformed("unknown ack flags"));
     }
-    Ok((AckBlock::read(b, HEADER_LEN), flags))
+    let mut ack = AckBlock::read(b, HEADER_LEN);
+    ack.grant = u32_at(b, HEADER_LEN + ACK_BLOCK_LEN + 4);
+    Ok((ack, flags))
 }
 
 /// Encodes an ACK packet into `out`; returns its length.
@@ -346,7 +368,7 @@ pub fn write_ack(out: &mut [u8], conn_id: u32, salt: u32, ack: &AckBlock, flags:
     let b = &mut out[..ACK_PACKET_LEN];
     ack.write(b, HEADER_LEN);
     b[HEADER_LEN + ACK_BLOCK_LEN..HEADER_LEN + ACK_BLOCK_LEN + 4].copy_from_slice(&flags.to_le_bytes());
-    b[HEADER_LEN + ACK_BLOCK_LEN + 4..].copy_from_slice(&0u32.to_le_bytes());
+    b[HEADER_LEN + ACK_BLOCK_LEN + 4..].copy_from_slice(&ack.grant.to_le_bytes());
     finish(b, Kind::Ack, conn_id, salt);
     ACK_PACKET_LEN
 }
@@ -497,8 +519,10 @@ mod tests {
             write_record_header(&mut b, at, data.len() as u32, *message_len, *offset);
             b.extend_from_slice(data);
         }
-        AckBlock { cum_ack: 7, sack: [5, 0, 1 << 63, 2], credit_bytes: 1000, credit_seq: 9 }
-            .write(&mut b, DATA_ACK_OFFSET);
+        write_data_ack(
+            &mut b,
+            &AckBlock { cum_ack: 7, sack: [5, 0, 1 << 63, 2], credit_bytes: 1000, credit_seq: 9, grant: 1 << 21 },
+        );
         finish(&mut b, Kind::Data, 42, 0xfeed);
         b
     }
@@ -520,6 +544,7 @@ mod tests {
             prop_assert_eq!(p.seq, seq);
             prop_assert_eq!(p.ack.cum_ack, 7);
             prop_assert_eq!(p.ack.sack, [5, 0, 1 << 63, 2]);
+            prop_assert_eq!((p.ack.credit_bytes, p.ack.credit_seq, p.ack.grant), (1000, 9, 1 << 21));
             let total: usize = recs.iter().map(|r| r.0.len()).sum();
             prop_assert_eq!(validate_records(&b).unwrap(), total);
             let mut at = DATA_PREFIX_LEN;
@@ -586,6 +611,16 @@ mod tests {
             let accepted = parse_header(&c).is_ok() && verify_checksum(&c, 0xfeed);
             prop_assert!(!accepted, "a one-bit error must not pass header and checksum");
         }
+    }
+
+    #[test]
+    fn ack_packets_round_trip_with_their_grant() {
+        let ack = AckBlock { cum_ack: 11, sack: [1, 2, 3, 4], credit_bytes: 1 << 33, credit_seq: 300, grant: 2 << 20 };
+        let mut out = [0u8; ACK_PACKET_LEN];
+        let n = write_ack(&mut out, 5, 0xabc, &ack, ACK_REQUESTED);
+        assert_eq!(n, ACK_PACKET_LEN);
+        assert!(verify_checksum(&out, 0xabc));
+        assert_eq!(read_ack(&out).unwrap(), (ack, ACK_REQUESTED));
     }
 
     #[test]

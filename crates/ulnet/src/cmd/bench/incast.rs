@@ -64,15 +64,20 @@ struct IncastReport {
     /// Aggregate at the receiver, 10^6 bytes per second.
     mb_per_s: f64,
     msgs_per_s: f64,
-    /// One sender alone, same settings, measured in the same run just before and just
-    /// after the N senders, averaged (absent with --senders 1).
+    /// One sender alone, same settings, measured in the same run before, between and
+    /// after the cycles of N senders: the median of those phases (absent with --senders 1).
     #[serde(skip_serializing_if = "Option::is_none")]
     single_stream_mb_per_s: Option<f64>,
-    /// `mb_per_s / single_stream_mb_per_s`.
+    /// The median over the cycles of each cycle's aggregate divided by the mean of the
+    /// single streams measured right before and right after it.
     #[serde(skip_serializing_if = "Option::is_none")]
     aggregate_ratio: Option<f64>,
-    /// Jain's fairness index over the senders' throughputs: 1 is a perfectly even split.
+    /// Each cycle's ratio, in order.
+    cycle_ratios: Vec<f64>,
+    /// Jain's fairness index over the senders' throughputs (their bytes over all cycles):
+    /// 1 is a perfectly even split.
     fairness: f64,
+    /// Each sender's throughput, averaged over the cycles.
     per_sender_mb_per_s: Vec<f64>,
     /// What the N senders and the receiver did during the N-sender phase (absent over tcp).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -92,6 +97,30 @@ struct UdpActivity {
     sender_credit_blocked_fraction: f64,
     receiver_acks_sent: u64,
     kernel_rcvbuf_drops: u64,
+}
+
+impl UdpActivity {
+    /// Adds one of `cycles` N-sender phases: counts summed, the blocked share averaged.
+    fn add(&mut self, phase: &UdpActivity, cycles: usize) {
+        self.sender_packets += phase.sender_packets;
+        self.sender_retransmits += phase.sender_retransmits;
+        self.sender_timeouts += phase.sender_timeouts;
+        self.sender_credit_stalls += phase.sender_credit_stalls;
+        self.sender_credit_blocked_fraction += phase.sender_credit_blocked_fraction / cycles as f64;
+        self.receiver_acks_sent += phase.receiver_acks_sent;
+        self.kernel_rcvbuf_drops += phase.kernel_rcvbuf_drops;
+    }
+}
+
+/// The median of `xs` (the mean of the middle two for an even count; 0 for none).
+fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 /// Prefix of the line a sender process prints on exit with its counters.
@@ -144,19 +173,36 @@ pub(super) fn run(args: &BenchArgs) -> Result<i32> {
     }
     let duration = Duration::from_millis(args.duration_ms);
     let senders = args.senders.max(1);
-    // The single stream is measured right before and right after the N streams and
-    // averaged, so that a change of the host's load during the run weighs on both sides.
+    let cycles = args.cycles.max(1);
+    // The single stream is measured before, between and after the cycles of N streams
+    // (S N S N … S), so that a change of the host's speed during the run weighs on both
+    // sides of every cycle's ratio.
     let baseline = senders > 1 && !args.server;
     // Read once, before the first phase pins this process to one of them: every phase
     // places the receiver and the senders on the same CPUs.
     let cpus = allowed_cpus();
-    let before = if baseline { Some(receive(args, &cpus, 1, size, flow_control, duration)?.0[0]) } else { None };
-    let (per_sender, msgs, activity) = receive(args, &cpus, senders, size, flow_control, duration)?;
-    let aggregate: f64 = per_sender.iter().sum();
-    let single = match before {
-        Some(b) => Some((b + receive(args, &cpus, 1, size, flow_control, duration)?.0[0]) / 2.0),
-        None => None,
-    };
+    let single_phase = || receive(args, &cpus, 1, size, flow_control, duration).map(|r| r.0[0]);
+    let mut singles = Vec::new();
+    if baseline {
+        singles.push(single_phase()?);
+    }
+    let mut per_sender = vec![0.0; senders];
+    let (mut aggregates, mut rates, mut cycle_ratios) = (Vec::new(), Vec::new(), Vec::new());
+    let mut activity = UdpActivity::default();
+    for _ in 0..cycles {
+        let (shares, msgs, phase) = receive(args, &cpus, senders, size, flow_control, duration)?;
+        let aggregate: f64 = shares.iter().sum();
+        per_sender.iter_mut().zip(&shares).for_each(|(total, s)| *total += s / cycles as f64);
+        aggregates.push(aggregate);
+        rates.push(msgs);
+        activity.add(&phase, cycles);
+        if baseline {
+            singles.push(single_phase()?);
+            let around = (singles[singles.len() - 2] + singles[singles.len() - 1]) / 2.0;
+            cycle_ratios.push(aggregate / around);
+        }
+    }
+    let single = baseline.then(|| median(&singles));
     let report = IncastReport {
         test: "incast",
         transport: args.transport.name(),
@@ -165,10 +211,11 @@ pub(super) fn run(args: &BenchArgs) -> Result<i32> {
         streams_per_sender: args.streams_per_sender.max(1),
         flow_control,
         duration_s: duration.as_secs_f64(),
-        mb_per_s: aggregate,
-        msgs_per_s: msgs,
+        mb_per_s: median(&aggregates),
+        msgs_per_s: median(&rates),
         single_stream_mb_per_s: single,
-        aggregate_ratio: single.map(|s| aggregate / s),
+        aggregate_ratio: baseline.then(|| median(&cycle_ratios)),
+        cycle_ratios,
         fairness: jain(&per_sender),
         per_sender_mb_per_s: per_sender,
         udp: (args.transport == TransportArg::Udp && !args.server).then_some(activity),
@@ -187,8 +234,11 @@ pub(super) fn run(args: &BenchArgs) -> Result<i32> {
             },
             size,
             flag(flow_control),
-            aggregate,
-            single.map_or(String::new(), |s| format!(" ({:.2} x one stream's {s:.1} MB/s)", aggregate / s)),
+            report.mb_per_s,
+            report.aggregate_ratio.map_or(String::new(), |r| format!(
+                " ({r:.2} x one stream's {:.1} MB/s, median of {cycles} cycles)",
+                report.single_stream_mb_per_s.unwrap_or(0.0)
+            )),
             report.fairness,
             report.udp.map_or(String::new(), |u| format!(
                 "; senders blocked on credit {:.1}% of the time ({} stalls), {} retransmits, {} timeouts; receiver {} acks; kernel drops {}",
@@ -401,5 +451,12 @@ mod tests {
         assert!((super::jain(&[5.0, 5.0, 5.0, 5.0]) - 1.0).abs() < 1e-12);
         assert!((super::jain(&[8.0, 0.0, 0.0, 0.0]) - 0.25).abs() < 1e-12);
         assert!((super::jain(&[1.0, 2.0]) - 0.9).abs() < 1e-12);
+    }
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(super::median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(super::median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(super::median(&[]), 0.0);
     }
 }
