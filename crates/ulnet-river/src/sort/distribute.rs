@@ -48,11 +48,13 @@ const GROUP_FILL: f64 = 0.8;
 /// per-call costs vanish.
 const STAGE_BYTES_MAX: usize = 1 << 20;
 /// Most bytes handed to the page cache in one `write`: 256 KiB. The page cache gives a
-/// write a folio as large as the write (up to 2 MiB), and on the development VM, which
+/// write folios up to the write's size (2 MiB at most), and on the development VM, which
 /// hands free 2 MiB blocks back to its host, large folios come from memory the host must
-/// fault in again: writing 3.5 GB of new file data took 7.1 s of system time in 1 MiB
-/// writes and 3.2 s in 256 KiB writes (1.7 GB: 2.3–2.9 s against 0.44–0.61 s; 128–512
-/// KiB alike, 64 KiB and less dearer again per call). See BENCHMARKS.md (issue 8).
+/// fault in again: 1.7 GB of new file data in aligned 1 MiB writes took 2.3–2.9 s of
+/// system time, in 64–512 KiB writes 0.44–0.73 s. In the sort's own pattern (stages of
+/// about 1 MB appended in turn to 14 files, two nodes at once) the difference is smaller:
+/// 0.71 against 0.55 s per node for 1.77 GB. The sort as a whole did not show it apart
+/// from the noise. See BENCHMARKS.md (issue 8).
 const WRITE_PIECE_BYTES: usize = 256 << 10;
 
 /// Splits `buckets` into key-range groups so that a partition of `partition_bytes` puts
