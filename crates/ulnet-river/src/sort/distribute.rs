@@ -51,10 +51,9 @@ const STAGE_BYTES_MAX: usize = 1 << 20;
 /// write folios up to the write's size (2 MiB at most), and on the development VM, which
 /// hands free 2 MiB blocks back to its host, large folios come from memory the host must
 /// fault in again: 1.7 GB of new file data in aligned 1 MiB writes took 2.3–2.9 s of
-/// system time, in 64–512 KiB writes 0.44–0.73 s. In the sort's own pattern (stages of
-/// about 1 MB appended in turn to 14 files, two nodes at once) the difference is smaller:
-/// 0.71 against 0.55 s per node for 1.77 GB. The sort as a whole did not show it apart
-/// from the noise. See BENCHMARKS.md (issue 8).
+/// system time, in 64–512 KiB writes 0.44–0.73 s. The external sort with each stage
+/// written whole instead: 8.52 s against 6.94 s (medians of 4 alternating rounds; pass 1
+/// 5.61 against 3.86 s, system CPU 7.56 against 4.57 s). See BENCHMARKS.md (issue 8).
 const WRITE_PIECE_BYTES: usize = 256 << 10;
 
 /// Splits `buckets` into key-range groups so that a partition of `partition_bytes` puts
