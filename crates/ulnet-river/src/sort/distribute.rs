@@ -3,7 +3,7 @@
 //! the second pass sorts one group at a time in memory and appends it to the output.
 //!
 //! ```text
-//!  pass 1   record ──► its group's staging buffer ──(full: bucket order, one write)──► group file
+//!  pass 1   record ──► its group's staging buffer ──(full: one write)──► group file
 //!           (after the first spill, records of the first groups stay in the arena)
 //!  pass 2   node thread:    first groups from the arena (their spilled part read back in)
 //!           loader thread:  read group i+1 flat into a free half  ─┐
@@ -13,19 +13,20 @@
 //!
 //! A group is a run of consecutive key-range buckets; the buckets hold about equal numbers
 //! of sampled keys, so groups stay about equal on skewed keys too. Records are staged per
-//! group; a full stage is put in bucket order (a counting pass over records still in
-//! cache) and written from that buffer, and the records of each bucket in each write are
-//! counted. Pass 2 reads a group file flat into a half and finds every bucket's pieces
-//! from the counts, without looking at a key; each bucket (a few hundred kilobytes of
-//! records) is radix-sorted and its records gathered into the output. A group that does
-//! not fit in a half (a key repeated past it, or sampling that missed a heavy key range)
-//! is not lost or truncated: the loader sorts it half by half into runs (placing entries
-//! by bucket itself, [`FlatSorter`]) and the node merges them
-//! ([`GroupReport::merged_groups`]). The halves are the arena's memory, faulted in by the
-//! first pass: on a virtual machine that returns freed memory to its host, new memory
-//! costs a host fault per page, reused memory does not.
+//! group and written as they came; the first pass only counts the records of each bucket.
+//! The second pass reads a group file flat into a half, places every record's entry in
+//! its bucket's place (the counts say where each bucket starts), and sorts the buckets one
+//! by one (each a few megabytes of records at most), gathering their records into the
+//! output. Putting records in bucket order is left to the second pass because the first
+//! is the one that keeps both cores busy; the second waits on the disk writing the output.
+//! A group that does not fit in a half (a key repeated past it, or sampling that missed a
+//! heavy key range) is not lost or truncated: the loader sorts it half by half into runs
+//! ([`FlatSorter`]) and the node merges them ([`GroupReport::merged_groups`]). The halves
+//! are the arena's memory, faulted in by the first pass: on a virtual machine that
+//! returns freed memory to its host, new memory costs a host fault per page, reused
+//! memory does not.
 
-use super::bucket::{copy_record, gather_records, KeyBuckets};
+use super::bucket::{gather_records, KeyBuckets};
 use super::radix::{entry, key, sort_entries};
 use super::store::{merge_runs, Run};
 use crate::error::RiverError;
@@ -46,6 +47,14 @@ const GROUP_FILL: f64 = 0.8;
 /// Most bytes staged per group before they are written: 1 MiB, a write large enough that
 /// per-call costs vanish.
 const STAGE_BYTES_MAX: usize = 1 << 20;
+/// Most bytes handed to the page cache in one `write`: 256 KiB. The page cache gives a
+/// write folios up to the write's size (2 MiB at most), and on the development VM, which
+/// hands free 2 MiB blocks back to its host, large folios come from memory the host must
+/// fault in again: 1.7 GB of new file data in aligned 1 MiB writes took 2.3–2.9 s of
+/// system time, in 64–512 KiB writes 0.44–0.73 s. The external sort with each stage
+/// written whole instead: 8.52 s against 6.94 s (medians of 4 alternating rounds; pass 1
+/// 5.61 against 3.86 s, system CPU 7.56 against 4.57 s). See BENCHMARKS.md (issue 8).
+const WRITE_PIECE_BYTES: usize = 256 << 10;
 
 /// Splits `buckets` into key-range groups so that a partition of `partition_bytes` puts
 /// at most [`GROUP_FILL`] of `half_bytes` in each: consecutive ranges of the same number
@@ -70,16 +79,12 @@ pub struct GroupFiles {
     buckets: Arc<KeyBuckets>,
     /// The group of each bucket.
     group_of: Vec<u32>,
-    /// Records staged for each group, written when `stage_bytes` is reached …
+    /// Records staged for each group, written as they came when `stage_bytes` is reached.
     stages: Vec<Vec<u8>>,
-    /// … and the bucket of each (counted from the group's first) …
-    stage_buckets: Vec<Vec<u32>>,
-    /// … put in bucket order here before the write.
-    ordered: Vec<u8>,
     stage_bytes: usize,
-    /// Per group: records of each of its buckets in each write, write after write.
-    counts: Vec<Vec<u32>>,
-    bucket_fill: Vec<usize>,
+    /// Records of each bucket in the files (the second pass places each bucket's entries
+    /// from these without counting).
+    bucket_counts: Vec<u64>,
     records: Vec<u64>,
     record_size: usize,
 }
@@ -105,10 +110,7 @@ impl GroupFiles {
             paths: Vec::with_capacity(ranges.len()),
             files: Vec::with_capacity(ranges.len()),
             stages: vec![Vec::new(); ranges.len()],
-            stage_buckets: vec![Vec::new(); ranges.len()],
-            ordered: Vec::new(),
-            counts: vec![Vec::new(); ranges.len()],
-            bucket_fill: Vec::new(),
+            bucket_counts: vec![0; buckets.len()],
             records: vec![0; ranges.len()],
             ranges,
             buckets,
@@ -173,14 +175,13 @@ impl GroupFiles {
         let stage = &mut self.stages[g];
         if stage.capacity() == 0 {
             stage.reserve_exact(self.stage_bytes);
-            self.stage_buckets[g].reserve_exact(self.stage_bytes / self.record_size);
         }
         // A Sort Benchmark record is copied as a fixed-size move, not a call per record.
         match <&[u8; ulnet_sortbench::RECORD_SIZE]>::try_from(record) {
             Ok(r) => stage.extend_from_slice(r),
             Err(_) => stage.extend_from_slice(record),
         }
-        self.stage_buckets[g].push((b - self.ranges[g].start) as u32);
+        self.bucket_counts[b] += 1;
         self.records[g] += 1;
         if stage.len() >= self.stage_bytes {
             self.write_stage(g)?;
@@ -188,35 +189,14 @@ impl GroupFiles {
         Ok(())
     }
 
-    /// Writes group `g`'s staged records in bucket order (a counting pass over records
-    /// still in cache), recording how many each bucket has.
+    /// Writes group `g`'s staged records (in pieces of at most [`WRITE_PIECE_BYTES`]).
     fn write_stage(&mut self, g: usize) -> Result<(), RiverError> {
-        let rs = self.record_size;
-        let nb = self.ranges[g].len();
-        let fill = &mut self.bucket_fill;
-        fill.clear();
-        fill.resize(nb, 0);
-        for &b in &self.stage_buckets[g] {
-            fill[b as usize] += 1;
+        for piece in self.stages[g].chunks(WRITE_PIECE_BYTES) {
+            self.files[g]
+                .write_all(piece)
+                .map_err(|e| RiverError::io(format!("appending to group {}", self.paths[g].display()), e))?;
         }
-        self.counts[g].extend(fill.iter().map(|&c| c as u32));
-        let mut at = 0;
-        for f in fill.iter_mut() {
-            let c = *f;
-            *f = at;
-            at += c * rs;
-        }
-        self.ordered.resize(self.stages[g].len(), 0);
-        for (r, &b) in self.stages[g].chunks_exact(rs).zip(&self.stage_buckets[g]) {
-            let to = &mut fill[b as usize];
-            copy_record(&mut self.ordered[*to..*to + rs], r);
-            *to += rs;
-        }
-        self.files[g]
-            .write_all(&self.ordered)
-            .map_err(|e| RiverError::io(format!("appending to group {}", self.paths[g].display()), e))?;
         self.stages[g].clear();
-        self.stage_buckets[g].clear();
         Ok(())
     }
 
@@ -227,22 +207,15 @@ impl GroupFiles {
                 self.write_stage(g)?;
             }
             self.stages[g] = Vec::new();
-            self.stage_buckets[g] = Vec::new();
         }
-        self.ordered = Vec::new();
         Ok(())
     }
 }
 
 impl GroupFiles {
-    /// Records of each bucket of group `g` in its file (once flushed).
-    pub fn bucket_records(&self, g: usize) -> Vec<u64> {
-        let nb = self.ranges[g].len();
-        let mut per = vec![0u64; nb];
-        for (i, &c) in self.counts[g].iter().enumerate() {
-            per[i % nb] += u64::from(c);
-        }
-        per
+    /// Records of each bucket of group `g` in its file (staged ones included).
+    pub fn bucket_records(&self, g: usize) -> &[u64] {
+        &self.bucket_counts[self.ranges[g].clone()]
     }
 
     /// Reads group `g`'s file (once flushed) through `buffer` (whole records), handing
@@ -338,7 +311,8 @@ pub fn sort_groups<S: SpaceSink + ?Sized>(
     let n = groups.len();
     let rs = groups.record_size;
     let ranges = groups.ranges.clone();
-    let counts = std::mem::take(&mut groups.counts);
+    let counts = std::mem::take(&mut groups.bucket_counts);
+    let buckets = groups.buckets.clone();
     let (low, high) = memory.split_at_mut(memory.len() / 2);
     std::thread::scope(|scope| {
         let (loaded_tx, loaded_rx) = mpsc::sync_channel::<Loaded>(1);
@@ -351,11 +325,13 @@ pub fn sort_groups<S: SpaceSink + ?Sized>(
             .spawn_scoped(scope, move || load_groups(groups, first, free_rx, loaded_tx, pass))
             .map_err(|e| RiverError::io("starting the group loader", e))?;
         let mut report = GroupReport::default();
+        let mut sorter = FlatSorter::default();
         let sorted = (|| {
             for loaded in loaded_rx.iter() {
                 let half = match loaded {
                     Loaded::Whole(half, g, bytes) => {
-                        emit_flat_group(&half[..bytes], rs, ranges[g].len(), &counts[g], out)?;
+                        let range = ranges[g].clone();
+                        sorter.emit_counted(&half[..bytes], rs, &buckets, range.clone(), &counts[range], out)?;
                         half
                     }
                     Loaded::Runs(runs, half) => {
@@ -445,44 +421,6 @@ fn load_groups<'m>(
     Ok(())
 }
 
-/// Sorts a group read flat (`data`, the appends one after the other, each holding the
-/// group's `buckets` buckets in turn with `counts` records each) bucket by bucket into
-/// `out`.
-fn emit_flat_group<S: SpaceSink + ?Sized>(
-    data: &[u8],
-    rs: usize,
-    buckets: usize,
-    counts: &[u32],
-    out: &mut S,
-) -> Result<(), RiverError> {
-    assert!(buckets > 0 && counts.len().is_multiple_of(buckets), "whole appends");
-    let appends = counts.len() / buckets;
-    // Where each piece starts (records), in the order the appends wrote them.
-    let mut starts = Vec::with_capacity(counts.len());
-    let mut at = 0usize;
-    for &c in counts {
-        starts.push(at);
-        at += c as usize;
-    }
-    assert_eq!(at * rs, data.len(), "the counts cover the group");
-    let mut entries: Vec<u128> = Vec::new();
-    let mut scratch: Vec<u128> = Vec::new();
-    for b in 0..buckets {
-        entries.clear();
-        for a in 0..appends {
-            let piece = a * buckets + b;
-            let first = starts[piece];
-            let records = &data[first * rs..(first + counts[piece] as usize) * rs];
-            entries.extend(records.chunks_exact(rs).enumerate().map(|(i, r)| entry(r, (first + i) as u64)));
-        }
-        if entries.is_empty() {
-            continue;
-        }
-        write_sorted(sort_entries(&mut entries, &mut scratch), data, rs, out)?;
-    }
-    Ok(())
-}
-
 /// Writes the records of `data` that the sorted `entries` point to into `out`, in order,
 /// as much as each lent space holds.
 fn write_sorted<S: SpaceSink + ?Sized>(
@@ -533,20 +471,24 @@ fn write_run(
     Ok(run)
 }
 
-/// Sorts records held flat in no order (part of an over-size group): entries placed by
-/// bucket (a counting pass), then each bucket's entries sorted and its records gathered.
-/// Keeps its vectors from one run to the next.
+/// Sorts records held flat in no order (a group as its file holds it, or part of an
+/// over-size group): each record's entry placed in its bucket's place (from the buckets'
+/// counts), then each bucket's entries sorted and its records gathered. Keeps its vectors
+/// from one group to the next: after the first, sorting allocates nothing.
 #[derive(Default)]
 struct FlatSorter {
-    entries: Vec<u128>,
+    /// Entries in bucket order: 16 bytes per record of the largest group sorted (the
+    /// memory plan's sort overhead).
     by_bucket: Vec<u128>,
     scratch: Vec<u128>,
     starts: Vec<usize>,
+    fill: Vec<usize>,
+    counts: Vec<u64>,
 }
 
 impl FlatSorter {
     /// Writes the records of `data` (all in the buckets `range` of `buckets`) sorted into
-    /// `out`.
+    /// `out`, counting the records of each bucket first.
     fn emit<S: SpaceSink + ?Sized>(
         &mut self,
         data: &[u8],
@@ -555,28 +497,58 @@ impl FlatSorter {
         range: Range<usize>,
         out: &mut S,
     ) -> Result<(), RiverError> {
-        let n = data.len() / rs;
-        self.entries.clear();
-        self.entries.extend(data.chunks_exact(rs).enumerate().map(|(i, r)| entry(r, i as u64)));
-        // An entry's bucket is its key's: bounds have no index bits.
-        let bucket = |e: u128| buckets.bucket_of(e).clamp(range.start, range.end - 1) - range.start;
-        self.starts.clear();
-        self.starts.resize(range.len() + 1, 0);
-        for &e in &self.entries {
-            self.starts[bucket(e) + 1] += 1;
+        let mut counts = std::mem::take(&mut self.counts);
+        counts.clear();
+        counts.resize(range.len(), 0);
+        for r in data.chunks_exact(rs) {
+            counts[bucket_in(buckets, &range, key(r))] += 1;
         }
-        for b in 0..range.len() {
-            self.starts[b + 1] += self.starts[b];
+        let sorted = self.emit_counted(data, rs, buckets, range, &counts, out);
+        self.counts = counts;
+        sorted
+    }
+
+    /// Writes the records of `data` (all in the buckets `range` of `buckets`, `counts[b]`
+    /// of them in the range's bucket `b`) sorted into `out`. Records that disagree with
+    /// the counts (a group file changed behind our back) are an error.
+    fn emit_counted<S: SpaceSink + ?Sized>(
+        &mut self,
+        data: &[u8],
+        rs: usize,
+        buckets: &KeyBuckets,
+        range: Range<usize>,
+        counts: &[u64],
+        out: &mut S,
+    ) -> Result<(), RiverError> {
+        let n = data.len() / rs;
+        let nb = range.len();
+        self.starts.clear();
+        self.starts.push(0);
+        for &c in counts {
+            let last = *self.starts.last().expect("starts at 0");
+            self.starts.push(last + c as usize);
+        }
+        let mismatch = || {
+            RiverError::io("sorting a group", std::io::Error::other("its records disagree with their bucket counts"))
+        };
+        if self.starts[nb] != n {
+            return Err(mismatch());
         }
         self.by_bucket.clear();
         self.by_bucket.resize(n, 0);
-        let mut fill = self.starts.clone();
-        for &e in &self.entries {
-            let b = bucket(e);
-            self.by_bucket[fill[b]] = e;
-            fill[b] += 1;
+        self.fill.clear();
+        self.fill.extend_from_slice(&self.starts[..nb]);
+        for (i, r) in data.chunks_exact(rs).enumerate() {
+            let e = entry(r, i as u64);
+            let b = bucket_in(buckets, &range, e);
+            let at = self.fill[b];
+            if at == self.starts[b + 1] {
+                return Err(mismatch());
+            }
+            self.by_bucket[at] = e;
+            self.fill[b] = at + 1;
         }
-        for b in 0..range.len() {
+        for b in 0..nb {
             let bucket_entries = &mut self.by_bucket[self.starts[b]..self.starts[b + 1]];
             if bucket_entries.is_empty() {
                 continue;
@@ -587,9 +559,56 @@ impl FlatSorter {
     }
 }
 
+/// The bucket of a key or entry, counted from the first of `range` (bounds have no index
+/// bits, so an entry falls in its key's bucket).
+#[inline(always)]
+fn bucket_in(buckets: &KeyBuckets, range: &Range<usize>, key_or_entry: u128) -> usize {
+    buckets.bucket_of(key_or_entry).clamp(range.start, range.end - 1) - range.start
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sort::bucket::tests::records;
+    use crate::VecSink;
+
+    #[test]
+    fn a_group_in_arrival_order_is_sorted_from_its_bucket_counts() {
+        let data = records(20_000, 5);
+        let samples: Vec<u128> = data.chunks(100).step_by(31).enumerate().map(|(i, r)| entry(r, i as u64)).collect();
+        let buckets = KeyBuckets::from_samples(0, u128::MAX, &samples, 4, 64);
+        // A group of the middle buckets, as the first pass appends it: arrival order.
+        let range = buckets.len() / 4..buckets.len() * 3 / 4;
+        let group: Vec<u8> =
+            data.chunks(100).filter(|r| range.contains(&buckets.bucket_of(key(r)))).flatten().copied().collect();
+        let mut counts = vec![0u64; buckets.len()];
+        for r in group.chunks(100) {
+            counts[buckets.bucket_of(key(r))] += 1;
+        }
+        let mut sorter = FlatSorter::default();
+        let mut out = Vec::new();
+        let mut sink = VecSink::new(&mut out, 100);
+        let mut staged = crate::StagedSink::new(&mut sink, 100, 700);
+        sorter.emit_counted(&group, 100, &buckets, range.clone(), &counts[range.clone()], &mut staged).unwrap();
+        staged.flush().unwrap();
+        let s = ulnet_sortbench::Summary::of_records(&out).unwrap();
+        assert!(s.is_sorted());
+        assert_eq!(s.records, (group.len() / 100) as u128);
+        assert_eq!(s.checksum, ulnet_sortbench::Checksum::of_records(&group));
+
+        // Counts that disagree with the records (same total, one record moved to the
+        // neighbouring bucket) are an error, not a misplaced record.
+        let mut wrong = counts[range.clone()].to_vec();
+        let full = wrong.iter().position(|&c| c > 0).unwrap();
+        wrong[full] -= 1;
+        let neighbour = (full + 1) % wrong.len();
+        wrong[neighbour] += 1;
+        let mut out = Vec::new();
+        let mut sink = VecSink::new(&mut out, 100);
+        let mut staged = crate::StagedSink::new(&mut sink, 100, 700);
+        let r = sorter.emit_counted(&group, 100, &buckets, range, &wrong, &mut staged);
+        assert!(matches!(r, Err(RiverError::Io { .. })), "{r:?}");
+    }
 
     #[test]
     fn groups_split_the_buckets_in_equal_consecutive_ranges() {
