@@ -73,7 +73,7 @@ locked python3 bench/alternate.py --rounds "$R" --metric p50_us,avg_us --markdow
   "off=$PIN $RPC --json" \
   "traced=$PIN $RPC --trace $TRACE_DIR/rpc.ultrace --json" \
   "traced, 2-record ring (every record dropped)=ULNET_TRACE_RING=2 $PIN $RPC --trace $TRACE_DIR/ring2.ultrace --json" \
-  "traced, every record exact (ULNET_TRACE_SAMPLE=1)=ULNET_TRACE_SAMPLE=1 $PIN $RPC --trace $TRACE_DIR/rpcx.ultrace --json" || true
+  "traced, every record exact (sample 1)=ULNET_TRACE_SAMPLE=1 $PIN $RPC --trace $TRACE_DIR/rpcx.ultrace --json" || true
 locked python3 bench/alternate.py --rounds "$R" --metric msgs_per_s --markdown bench/results/trace-on-off.md \
   --title "## msg-rate 8 B shm" \
   "off=$PIN $MSG --json" "traced=$PIN $MSG --trace $TRACE_DIR/msg.ultrace --json" || true

@@ -84,33 +84,46 @@ pub(crate) struct Recorder {
     run_key: u64,
     /// The ticker when the run opened: a run ends within 64 messages of a tick.
     run_tick: u64,
-    /// A delivery is under way and its handler has not described it.
-    receiving: bool,
-    /// Its clock reading, in exact mode.
+    /// Where the delivery of a received message stands.
+    delivery: Delivery,
+    /// The clock reading of the delivery under way, in exact mode.
     receiving_ticks: u64,
     /// The staged record ([`Staged`]), built in place here and copied to the ring once.
     staged: Slot,
     staged_state: Staged,
     staged_session: u64,
-    /// A delivery is under way (between [`Recorder::open_receive`] and
-    /// [`Recorder::close_receive`]): a receive staged now is written when it ends.
-    delivering: bool,
     /// The message of the latest delivery described: (sender, receiver), channel, length.
     delivery_nodes: (NodeId, NodeId),
     delivery_channel: u32,
     delivery_len: u64,
-    /// The latest delivery was described and is not recorded yet (see the module
-    /// documentation); the description is in the four fields below. Plain fields, each
-    /// stored from a register: a description built aside and copied in would be read back
-    /// in wider pieces than it was written, and each such load waits for the stores it
-    /// overlaps to reach the cache (a failed store-to-load forwarding), on the round trip's
-    /// critical path.
-    described: bool,
+    /// The description not recorded yet ([`Delivery::Described`], [`Delivery::Deferred`]).
+    /// Plain fields, each stored from a register: a description built aside and copied in
+    /// would be read back in wider pieces than it was written, and each such load waits for
+    /// the stores it overlaps to reach the cache (a failed store-to-load forwarding), on
+    /// the round trip's critical path.
     described_kind: MessageKind,
     described_request_id: u64,
     /// The recorder's newest reading when it was described: the record's time.
     described_ticks: u64,
     described_session: u64,
+}
+
+/// Where the delivery of a received message stands: one byte that the hooks of every
+/// message read and write (a stream's receive stores it twice and compares it once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Delivery {
+    /// No delivery under way, no description waiting.
+    Idle,
+    /// A delivery is under way and its handler has not described it.
+    Open,
+    /// Under way, and its description is recorded (staged, or joined to the staged
+    /// request): the staged receive is written when the delivery ends.
+    Recorded,
+    /// Under way, described, the description not recorded yet.
+    Described,
+    /// Over, described, the description not recorded yet: a response to the staged
+    /// request, waiting for the caller's next hook.
+    Deferred,
 }
 
 /// Buffers, buffer lengths and size of a gather list (buffers 0: not listable).
@@ -157,16 +170,14 @@ impl Recorder {
             run_session: 0,
             run_key: 0,
             run_tick: 0,
-            receiving: false,
+            delivery: Delivery::Idle,
             receiving_ticks: 0,
             staged: Slot::EMPTY,
             staged_state: Staged::Empty,
             staged_session: 0,
-            delivering: false,
             delivery_nodes: (NodeId(0), NodeId(0)),
             delivery_channel: 0,
             delivery_len: 0,
-            described: false,
             described_kind: MessageKind::Message,
             described_request_id: 0,
             described_ticks: 0,
@@ -179,18 +190,19 @@ impl Recorder {
     /// order.
     #[inline(always)]
     pub(crate) fn settle(&mut self) {
-        if self.described {
+        if self.delivery >= Delivery::Described {
             self.settle_described();
         }
     }
 
     #[inline(never)]
     fn settle_described(&mut self) {
-        self.described = false;
+        let over = self.delivery == Delivery::Deferred;
+        self.delivery = if over { Delivery::Idle } else { Delivery::Recorded };
         let (session, kind, request_id, ticks) =
             (self.described_session, self.described_kind, self.described_request_id, self.described_ticks);
         self.record_description(session, kind, request_id, ticks);
-        if !self.delivering && self.staged_state == Staged::Receive {
+        if over && self.staged_state == Staged::Receive {
             self.staged_state = Staged::Empty;
             self.push_staged();
         }
@@ -488,8 +500,7 @@ impl Recorder {
     #[inline(always)]
     pub(crate) fn open_receive(&mut self, exact: bool) {
         self.settle();
-        self.receiving = true;
-        self.delivering = true;
+        self.delivery = Delivery::Open;
         if exact {
             self.receiving_ticks = self.exact_now();
         }
@@ -506,19 +517,18 @@ impl Recorder {
         kind: MessageKind,
         request_id: u64,
     ) {
-        if !self.receiving {
+        if self.delivery != Delivery::Open {
             return;
         }
-        self.receiving = false;
-        debug_assert!(!self.described, "open_receive settled it");
         self.delivery_nodes = nodes;
         self.delivery_channel = channel;
         self.delivery_len = len;
         let ticks = self.coarse();
         if exact_or_sampled(request_id) {
+            self.delivery = Delivery::Recorded;
             self.record_description(session, kind, request_id, ticks);
         } else {
-            self.described = true;
+            self.delivery = Delivery::Described;
             self.described_kind = kind;
             self.described_request_id = request_id;
             self.described_ticks = ticks;
@@ -621,25 +631,37 @@ impl Recorder {
     /// The delivery opened by [`Recorder::open_receive`] is over: records the message.
     #[inline(always)]
     pub(crate) fn close_receive(&mut self, session: u64, nodes: (NodeId, NodeId), channel: u32, size: u64) {
-        self.delivering = false;
-        if self.receiving {
-            // Not described: a plain message, most often one more of a stream.
-            self.receiving = false;
-            let key = u64::from(channel) | (u64::from(FLAG_RECEIVE) << 40);
-            if self.run_session == session && self.run_key == key && self.run.size == size {
-                self.count_in_run();
-            } else {
-                self.receive_plain_slow(session, nodes, channel, size);
+        match self.delivery {
+            Delivery::Open => self.close_plain_receive(session, nodes, channel, size),
+            Delivery::Described => {
+                // A response to the staged request waits for the caller's next hook (its
+                // next request, after that is published); anything else is recorded now.
+                self.delivery = Delivery::Deferred;
+                if !(self.described_kind == MessageKind::Response && self.staged_state == Staged::Call) {
+                    self.settle_described();
+                }
             }
-        } else if self.described {
-            // A response to the staged request waits for the caller's next hook (its next
-            // request, after that is published); anything else is recorded now.
-            if !(self.described_kind == MessageKind::Response && self.staged_state == Staged::Call) {
-                self.settle_described();
+            Delivery::Recorded => {
+                self.delivery = Delivery::Idle;
+                if self.staged_state == Staged::Receive {
+                    self.staged_state = Staged::Empty;
+                    self.push_staged();
+                }
             }
-        } else if self.staged_state == Staged::Receive {
-            self.staged_state = Staged::Empty;
-            self.push_staged();
+            Delivery::Idle | Delivery::Deferred => {}
+        }
+    }
+
+    /// Records a delivery its handler did not describe: a plain message, most often one
+    /// more of a stream.
+    #[inline(always)]
+    fn close_plain_receive(&mut self, session: u64, nodes: (NodeId, NodeId), channel: u32, size: u64) {
+        self.delivery = Delivery::Idle;
+        let key = u64::from(channel) | (u64::from(FLAG_RECEIVE) << 40);
+        if self.run_session == session && self.run_key == key && self.run.size == size {
+            self.count_in_run();
+        } else {
+            self.receive_plain_slow(session, nodes, channel, size);
         }
     }
 
