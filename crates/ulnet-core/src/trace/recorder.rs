@@ -351,15 +351,17 @@ impl Recorder {
         kind: MessageKind,
         request_id: u64,
     ) {
-        self.settle();
         if request_id != 0 {
+            self.settle();
             if self.send_call(session, nodes, channel, gather, kind, request_id) {
                 return;
             }
         } else if let [only] = gather {
             // The common case of a stream, in four compares: one buffer, the channel, kind
             // and size of the open run of sends (a channel's peer does not change while a
-            // run is open: opening or closing a channel ends it).
+            // run is open: opening or closing a channel ends it). No description can be
+            // deferred while a run is open (staging a request closes the run, and opening
+            // one settles first), so this path need not settle.
             let key = u64::from(channel) | (u64::from(kind as u8) << 32) | (1 << 48);
             if self.run_session == session && self.run_key == key && self.run.size == only.len() as u64 {
                 self.count_in_run();
