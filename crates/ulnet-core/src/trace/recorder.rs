@@ -13,14 +13,14 @@
 //! message its handler or its caller sends next: that interval is the round trip's critical
 //! path, and on shared memory a few nanoseconds there are a percent of it. So a receive the
 //! handler describes is kept as it was described (kind, request id, the recorder's newest
-//! reading, each in a field of its own) and recorded by the next hook ([`Recorder::settle`]): on a
-//! server the send of its response, which comes after that response is published; on a
-//! caller the send of its next request, likewise after its publication (a response that
+//! reading, each in a field of its own) and recorded by the next hook ([`Recorder::settle`]):
+//! on a server the send of its response, which comes after that response is published; on
+//! a caller the send of its next request, likewise after its publication (a response that
 //! answers the staged request stays described past the end of its delivery for that). Only
 //! exact records (one request id in [`super::TraceConfig::sample`]) are recorded at once,
-//! since they read the clock at each stage. Every hook, the start of each poll and the
-//! closing of a channel or endpoint settle a description left over, so it is lost only if
-//! the session stops after the delivery and before the endpoint does anything more.
+//! since they read the clock at each stage. Every hook that records, the start of each poll
+//! and the closing of a channel or endpoint settle a description left over, so it is lost
+//! only if the session stops after the delivery and before the endpoint does anything more.
 
 use super::clock;
 use super::format::MessageKind;
@@ -186,8 +186,9 @@ impl Recorder {
     }
 
     /// Records the description left by [`Recorder::describe_receive`], if any; written at
-    /// once when its delivery is over. Every hook calls this first, so records keep their
-    /// order.
+    /// once when its delivery is over. Every hook that records calls this first, so records
+    /// keep their order (a stream's send that only counts in the open run need not: see
+    /// [`Recorder::send`]).
     #[inline(always)]
     pub(crate) fn settle(&mut self) {
         if self.delivery >= Delivery::Described {
