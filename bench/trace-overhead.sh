@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Issue 10 figures: the cost of per-message tracing on `ulnet bench msg-rate` and `rpc-lat`.
-#   on  vs off:      the same build, with and without --trace, alternating in one run
-#                    (goal: tracing on costs at most 5%); the last row runs the untraced
-#                    benchmark against tracing with every record timed (ULNET_TRACE_SAMPLE=1,
-#                    not the default: for latency studies), for the record;
+#   on  vs off:      the same build, with and without --trace, alternating in one run, each
+#                    pair of processes pinned to two CPUs (bench/pinned.sh; goal: tracing on
+#                    costs at most 5%), into bench/results/trace-on-off.md; for rpc-lat shm
+#                    also tracing into a 2-record ring and with every record timed
+#                    (ULNET_TRACE_SAMPLE=1, not the default: for latency studies);
 #   on  vs off in one pair of processes (crates/ulnet-msg/examples/trace_ab.rs): the
 #                    rpc-lat ping-pong with both processes switching tracing every 2^24 TSC
 #                    ticks (~6 ms), traced blocks compared with the untraced block before
-#                    them (the hooks' cost with the session's background work present in
-#                    both); AB_RUNS runs (default 3) of AB_SECONDS (default 5) each, into
+#                    them by median and by trimmed mean (the hooks' cost with the session's
+#                    background work present in both; both processes pinned); AB_RUNS runs (default 3) of AB_SECONDS (default 5) each, into
 #                    bench/results/trace-ab.md;
 #   before vs after: rpc-lat 128 B shm, untraced and traced with this build and traced (and
 #                    untraced) with an older binary BEFORE (default
@@ -21,9 +22,10 @@
 #   off vs baseline: this build with tracing off against a build of the commit before
 #                    tracing existed (BASE, default 5b66311), alternating (goal: no
 #                    measurable cost, ratio within the run-to-run noise). BASELINE=0 skips it.
-# Every comparison runs under `flock /work/bench.lock` (one benchmark at a time on the shared
-# machine); builds run before, outside the lock. Writes bench/results/trace-on-off.md and
-# bench/results/trace-off-baseline.md; the summary is bench/results/trace.md.
+# Every build and comparison runs under `flock /work/bench.lock` (one CPU-heavy command at a
+# time on the shared machine). Writes bench/results/trace-on-off.md,
+# trace-ab.md, trace-before-after.md and trace-off-baseline.md; the summary is
+# bench/results/trace.md.
 # Environment: ROUNDS (default 9), BEFORE, BA_ROUNDS (15), AB_RUNS (3; 0 skips), AB_SECONDS (5), BASE, BASELINE (1), LOCK (default /work/bench.lock; empty:
 # no lock), TRACE_DIR (default: a temporary dir).
 # The script takes the lock itself, per comparison: do not wrap it in `flock /work/bench.lock`
@@ -31,11 +33,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-cargo build --release --locked -p ulnet >/dev/null 2>&1
-cargo build --release --locked -p ulnet-msg --example trace_ab >/dev/null 2>&1
-NOW=$ROOT/target/release/ulnet
 LOCK=${LOCK-/work/bench.lock}
 locked() { if [ -n "$LOCK" ]; then flock "$LOCK" "$@"; else "$@"; fi; }
+locked cargo build --release --locked -p ulnet >/dev/null 2>&1
+locked cargo build --release --locked -p ulnet-msg --example trace_ab >/dev/null 2>&1
+NOW=$ROOT/target/release/ulnet
 BASE=${BASE:-5b66311}
 if [ "${BASELINE:-1}" = 1 ]; then
   BASE_SRC=$ROOT/target/trace-baseline-src
@@ -45,7 +47,7 @@ if [ "${BASELINE:-1}" = 1 ]; then
     rm -rf "$BASE_SRC" && mkdir -p "$BASE_SRC" "$ROOT/target/trace-baseline"
     git archive "$BASE" | tar -x -C "$BASE_SRC"
     echo "building the baseline ($BASE) ..." >&2
-    (cd "$BASE_SRC" && CARGO_TARGET_DIR="$ROOT/target/trace-baseline" cargo build --release --locked -p ulnet >/dev/null 2>&1)
+    (cd "$BASE_SRC" && CARGO_TARGET_DIR="$ROOT/target/trace-baseline" locked cargo build --release --locked -p ulnet >/dev/null 2>&1)
     git rev-parse "$BASE" >"$ROOT/target/trace-baseline/base"
   fi
 fi
@@ -56,11 +58,28 @@ RPC="rpc-lat --transport shm --size 128 --iters 100000"
 RPCT="rpc-lat --transport tcp --size 128 --iters 20000"
 export ULNET="$NOW"
 echo "load before: $(uptime)"
-locked python3 bench/compare.py --rounds "$R" --markdown bench/results/trace-on-off.md \
-  "msg-rate 8 B shm, traced vs not|$MSG --trace $TRACE_DIR/msg.ultrace|$NOW bench $MSG --json|msgs_per_s|>=0.95" \
-  "rpc-lat 128 B shm, traced vs not|$RPC --trace $TRACE_DIR/rpc.ultrace|$NOW bench $RPC --json|p50_us|<=1.05" \
-  "rpc-lat 128 B tcp, traced vs not|$RPCT --trace $TRACE_DIR/rpct.ultrace|$NOW bench $RPCT --json|p50_us|<=1.05" \
-  "rpc-lat 128 B shm, NOT traced vs traced with every record timed (ULNET_TRACE_SAMPLE=1)|$RPC|ULNET_TRACE_SAMPLE=1 $NOW bench $RPC --trace $TRACE_DIR/rpcx.ultrace --json|p50_us|>=0.95" || true
+# Each process of a pair pinned to a CPU of its own (bench/pinned.sh); every variant once per
+# round, rounds alternating; the per-round ratios compare runs that shared a placement of the
+# guest's CPUs on the host. p50 moves in 5 ns steps (the pollers' loop); avg also counts the
+# round trips the trace writer's CPU time (on this host, taken from a busy poller) delays.
+PIN="bench/pinned.sh $NOW"
+{
+  echo "# Tracing on vs off, same build, alternating (bench/alternate.py, bench/pinned.sh)"
+  echo
+  echo "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD), $R rounds; load before: $(uptime | sed 's/.*load/load/')."
+} >bench/results/trace-on-off.md
+locked python3 bench/alternate.py --rounds "$R" --metric p50_us,avg_us --markdown bench/results/trace-on-off.md \
+  --title "## rpc-lat 128 B shm" \
+  "off=$PIN $RPC --json" \
+  "traced=$PIN $RPC --trace $TRACE_DIR/rpc.ultrace --json" \
+  "traced, 2-record ring (every record dropped)=ULNET_TRACE_RING=2 $PIN $RPC --trace $TRACE_DIR/ring2.ultrace --json" \
+  "traced, every record exact (sample 1)=ULNET_TRACE_SAMPLE=1 $PIN $RPC --trace $TRACE_DIR/rpcx.ultrace --json" || true
+locked python3 bench/alternate.py --rounds "$R" --metric msgs_per_s --markdown bench/results/trace-on-off.md \
+  --title "## msg-rate 8 B shm" \
+  "off=$PIN $MSG --json" "traced=$PIN $MSG --trace $TRACE_DIR/msg.ultrace --json" || true
+locked python3 bench/alternate.py --rounds "$R" --metric p50_us,avg_us --markdown bench/results/trace-on-off.md \
+  --title "## rpc-lat 128 B tcp" \
+  "off=$PIN $RPCT --json" "traced=$PIN $RPCT --trace $TRACE_DIR/rpct.ultrace --json" || true
 BEFORE=${BEFORE:-/var/tmp/ulnet-base-trace-542c17a}
 if [ "${BA_ROUNDS:-15}" -gt 0 ] && [ -x "$BEFORE" ]; then
   {

@@ -134,8 +134,12 @@ impl ReplyTo<'_> {
         let session = trace::active();
         if session != 0 {
             let (local, peer) = self.nodes;
-            let message = ((peer, local), self.channel.0, self.message_len);
-            self.recorder.describe_receive(session, message, kind, request_id);
+            self.recorder.describe_receive(
+                session,
+                ((peer, local), self.channel.0, self.message_len),
+                kind,
+                request_id,
+            );
         }
     }
 
@@ -430,7 +434,7 @@ impl Endpoint {
     /// Adds a channel made by any transport.
     pub fn add_channel(&mut self, transport: Box<dyn Transport>) -> ChannelId {
         // A trace run names its channel, not its peer: a reused channel index ends it.
-        self.recorder.close_run();
+        self.recorder.write_pending();
         let probe = transport.probe();
         let peer_node = transport.peer_node().unwrap_or(NodeId::UNKNOWN);
         let slot = ChannelSlot { transport, probe: probe.clone(), posted: VecDeque::new(), down: false, peer_node };
@@ -637,6 +641,8 @@ impl Endpoint {
     /// Like [`Endpoint::poll`], for one channel only (its messages and its failure; posted
     /// sends complete through [`Endpoint::poll`]).
     pub fn poll_channel(&mut self, channel: ChannelId, max: usize, mut handle: impl FnMut(Event<'_>)) -> usize {
+        // A receive still described only is recorded before anything else is.
+        self.recorder.settle();
         self.poll_one(channel.0 as usize, max, &mut handle)
     }
 
@@ -692,6 +698,8 @@ impl Endpoint {
     }
 
     fn poll_dyn(&mut self, max: usize, handle: &mut dyn FnMut(Event<'_>)) -> usize {
+        // A receive still described only is recorded before anything else is.
+        self.recorder.settle();
         let mut n = 0;
         if self.posted_total > 0 {
             self.progress();
@@ -895,7 +903,7 @@ impl Endpoint {
     }
 
     fn remove_channel(&mut self, channel: ChannelId, abort: bool) {
-        self.recorder.close_run();
+        self.recorder.write_pending();
         if let Some(slot) = self.channels.get_mut(channel.0 as usize).and_then(Option::take) {
             let mut slot = slot;
             if let Some(w) = &mut self.watch {
@@ -932,8 +940,8 @@ impl Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        // A run still open goes to the file with the rest.
-        self.recorder.close_run();
+        // A run still open, or a receive not recorded yet, goes to the file with the rest.
+        self.recorder.write_pending();
         if let Some(cq) = &self.cq {
             for (i, slot) in self.channels.iter().enumerate() {
                 if slot.is_some() {

@@ -48,9 +48,12 @@
 //! the record and counts it: the data path never waits for the file. The format is
 //! documented in [`format`].
 //!
-//! Records still being written at the instant of [`stop`] may be lost; a process that exits
-//! without [`stop`] leaves a file without its end block, whose intact blocks
-//! [`format::decode_prefix`] still reads, and without the runs still open.
+//! Records still being written at the instant of [`stop`] may be lost, and so may a call's
+//! response that was the last thing its endpoint delivered before [`stop`]: it is recorded
+//! (with its request) by the endpoint's next send, poll or close, after that send is
+//! published, to keep the record off the round trip's critical path (see `recorder`). A
+//! process that exits without [`stop`] leaves a file without its end block, whose intact
+//! blocks [`format::decode_prefix`] still reads, and without the runs still open.
 
 mod clock;
 mod compact;
@@ -197,11 +200,13 @@ pub(crate) fn exact_mode() -> bool {
     SAMPLE_MASK.load(Ordering::Relaxed) == 0
 }
 
-/// Whether the messages of `request_id` get exact times ([`TraceConfig::sample`]).
+/// Whether the messages of `request_id` get exact times: every message in [`exact_mode`],
+/// else the messages of one request id in [`TraceConfig::sample`]. One load of the mask.
 #[inline(always)]
-pub(crate) fn sampled(request_id: u64) -> bool {
+pub(crate) fn exact_or_sampled(request_id: u64) -> bool {
+    let mask = SAMPLE_MASK.load(Ordering::Relaxed);
     // A multiplicative hash: the bits above 32 depend on every bit of the id's low half.
-    request_id != 0 && (request_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) & SAMPLE_MASK.load(Ordering::Relaxed) == 0
+    mask == 0 || (request_id != 0 && (request_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) & mask == 0)
 }
 
 /// Starts a session writing to `config.path`, and turns tracing on.

@@ -8,12 +8,25 @@
 //! handler sends to it. Anything else recorded meanwhile writes the staged request alone
 //! first, so nothing is lost but the pairing. A request still staged when the session
 //! stops is lost (its call is then still in flight).
+//!
+//! Nothing but a few stores happens between a message's arrival and the publication of the
+//! message its handler or its caller sends next: that interval is the round trip's critical
+//! path, and on shared memory a few nanoseconds there are a percent of it. So a receive the
+//! handler describes is kept as it was described (kind, request id, the recorder's newest
+//! reading, each in a field of its own) and recorded by the next hook ([`Recorder::settle`]):
+//! on a server the send of its response, which comes after that response is published; on
+//! a caller the send of its next request, likewise after its publication (a response that
+//! answers the staged request stays described past the end of its delivery for that). Only
+//! exact records (one request id in [`super::TraceConfig::sample`]) are recorded at once,
+//! since they read the clock at each stage. Every hook that records, the start of each poll
+//! and the closing of a channel or endpoint settle a description left over, so it is lost
+//! only if the session stops after the delivery and before the endpoint does anything more.
 
 use super::clock;
 use super::format::MessageKind;
 use super::ring::Producer;
 use super::slot::{offset, Slot, FLAG_EXACT, FLAG_PAIR, FLAG_RECEIVE, PAIR_BUFFERS_MAX};
-use super::{exact_mode, sampled, SESSION, TICKER};
+use super::{exact_mode, exact_or_sampled, SESSION, TICKER};
 use crate::node::NodeId;
 use std::sync::atomic::Ordering;
 
@@ -71,14 +84,46 @@ pub(crate) struct Recorder {
     run_key: u64,
     /// The ticker when the run opened: a run ends within 64 messages of a tick.
     run_tick: u64,
-    /// A delivery is under way and its handler has not described it.
-    receiving: bool,
-    /// Its clock reading, in exact mode.
+    /// Where the delivery of a received message stands.
+    delivery: Delivery,
+    /// The clock reading of the delivery under way, in exact mode.
     receiving_ticks: u64,
     /// The staged record ([`Staged`]), built in place here and copied to the ring once.
     staged: Slot,
     staged_state: Staged,
     staged_session: u64,
+    /// The message of the latest delivery described: (sender, receiver), channel, length.
+    delivery_nodes: (NodeId, NodeId),
+    delivery_channel: u32,
+    delivery_len: u64,
+    /// The description not recorded yet ([`Delivery::Described`], [`Delivery::Deferred`]).
+    /// Plain fields, each stored from a register: a description built aside and copied in
+    /// would be read back in wider pieces than it was written, and each such load waits for
+    /// the stores it overlaps to reach the cache (a failed store-to-load forwarding), on
+    /// the round trip's critical path.
+    described_kind: MessageKind,
+    described_request_id: u64,
+    /// The recorder's newest reading when it was described: the record's time.
+    described_ticks: u64,
+    described_session: u64,
+}
+
+/// Where the delivery of a received message stands: one byte that the hooks of every
+/// message read and write (a stream's receive stores it twice and compares it once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Delivery {
+    /// No delivery under way, no description waiting.
+    Idle,
+    /// A delivery is under way and its handler has not described it.
+    Open,
+    /// Under way, and its description is recorded (staged, or joined to the staged
+    /// request): the staged receive is written when the delivery ends.
+    Recorded,
+    /// Under way, described, the description not recorded yet.
+    Described,
+    /// Over, described, the description not recorded yet: a response to the staged
+    /// request, waiting for the caller's next hook.
+    Deferred,
 }
 
 /// Buffers, buffer lengths and size of a gather list (buffers 0: not listable).
@@ -125,12 +170,50 @@ impl Recorder {
             run_session: 0,
             run_key: 0,
             run_tick: 0,
-            receiving: false,
+            delivery: Delivery::Idle,
             receiving_ticks: 0,
             staged: Slot::EMPTY,
             staged_state: Staged::Empty,
             staged_session: 0,
+            delivery_nodes: (NodeId(0), NodeId(0)),
+            delivery_channel: 0,
+            delivery_len: 0,
+            described_kind: MessageKind::Message,
+            described_request_id: 0,
+            described_ticks: 0,
+            described_session: 0,
         }
+    }
+
+    /// Records the description left by [`Recorder::describe_receive`], if any; written at
+    /// once when its delivery is over. Every hook that records calls this first, so records
+    /// keep their order (a stream's send that only counts in the open run need not: see
+    /// [`Recorder::send`]).
+    #[inline(always)]
+    pub(crate) fn settle(&mut self) {
+        if self.delivery >= Delivery::Described {
+            self.settle_described();
+        }
+    }
+
+    #[inline(never)]
+    fn settle_described(&mut self) {
+        let over = self.delivery == Delivery::Deferred;
+        self.delivery = if over { Delivery::Idle } else { Delivery::Recorded };
+        let (session, kind, request_id, ticks) =
+            (self.described_session, self.described_kind, self.described_request_id, self.described_ticks);
+        self.record_description(session, kind, request_id, ticks);
+        if over && self.staged_state == Staged::Receive {
+            self.staged_state = Staged::Empty;
+            self.push_staged();
+        }
+    }
+
+    /// Writes what waits for a later hook: a description left over and the open run (a
+    /// channel or the endpoint is closing).
+    pub(crate) fn write_pending(&mut self) {
+        self.settle();
+        self.close_run();
     }
 
     /// The newest reading available without reading the clock.
@@ -240,7 +323,7 @@ impl Recorder {
 
     /// Writes the open run, if any: a plain record when it holds one message.
     #[inline(never)]
-    pub(crate) fn close_run(&mut self) {
+    fn close_run(&mut self) {
         if self.run_session == 0 {
             return;
         }
@@ -270,13 +353,16 @@ impl Recorder {
         request_id: u64,
     ) {
         if request_id != 0 {
+            self.settle();
             if self.send_call(session, nodes, channel, gather, kind, request_id) {
                 return;
             }
         } else if let [only] = gather {
             // The common case of a stream, in four compares: one buffer, the channel, kind
             // and size of the open run of sends (a channel's peer does not change while a
-            // run is open: opening or closing a channel ends it).
+            // run is open: opening or closing a channel ends it). No description can be
+            // deferred while a run is open (staging a request closes the run, and opening
+            // one settles first), so this path need not settle.
             let key = u64::from(channel) | (u64::from(kind as u8) << 32) | (1 << 48);
             if self.run_session == session && self.run_key == key && self.run.size == only.len() as u64 {
                 self.count_in_run();
@@ -330,7 +416,7 @@ impl Recorder {
                 if self.run_session != 0 {
                     self.close_run();
                 }
-                let exact = exact_mode() || sampled(request_id);
+                let exact = exact_or_sampled(request_id);
                 let ticks = if exact { self.exact_now() } else { self.coarse() };
                 self.staged = Slot {
                     ticks,
@@ -380,12 +466,13 @@ impl Recorder {
         request_id: u64,
         enqueued: u64,
     ) {
+        self.settle();
         if request_id == 0 && enqueued == 0 && self.extends_send(session, channel, gather, kind) {
             self.count_in_run();
             return;
         }
         let (buffers, buffer_len, size) = describe(gather);
-        let exact = exact_mode() || enqueued != 0 || sampled(request_id);
+        let exact = enqueued != 0 || exact_or_sampled(request_id);
         let ticks = if exact { self.exact_now() } else { self.coarse() };
         let slot = Slot {
             ticks,
@@ -415,36 +502,60 @@ impl Recorder {
     /// `exact`: [`exact_mode`], read once per poll by the caller.
     #[inline(always)]
     pub(crate) fn open_receive(&mut self, exact: bool) {
-        self.receiving = true;
+        self.settle();
+        self.delivery = Delivery::Open;
         if exact {
             self.receiving_ticks = self.exact_now();
         }
     }
 
-    /// Says what the message being delivered is (`nodes`: sender, receiver; `size`: its
-    /// length); a sampled request id makes its times exact.
+    /// Says what the message being delivered is (`nodes`: sender, receiver; `len`: its
+    /// length); a sampled request id makes its times exact. Only an exact record is made
+    /// now; any other description waits for [`Recorder::settle`], with no call made here.
+    #[inline(always)]
     pub(crate) fn describe_receive(
         &mut self,
         session: u64,
-        (nodes, channel, size): ((NodeId, NodeId), u32, u64),
+        (nodes, channel, len): ((NodeId, NodeId), u32, u64),
         kind: MessageKind,
         request_id: u64,
     ) {
-        if !self.receiving {
+        if self.delivery != Delivery::Open {
             return;
         }
-        self.receiving = false;
+        self.delivery_nodes = nodes;
+        self.delivery_channel = channel;
+        self.delivery_len = len;
+        let ticks = self.coarse();
+        if exact_or_sampled(request_id) {
+            self.delivery = Delivery::Recorded;
+            self.record_description(session, kind, request_id, ticks);
+        } else {
+            self.delivery = Delivery::Described;
+            self.described_kind = kind;
+            self.described_request_id = request_id;
+            self.described_ticks = ticks;
+            self.described_session = session;
+        }
+    }
+
+    /// Records the description of the latest delivery: stages the receive, or joins it to
+    /// the request it answers. `coarse`: the recorder's newest reading when it was described
+    /// (the time of a record that is not exact).
+    #[inline(never)]
+    fn record_description(&mut self, session: u64, kind: MessageKind, request_id: u64, coarse: u64) {
+        let (nodes, channel, size) = (self.delivery_nodes, self.delivery_channel, self.delivery_len);
         if self.staged_state == Staged::Call {
-            if kind == MessageKind::Response && self.answers_call(session, channel, size, request_id) {
+            if kind == MessageKind::Response && self.answers_call(session, channel, size, request_id, coarse) {
                 return;
             }
             self.close_open();
         }
-        let exact = exact_mode() || sampled(request_id);
+        let exact = exact_or_sampled(request_id);
         let ticks = match (exact_mode(), exact) {
             (true, _) => self.receiving_ticks,
             (false, true) => self.exact_now(),
-            (false, false) => self.coarse(),
+            (false, false) => coarse,
         };
         self.staged = Slot {
             ticks,
@@ -464,7 +575,7 @@ impl Recorder {
     /// Joins the response being delivered to the staged request it answers, if it does
     /// (same session, channel and request id; its size and time fit the pair record).
     #[inline(always)]
-    fn answers_call(&mut self, session: u64, channel: u32, size: u64, request_id: u64) -> bool {
+    fn answers_call(&mut self, session: u64, channel: u32, size: u64, request_id: u64, coarse: u64) -> bool {
         let s = &self.staged;
         if s.request_id != request_id || s.channel != channel || self.staged_session != session {
             return false;
@@ -473,7 +584,7 @@ impl Recorder {
         let t = match (exact_mode(), s.flags & FLAG_EXACT != 0) {
             (true, _) => self.receiving_ticks,
             (false, true) => self.exact_now(),
-            (false, false) => self.coarse(),
+            (false, false) => coarse,
         };
         let at = offset(self.staged.ticks, t);
         if at == u32::MAX {
@@ -486,37 +597,74 @@ impl Recorder {
         true
     }
 
+    /// Whether the handler of the message being delivered is timed: its record is exact
+    /// (a description not recorded yet never is).
+    #[inline(always)]
+    fn handler_timed(&self) -> bool {
+        self.staged_state == Staged::Receive && self.staged.flags & FLAG_EXACT != 0
+    }
+
     /// Marks the start of the handler of the message being delivered (exact records only).
+    #[inline(always)]
     pub(crate) fn handler_start(&mut self) {
-        if self.staged_state == Staged::Receive && self.staged.flags & FLAG_EXACT != 0 {
-            let t = self.exact_now();
-            self.staged.stage_a = offset(self.staged.ticks, t);
+        if self.handler_timed() {
+            self.stamp_handler(false);
         }
     }
 
     /// Marks the end of the handler of the message being delivered (exact records only).
+    #[inline(always)]
     pub(crate) fn handler_end(&mut self) {
-        if self.staged_state == Staged::Receive && self.staged.flags & FLAG_EXACT != 0 {
-            let t = self.exact_now();
-            self.staged.stage_b = offset(self.staged.ticks, t);
+        if self.handler_timed() {
+            self.stamp_handler(true);
+        }
+    }
+
+    /// Writes the handler's start or `end` time into the staged record.
+    #[inline(never)]
+    fn stamp_handler(&mut self, end: bool) {
+        let t = offset(self.staged.ticks, self.exact_now());
+        if end {
+            self.staged.stage_b = t;
+        } else {
+            self.staged.stage_a = t;
         }
     }
 
     /// The delivery opened by [`Recorder::open_receive`] is over: records the message.
     #[inline(always)]
     pub(crate) fn close_receive(&mut self, session: u64, nodes: (NodeId, NodeId), channel: u32, size: u64) {
-        if self.receiving {
-            // Not described: a plain message, most often one more of a stream.
-            self.receiving = false;
-            let key = u64::from(channel) | (u64::from(FLAG_RECEIVE) << 40);
-            if self.run_session == session && self.run_key == key && self.run.size == size {
-                self.count_in_run();
-            } else {
-                self.receive_plain_slow(session, nodes, channel, size);
+        match self.delivery {
+            Delivery::Open => self.close_plain_receive(session, nodes, channel, size),
+            Delivery::Described => {
+                // A response to the staged request waits for the caller's next hook (its
+                // next request, after that is published); anything else is recorded now.
+                self.delivery = Delivery::Deferred;
+                if !(self.described_kind == MessageKind::Response && self.staged_state == Staged::Call) {
+                    self.settle_described();
+                }
             }
-        } else if self.staged_state == Staged::Receive {
-            self.staged_state = Staged::Empty;
-            self.push_staged();
+            Delivery::Recorded => {
+                self.delivery = Delivery::Idle;
+                if self.staged_state == Staged::Receive {
+                    self.staged_state = Staged::Empty;
+                    self.push_staged();
+                }
+            }
+            Delivery::Idle | Delivery::Deferred => {}
+        }
+    }
+
+    /// Records a delivery its handler did not describe: a plain message, most often one
+    /// more of a stream.
+    #[inline(always)]
+    fn close_plain_receive(&mut self, session: u64, nodes: (NodeId, NodeId), channel: u32, size: u64) {
+        self.delivery = Delivery::Idle;
+        let key = u64::from(channel) | (u64::from(FLAG_RECEIVE) << 40);
+        if self.run_session == session && self.run_key == key && self.run.size == size {
+            self.count_in_run();
+        } else {
+            self.receive_plain_slow(session, nodes, channel, size);
         }
     }
 
@@ -543,6 +691,7 @@ impl Recorder {
     /// Takes the receive being delivered out of its delivery (its times made exact), to be
     /// written later with [`Recorder::put`]. The handler must have described it.
     pub(crate) fn take_receive(&mut self) -> Option<PendingReceive> {
+        self.settle();
         if self.staged_state != Staged::Receive {
             return None;
         }
@@ -557,6 +706,7 @@ impl Recorder {
 
     /// Writes a receive taken with [`Recorder::take_receive`], if its session still runs.
     pub(crate) fn put(&mut self, session: u64, pending: PendingReceive) {
+        self.settle();
         if pending.session == session {
             self.push(session, pending.slot);
         }
@@ -564,6 +714,7 @@ impl Recorder {
 
     /// Records a datagram of a layer with its own socket ([`super::record_datagram`]).
     pub(crate) fn record_datagram(&mut self, session: u64, mut slot: Slot) {
+        self.settle();
         if exact_mode() {
             slot.ticks = self.exact_now();
             slot.flags |= FLAG_EXACT;
@@ -575,6 +726,7 @@ impl Recorder {
 
     /// Records a one-sided operation issued at `enqueued` (0: not measured).
     pub(crate) fn record_rma(&mut self, session: u64, mut slot: Slot, enqueued: u64) {
+        self.settle();
         let exact = exact_mode() || enqueued != 0;
         slot.ticks = if exact { self.exact_now() } else { self.coarse() };
         if exact {
@@ -606,7 +758,8 @@ mod tests {
         start(config).unwrap();
         let mut r = Recorder::new();
         play(&mut r, active());
-        r.close_run();
+        // What an endpoint does when it closes.
+        r.write_pending();
         stop().unwrap();
         let bytes = std::fs::read(&path).unwrap();
         std::fs::remove_file(&path).unwrap();
@@ -658,6 +811,21 @@ mod tests {
         });
         assert_eq!(records, 1);
         assert_eq!(got, [(Q, S, 124, 2, 9), (A, R, 30, 0, 9)]);
+        // Back-to-back calls: each response is recorded with its request after the next
+        // request is sent (off the round trip's critical path), in order; the last one when
+        // the endpoint closes.
+        let (records, got) = recorded(|r, s| {
+            for id in [12, 13] {
+                r.send(s, (ME, PEER), 3, &[&head], Q, id);
+                r.open_receive(false);
+                r.describe_receive(s, ((PEER, ME), 3, 30), A, id);
+                r.handler_start();
+                r.handler_end();
+                r.close_receive(s, (PEER, ME), 3, 30);
+            }
+        });
+        assert_eq!(records, 2);
+        assert_eq!(got, [(Q, S, 24, 1, 12), (A, R, 30, 0, 12), (Q, S, 24, 1, 13), (A, R, 30, 0, 13)]);
         // Something else between a request and its response: the request is written
         // alone first; a response to another request, or on another channel, does not pair;
         // a request of three buffers does not either.
