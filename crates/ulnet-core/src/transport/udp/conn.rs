@@ -43,6 +43,11 @@ use std::time::{Duration, Instant};
 /// the timeout (TCP's duplicate-ack threshold).
 const REORDER_THRESHOLD: u64 = 3;
 
+/// Steps in which credit comes back: a receiver announces a window update once it has
+/// consumed a step's worth (an eighth of its grant, or of its receive slots), and a sender
+/// seals one step ahead ([`Tx::fill_ahead_max`]).
+const CREDIT_STEPS: u64 = 8;
+
 /// Bytes copied into a send slot before the checksum catches up with them: half of a
 /// typical 48 KiB first-level data cache, so the checksum reads what the copy wrote
 /// from there.
@@ -270,17 +275,17 @@ impl Tx {
         self.stream_sealed + filling - self.stream_sent
     }
 
-    /// Unsent bytes at which new packets are refused: an eighth of the peer's grant, at
-    /// most `unsent_max` and at least one datagram. Credit comes back in steps of about an
-    /// eighth of the grant (the receiver renews it every eighth consumed), so that much
-    /// sealed ahead fills each step the moment it arrives; more would wait for later steps
+    /// Unsent bytes at which new packets are refused: one [`CREDIT_STEPS`] step of the
+    /// peer's grant (an eighth), at most `unsent_max` and at least one datagram. Credit
+    /// comes back in such steps, so that much sealed ahead fills each step the moment it
+    /// arrives; more would wait for later steps
     /// and go cold in the caches meanwhile. A lone stream with a 16 MiB grant keeps the
     /// whole `unsent_max` (1 MiB); each of eight streams sharing that budget (2 MiB grants)
     /// seals 256 KiB ahead, so eight senders on one CPU stay within its caches
     /// (BENCHMARKS.md, issue 3).
     fn fill_ahead_max(&self) -> u64 {
         let datagram = self.datagram_max as u64;
-        (self.peer_grant / 8).clamp(datagram, self.unsent_max.max(datagram))
+        (self.peer_grant / CREDIT_STEPS).clamp(datagram, self.unsent_max.max(datagram))
     }
 
     /// Whether the unsent bytes reached [`Tx::fill_ahead_max`]: no new packet is opened
@@ -1333,8 +1338,8 @@ impl Connection {
                 rx.next_deliver += 1;
                 rx.deliver_pos = 0;
                 let (bytes, seq) = rx.credit();
-                if bytes - rx.advertised_bytes >= rx.credit_bytes / 8
-                    || seq - rx.advertised_seq >= rx.slots.len() as u64 / 8
+                if bytes - rx.advertised_bytes >= rx.credit_bytes / CREDIT_STEPS
+                    || seq - rx.advertised_seq >= rx.slots.len() as u64 / CREDIT_STEPS
                 {
                     // A window update, due at once (`created` is in the past).
                     rx.ack_due = Some(self.created);
