@@ -67,10 +67,11 @@ const INLINE_IO_BUFFERS: usize = 2;
 /// small enough that the pools cost little to fault in.
 const IO_BUFFER_BYTES: usize = 10_000 * RECORD_SIZE;
 /// Bytes the sort needs per arena byte: the record plus two 16-byte entries per 100 bytes.
-/// (In memory, buckets are sorted one at a time; in external mode every group read back
-/// from its file is sorted flat, with an entry per record of a half in bucket order: 0.08
-/// of the arena, plus one bucket's scratch. 1.2 was tried: peak RSS 423 instead of 389 MiB
-/// for no measurable gain, see BENCHMARKS.md.)
+/// (In memory, buckets are sorted one at a time; in external mode so is every group read
+/// back, its buckets' records placed together, but a group larger than a half is sorted
+/// flat into runs, with an entry per record of a half in bucket order: 0.08 of the arena,
+/// plus one bucket's scratch. 1.2 was tried: peak RSS 423 instead of 389 MiB for no
+/// measurable gain, see BENCHMARKS.md.)
 const SORT_OVERHEAD: f64 = 1.32;
 /// Memory kept aside for everything not counted (stacks, control messages, the heap).
 const SLACK_BYTES: u64 = 2 << 20;
