@@ -45,17 +45,20 @@ use std::sync::Arc;
 /// group is planned at 4/5 of a half, so a partition up to 25% larger than the mean still
 /// has groups that fit.
 const GROUP_FILL: f64 = 0.8;
-/// Most bytes staged per group before they are written: 1 MiB, a write large enough that
-/// per-call costs vanish.
-const STAGE_BYTES_MAX: usize = 1 << 20;
-/// Most bytes handed to the page cache in one `write`: 256 KiB. The page cache gives a
-/// write folios up to the write's size (2 MiB at most), and on the development VM, which
-/// hands free 2 MiB blocks back to its host, large folios come from memory the host must
-/// fault in again: 1.7 GB of new file data in aligned 1 MiB writes took 2.3–2.9 s of
-/// system time, in 64–512 KiB writes 0.44–0.73 s. The external sort with each stage
-/// written whole instead: 8.52 s against 6.94 s (medians of 4 alternating rounds; pass 1
-/// 5.61 against 3.86 s, system CPU 7.56 against 4.57 s). See BENCHMARKS.md (issue 8).
-const WRITE_PIECE_BYTES: usize = 256 << 10;
+/// Most bytes staged per group before they are written (in one `write`): 64 KiB.
+///
+/// So that the stages of all groups (15 of them per node in the 4x10^7 benchmark) stay in
+/// the second-level cache, where the first pass appends records and the `write` reads
+/// them again: with 1 MiB stages (written in 256 KiB pieces) that sort took 6.90 s against
+/// 6.07 s (medians of 4 alternating rounds, slower in all 4; pass 1 3.88 against 3.32 s).
+///
+/// And small writes: the page cache gives a write folios up to the write's size (2 MiB at
+/// most), and on the development VM, which hands free 2 MiB blocks back to its host, large
+/// folios come from memory the host must fault in again: 1.7 GB of new file data in
+/// aligned 1 MiB writes took 2.3–2.9 s of system time, in 64–512 KiB writes 0.44–0.73 s;
+/// the sort with 1 MiB stages each written whole: 8.52 s against 6.94 s in 256 KiB
+/// pieces. See BENCHMARKS.md (issue 8).
+const STAGE_BYTES_MAX: usize = 64 << 10;
 /// Bytes of a group file read at a time in the second pass before its records move to
 /// their buckets' places: 256 KiB, which stays in the second-level cache between the
 /// read that fills it and the moves that empty it.
@@ -95,7 +98,7 @@ pub struct GroupFiles {
 }
 
 impl GroupFiles {
-    /// Creates one file per group (`prefix.gN`) and its staging buffer: at most 1 MiB, and
+    /// Creates one file per group (`prefix.gN`) and its staging buffer: at most 64 KiB, and
     /// all of them together at most `stage_budget` bytes.
     pub fn create(
         prefix: &Path,
@@ -194,13 +197,11 @@ impl GroupFiles {
         Ok(())
     }
 
-    /// Writes group `g`'s staged records (in pieces of at most [`WRITE_PIECE_BYTES`]).
+    /// Writes group `g`'s staged records.
     fn write_stage(&mut self, g: usize) -> Result<(), RiverError> {
-        for piece in self.stages[g].chunks(WRITE_PIECE_BYTES) {
-            self.files[g]
-                .write_all(piece)
-                .map_err(|e| RiverError::io(format!("appending to group {}", self.paths[g].display()), e))?;
-        }
+        self.files[g]
+            .write_all(&self.stages[g])
+            .map_err(|e| RiverError::io(format!("appending to group {}", self.paths[g].display()), e))?;
         self.stages[g].clear();
         Ok(())
     }
