@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!  pass 1   record ──► its group's staging buffer ──(full: one write)──► group file
-//!           (after the first spill, records of the first groups stay in the arena)
+//!           (but records of the first groups, which stay in the arena)
 //!  pass 2   node thread:    first groups from the arena (their spilled part read back in)
 //!           loader thread:  read group i+1 into a free half,     ─┐
 //!                           each bucket's records together        │
