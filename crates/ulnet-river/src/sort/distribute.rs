@@ -177,7 +177,7 @@ impl GroupFiles {
 
     /// Stages one record whose bucket the caller knows (`b`, as [`KeyBuckets::bucket_of`]
     /// gives it).
-    #[inline]
+    #[inline(always)]
     pub fn push_in(&mut self, b: usize, record: &[u8]) -> Result<(), RiverError> {
         let g = self.group_of[b] as usize;
         let stage = &mut self.stages[g];
