@@ -18,14 +18,15 @@
 //! The second pass reads a group file piece by piece, moving every record to its bucket's
 //! place in a half (the counts say where each bucket starts), and sorts the buckets one by
 //! one (each a few megabytes of records at most, which the caches hold), gathering their
-//! records into the output. Putting records in bucket order is left to the second pass because the first
-//! is the one that keeps both cores busy; the second waits on the disk writing the output.
+//! records into the output. Putting records in bucket order is left to the second pass,
+//! which moves each record out of its read buffer anyway, not the first, which would need
+//! one more copy of every record on cores it already keeps busy.
 //! A group that does not fit in a half (a key repeated past it, or sampling that missed a
 //! heavy key range) is not lost or truncated: the loader sorts it half by half into runs
 //! ([`FlatSorter`]) and the node merges them ([`GroupReport::merged_groups`]). The halves
-//! are the arena's memory, faulted in by the first pass: on a virtual machine that
-//! returns freed memory to its host, new memory costs a host fault per page, reused
-//! memory does not.
+//! are the arena's memory, faulted in before or during the first pass: on a virtual
+//! machine that returns freed memory to its host, new memory costs a host fault per page,
+//! reused memory does not.
 
 use super::bucket::{copy_record, gather_records, KeyBuckets};
 use super::radix::{entry, key, sort_entries};

@@ -4,10 +4,9 @@
 //! for the records of the first groups (*resident* groups: a memory's worth of records that
 //! never touches the disk), which stay in the arena; one misjudged to fit fills the arena,
 //! which then appends itself to the group files and keeps only the resident groups' later
-//! records;
-//! and the ways out of it: a one-pass sort of the arena, bucket by bucket, or group by
-//! group (the resident ones from the arena, the others from the group files), with a
-//! merge of sorted runs for a group too large for memory.
+//! records. And the ways out of it: a one-pass sort of the arena, bucket by bucket, or
+//! group by group (the resident ones from the arena, the others from the group files),
+//! with a merge of sorted runs for a group too large for memory.
 
 use super::bucket::{copy_record, BucketArena, KeyBuckets, BLOCK_BYTES};
 use super::distribute::{plan_groups, sort_groups, GroupFiles, GroupReport, PassTwo};
@@ -166,9 +165,10 @@ impl RecordStore {
     }
 
     /// Records that stay in memory once the partition is known not to fit (from the start,
-    /// or after the first spill): those of the groups the second pass sorts first, as many groups as the arena is expected to hold (a
-    /// tenth of it kept for misjudged sizes and each bucket's partly filled last block),
-    /// never all of them (that partition would have fitted).
+    /// or after the first spill): those of the groups the second pass sorts first, as many
+    /// groups as the arena is expected to hold (a tenth of it kept for misjudged sizes and
+    /// each bucket's partly filled last block), never all of them (that partition would
+    /// have fitted).
     fn resident_groups(&self, arena: &BucketArena, partition_bytes: u64) -> usize {
         let n = self.group_ranges.len();
         let group_bytes = partition_bytes as f64 / n.max(1) as f64;
@@ -179,9 +179,8 @@ impl RecordStore {
     /// The arena is full: its records go to the group files. After the first spill (or
     /// from the start, when planned so), so does every later record but those of the
     /// resident groups, which keep filling the arena; should they fill it, they go to the
-    /// files too, and so do all later records
-    /// (an in-memory store has nowhere to go: more records than it was sized for is an
-    /// error).
+    /// files too, and so do all later records (an in-memory store has nowhere to go: more
+    /// records than it was sized for is an error).
     fn spill(&mut self) -> Result<(), RiverError> {
         let (arena_bytes, partition_bytes) = match self.sizing {
             Sizing::Records(n) => {
