@@ -171,6 +171,11 @@ impl BucketArena {
         })
     }
 
+    /// Faults in all of its memory now, instead of block by block as records arrive.
+    pub fn populate(&self) -> std::io::Result<()> {
+        self.map.advise(Advice::PopulateWrite)
+    }
+
     /// Records held.
     pub fn records(&self) -> u64 {
         self.records

@@ -4,9 +4,10 @@
 //!
 //! ```text
 //!  pass 1   record ──► its group's staging buffer ──(full: one write)──► group file
-//!           (after the first spill, records of the first groups stay in the arena)
+//!           (but records of the first groups, which stay in the arena)
 //!  pass 2   node thread:    first groups from the arena (their spilled part read back in)
-//!           loader thread:  read group i+1 flat into a free half  ─┐
+//!           loader thread:  read group i+1 into a free half,     ─┐
+//!                           each bucket's records together        │
 //!           node thread:    sort group i bucket by bucket      ◄───┘ ─► output writer
 //!                                                                       (group i-1)
 //! ```
@@ -14,19 +15,20 @@
 //! A group is a run of consecutive key-range buckets; the buckets hold about equal numbers
 //! of sampled keys, so groups stay about equal on skewed keys too. Records are staged per
 //! group and written as they came; the first pass only counts the records of each bucket.
-//! The second pass reads a group file flat into a half, places every record's entry in
-//! its bucket's place (the counts say where each bucket starts), and sorts the buckets one
-//! by one (each a few megabytes of records at most), gathering their records into the
-//! output. Putting records in bucket order is left to the second pass because the first
-//! is the one that keeps both cores busy; the second waits on the disk writing the output.
+//! The second pass reads a group file piece by piece, moving every record to its bucket's
+//! place in a half (the counts say where each bucket starts), and sorts the buckets one by
+//! one (each a few megabytes of records at most, which the caches hold), gathering their
+//! records into the output. Putting records in bucket order is left to the second pass,
+//! which moves each record out of its read buffer anyway, not the first, which would need
+//! one more copy of every record on cores it already keeps busy.
 //! A group that does not fit in a half (a key repeated past it, or sampling that missed a
 //! heavy key range) is not lost or truncated: the loader sorts it half by half into runs
 //! ([`FlatSorter`]) and the node merges them ([`GroupReport::merged_groups`]). The halves
-//! are the arena's memory, faulted in by the first pass: on a virtual machine that
-//! returns freed memory to its host, new memory costs a host fault per page, reused
-//! memory does not.
+//! are the arena's memory, faulted in before or during the first pass: on a virtual
+//! machine that returns freed memory to its host, new memory costs a host fault per page,
+//! reused memory does not.
 
-use super::bucket::{gather_records, KeyBuckets};
+use super::bucket::{copy_record, gather_records, KeyBuckets};
 use super::radix::{entry, key, sort_entries};
 use super::store::{merge_runs, Run};
 use crate::error::RiverError;
@@ -44,17 +46,24 @@ use std::sync::Arc;
 /// group is planned at 4/5 of a half, so a partition up to 25% larger than the mean still
 /// has groups that fit.
 const GROUP_FILL: f64 = 0.8;
-/// Most bytes staged per group before they are written: 1 MiB, a write large enough that
-/// per-call costs vanish.
-const STAGE_BYTES_MAX: usize = 1 << 20;
-/// Most bytes handed to the page cache in one `write`: 256 KiB. The page cache gives a
-/// write folios up to the write's size (2 MiB at most), and on the development VM, which
-/// hands free 2 MiB blocks back to its host, large folios come from memory the host must
-/// fault in again: 1.7 GB of new file data in aligned 1 MiB writes took 2.3–2.9 s of
-/// system time, in 64–512 KiB writes 0.44–0.73 s. The external sort with each stage
-/// written whole instead: 8.52 s against 6.94 s (medians of 4 alternating rounds; pass 1
-/// 5.61 against 3.86 s, system CPU 7.56 against 4.57 s). See BENCHMARKS.md (issue 8).
-const WRITE_PIECE_BYTES: usize = 256 << 10;
+/// Most bytes staged per group before they are written (in one `write`): 64 KiB.
+///
+/// So that the stages of all groups (15 of them per node in the 4x10^7 benchmark) stay in
+/// the second-level cache, where the first pass appends records and the `write` reads
+/// them again: with 1 MiB stages (written in 256 KiB pieces) that sort took 6.90 s against
+/// 6.07 s (medians of 4 alternating rounds, slower in all 4; pass 1 3.88 against 3.32 s).
+///
+/// And small writes: the page cache gives a write folios up to the write's size (2 MiB at
+/// most), and on the development VM, which hands free 2 MiB blocks back to its host, large
+/// folios come from memory the host must fault in again: 1.7 GB of new file data in
+/// aligned 1 MiB writes took 2.3–2.9 s of system time, in 64–512 KiB writes 0.44–0.73 s;
+/// the sort with 1 MiB stages each written whole: 8.52 s against 6.94 s in 256 KiB
+/// pieces. See BENCHMARKS.md (issue 8).
+const STAGE_BYTES_MAX: usize = 64 << 10;
+/// Bytes of a group file read at a time in the second pass before its records move to
+/// their buckets' places: 256 KiB, which stays in the second-level cache between the
+/// read that fills it and the moves that empty it.
+const SCATTER_PIECE_BYTES: usize = 256 << 10;
 
 /// Splits `buckets` into key-range groups so that a partition of `partition_bytes` puts
 /// at most [`GROUP_FILL`] of `half_bytes` in each: consecutive ranges of the same number
@@ -90,7 +99,7 @@ pub struct GroupFiles {
 }
 
 impl GroupFiles {
-    /// Creates one file per group (`prefix.gN`) and its staging buffer: at most 1 MiB, and
+    /// Creates one file per group (`prefix.gN`) and its staging buffer: at most 64 KiB, and
     /// all of them together at most `stage_budget` bytes.
     pub fn create(
         prefix: &Path,
@@ -169,7 +178,7 @@ impl GroupFiles {
 
     /// Stages one record whose bucket the caller knows (`b`, as [`KeyBuckets::bucket_of`]
     /// gives it).
-    #[inline]
+    #[inline(always)]
     pub fn push_in(&mut self, b: usize, record: &[u8]) -> Result<(), RiverError> {
         let g = self.group_of[b] as usize;
         let stage = &mut self.stages[g];
@@ -189,13 +198,11 @@ impl GroupFiles {
         Ok(())
     }
 
-    /// Writes group `g`'s staged records (in pieces of at most [`WRITE_PIECE_BYTES`]).
+    /// Writes group `g`'s staged records.
     fn write_stage(&mut self, g: usize) -> Result<(), RiverError> {
-        for piece in self.stages[g].chunks(WRITE_PIECE_BYTES) {
-            self.files[g]
-                .write_all(piece)
-                .map_err(|e| RiverError::io(format!("appending to group {}", self.paths[g].display()), e))?;
-        }
+        self.files[g]
+            .write_all(&self.stages[g])
+            .map_err(|e| RiverError::io(format!("appending to group {}", self.paths[g].display()), e))?;
         self.stages[g].clear();
         Ok(())
     }
@@ -279,8 +286,10 @@ pub struct GroupReport {
 
 /// A group read back, ready for the node thread.
 enum Loaded<'m> {
-    /// The whole group, read flat into a half: the half, the group and its bytes.
-    Whole(&'m mut [u8], usize, usize),
+    /// The whole group, read into a half with each bucket's records together, in bucket
+    /// order: the half, and where each bucket starts in it (in records; one more entry
+    /// than buckets, the last the group's records).
+    Bucketed(&'m mut [u8], Vec<usize>),
     /// A group larger than a half: its sorted runs on disk (the half comes back free).
     Runs(Vec<Run>, &'m mut [u8]),
 }
@@ -310,9 +319,6 @@ pub fn sort_groups<S: SpaceSink + ?Sized>(
     groups.flush()?;
     let n = groups.len();
     let rs = groups.record_size;
-    let ranges = groups.ranges.clone();
-    let counts = std::mem::take(&mut groups.bucket_counts);
-    let buckets = groups.buckets.clone();
     let (low, high) = memory.split_at_mut(memory.len() / 2);
     std::thread::scope(|scope| {
         let (loaded_tx, loaded_rx) = mpsc::sync_channel::<Loaded>(1);
@@ -329,9 +335,8 @@ pub fn sort_groups<S: SpaceSink + ?Sized>(
         let sorted = (|| {
             for loaded in loaded_rx.iter() {
                 let half = match loaded {
-                    Loaded::Whole(half, g, bytes) => {
-                        let range = ranges[g].clone();
-                        sorter.emit_counted(&half[..bytes], rs, &buckets, range.clone(), &counts[range], out)?;
+                    Loaded::Bucketed(half, starts) => {
+                        sorter.emit_bucketed(half, rs, &starts, out)?;
                         half
                     }
                     Loaded::Runs(runs, half) => {
@@ -364,8 +369,8 @@ pub fn sort_groups<S: SpaceSink + ?Sized>(
     })
 }
 
-/// The loader: reads each group into a free half and hands it over, in group order. A
-/// group larger than a half is sorted into runs, half by half.
+/// The loader: reads each group into a free half and hands it over, in group order, each
+/// bucket's records together. A group larger than a half is sorted into runs, half by half.
 fn load_groups<'m>(
     mut groups: GroupFiles,
     first: usize,
@@ -375,6 +380,7 @@ fn load_groups<'m>(
 ) -> Result<(), RiverError> {
     let rs = groups.record_size;
     let mut sorter = FlatSorter::default();
+    let mut piece = vec![0u8; (SCATTER_PIECE_BYTES / rs).max(1) * rs];
     for g in first..groups.len() {
         // The node thread stopped (it failed, and reports why): nothing more to do.
         let Ok(half) = free.recv() else { return Ok(()) };
@@ -382,36 +388,19 @@ fn load_groups<'m>(
         let read_err = |e| RiverError::io(format!("reading group {}", path.display()), e);
         let mut file = File::open(&path).map_err(read_err)?;
         let bytes = groups.records[g] as usize * rs;
-        let room = half.len() / rs * rs;
-        let mut runs = Vec::new();
-        let mut read = 0usize;
-        loop {
-            let want = (bytes - read).min(room);
-            let n = read_full(&mut file, &mut half[..want]).map_err(read_err)?;
-            if n != want {
-                return Err(read_err(std::io::Error::other(format!("{} bytes read, {bytes} written", read + n))));
-            }
-            read += n;
-            if read == bytes && runs.is_empty() {
-                break;
-            }
-            // Larger than a half: this part is sorted as a run.
-            runs.push(write_run(&mut sorter, &half[..n], &groups, g, runs.len(), pass)?);
-            if read == bytes {
-                break;
-            }
-        }
+        let msg = if bytes <= half.len() {
+            let starts = read_bucketed(&mut file, &groups, g, half, &mut piece, read_err)?;
+            Loaded::Bucketed(half, starts)
+        } else {
+            let runs = sort_into_runs(&mut file, &groups, g, half, &mut sorter, pass, read_err)?;
+            tracing::info!(group = g, runs = runs.len(), "a group larger than half the memory bound is merged");
+            Loaded::Runs(runs, half)
+        };
         if read_full(&mut file, &mut [0u8; 1]).map_err(read_err)? != 0 {
             return Err(read_err(std::io::Error::other(format!("more than the {bytes} bytes written"))));
         }
         drop(file);
         let _ = std::fs::remove_file(&path);
-        let msg = if runs.is_empty() {
-            Loaded::Whole(half, g, bytes)
-        } else {
-            tracing::info!(group = g, runs = runs.len(), "a group larger than half the memory bound is merged");
-            Loaded::Runs(runs, half)
-        };
         if loaded.send(msg).is_err() {
             return Ok(());
         }
@@ -419,6 +408,84 @@ fn load_groups<'m>(
     // Every file is read and removed; dropping `groups` removes nothing more.
     groups.paths.clear();
     Ok(())
+}
+
+/// Reads group `g` from `file` through `piece`, moving each record to its bucket's place
+/// in `half` (the first pass counted each bucket's records, so every bucket's place is
+/// known before reading), and returns where each bucket starts, in records, with the
+/// group's records last. Sorting a bucket then reads only that bucket's few megabytes,
+/// which the caches hold, where gathering records from the whole group in arrival order
+/// missed the caches on almost every record. Records that disagree with the counts (a
+/// group file changed behind our back) are an error.
+fn read_bucketed(
+    file: &mut File,
+    groups: &GroupFiles,
+    g: usize,
+    half: &mut [u8],
+    piece: &mut [u8],
+    read_err: impl Fn(std::io::Error) -> RiverError,
+) -> Result<Vec<usize>, RiverError> {
+    let rs = groups.record_size;
+    let range = groups.ranges[g].clone();
+    let mut starts = Vec::with_capacity(range.len() + 1);
+    starts.push(0);
+    for &c in groups.bucket_records(g) {
+        let last = *starts.last().expect("starts at 0");
+        starts.push(last + c as usize);
+    }
+    let mut fill = starts[..range.len()].to_vec();
+    let bytes = groups.records[g] as usize * rs;
+    let mut read = 0usize;
+    while read < bytes {
+        let want = (bytes - read).min(piece.len());
+        let n = read_full(file, &mut piece[..want]).map_err(&read_err)?;
+        if n != want {
+            return Err(read_err(std::io::Error::other(format!("{} bytes read, {bytes} written", read + n))));
+        }
+        for r in piece[..n].chunks_exact(rs) {
+            let b = bucket_in(&groups.buckets, &range, key(r));
+            let at = fill[b];
+            if at == starts[b + 1] {
+                return Err(counts_mismatch());
+            }
+            copy_record(&mut half[at * rs..(at + 1) * rs], r);
+            fill[b] = at + 1;
+        }
+        read += n;
+    }
+    Ok(starts)
+}
+
+/// Reads group `g` (larger than `half`) from `file` half by half, each part sorted into a
+/// run file.
+fn sort_into_runs(
+    file: &mut File,
+    groups: &GroupFiles,
+    g: usize,
+    half: &mut [u8],
+    sorter: &mut FlatSorter,
+    pass: &PassTwo,
+    read_err: impl Fn(std::io::Error) -> RiverError,
+) -> Result<Vec<Run>, RiverError> {
+    let rs = groups.record_size;
+    let bytes = groups.records[g] as usize * rs;
+    let room = half.len() / rs * rs;
+    let mut runs = Vec::new();
+    let mut read = 0usize;
+    while read < bytes {
+        let want = (bytes - read).min(room);
+        let n = read_full(file, &mut half[..want]).map_err(&read_err)?;
+        if n != want {
+            return Err(read_err(std::io::Error::other(format!("{} bytes read, {bytes} written", read + n))));
+        }
+        read += n;
+        runs.push(write_run(sorter, &half[..n], groups, g, runs.len(), pass)?);
+    }
+    Ok(runs)
+}
+
+fn counts_mismatch() -> RiverError {
+    RiverError::io("sorting a group", std::io::Error::other("its records disagree with their bucket counts"))
 }
 
 /// Writes the records of `data` that the sorted `entries` point to into `out`, in order,
@@ -471,14 +538,15 @@ fn write_run(
     Ok(run)
 }
 
-/// Sorts records held flat in no order (a group as its file holds it, or part of an
-/// over-size group): each record's entry placed in its bucket's place (from the buckets'
-/// counts), then each bucket's entries sorted and its records gathered. Keeps its vectors
-/// from one group to the next: after the first, sorting allocates nothing.
+/// Sorts records held flat: each bucket's records together ([`FlatSorter::emit_bucketed`],
+/// a group read back), or in no order (part of an over-size group): each record's entry
+/// placed in its bucket's place (from the buckets' counts), then each bucket's entries
+/// sorted and its records gathered. Keeps its vectors from one group to the next: after
+/// the first, sorting allocates nothing.
 #[derive(Default)]
 struct FlatSorter {
-    /// Entries in bucket order: 16 bytes per record of the largest group sorted (the
-    /// memory plan's sort overhead).
+    /// Entries in bucket order: 16 bytes per record of the largest part of an over-size
+    /// group, or of the largest bucket (the memory plan's sort overhead).
     by_bucket: Vec<u128>,
     scratch: Vec<u128>,
     starts: Vec<usize>,
@@ -487,6 +555,28 @@ struct FlatSorter {
 }
 
 impl FlatSorter {
+    /// Writes the records of `data`, whose buckets are held together (bucket `b`'s records
+    /// from `starts[b]` to `starts[b + 1]`, in records), sorted into `out`, one bucket at
+    /// a time.
+    fn emit_bucketed<S: SpaceSink + ?Sized>(
+        &mut self,
+        data: &[u8],
+        rs: usize,
+        starts: &[usize],
+        out: &mut S,
+    ) -> Result<(), RiverError> {
+        for bucket in starts.windows(2) {
+            let records = &data[bucket[0] * rs..bucket[1] * rs];
+            if records.is_empty() {
+                continue;
+            }
+            self.by_bucket.clear();
+            self.by_bucket.extend(records.chunks_exact(rs).enumerate().map(|(i, r)| entry(r, i as u64)));
+            write_sorted(sort_entries(&mut self.by_bucket, &mut self.scratch), records, rs, out)?;
+        }
+        Ok(())
+    }
+
     /// Writes the records of `data` (all in the buckets `range` of `buckets`) sorted into
     /// `out`, counting the records of each bucket first.
     fn emit<S: SpaceSink + ?Sized>(
@@ -528,11 +618,8 @@ impl FlatSorter {
             let last = *self.starts.last().expect("starts at 0");
             self.starts.push(last + c as usize);
         }
-        let mismatch = || {
-            RiverError::io("sorting a group", std::io::Error::other("its records disagree with their bucket counts"))
-        };
         if self.starts[nb] != n {
-            return Err(mismatch());
+            return Err(counts_mismatch());
         }
         self.by_bucket.clear();
         self.by_bucket.resize(n, 0);
@@ -543,7 +630,7 @@ impl FlatSorter {
             let b = bucket_in(buckets, &range, e);
             let at = self.fill[b];
             if at == self.starts[b + 1] {
-                return Err(mismatch());
+                return Err(counts_mismatch());
             }
             self.by_bucket[at] = e;
             self.fill[b] = at + 1;
@@ -571,6 +658,47 @@ mod tests {
     use super::*;
     use crate::sort::bucket::tests::records;
     use crate::VecSink;
+
+    #[test]
+    fn a_group_read_back_holds_each_bucket_together_in_arrival_order() {
+        let data = records(20_000, 3);
+        let samples: Vec<u128> = data.chunks(100).step_by(29).enumerate().map(|(i, r)| entry(r, i as u64)).collect();
+        let buckets = Arc::new(KeyBuckets::from_samples(0, u128::MAX, &samples, 4, 64));
+        let n = buckets.len();
+        let ranges = vec![0..n / 3, n / 3..n];
+        let dir = tempfile::tempdir().unwrap();
+        // Stages of 7 records: the files are written in many appends.
+        let mut groups =
+            GroupFiles::create(&dir.path().join("spill"), buckets.clone(), ranges.clone(), 100, 1400).unwrap();
+        for r in data.chunks(100) {
+            groups.push(r).unwrap();
+        }
+        groups.flush().unwrap();
+        // A piece smaller than the group, not a whole number of pieces per group.
+        let mut piece = vec![0u8; 3 * 100];
+        for (g, range) in ranges.iter().enumerate() {
+            let mut half = vec![0u8; groups.records()[g] as usize * 100];
+            let mut file = File::open(&groups.paths[g]).unwrap();
+            let starts =
+                read_bucketed(&mut file, &groups, g, &mut half, &mut piece, |e| RiverError::io("test", e)).unwrap();
+            assert_eq!(starts.len(), range.len() + 1);
+            for (i, b) in range.clone().enumerate() {
+                let want: Vec<u8> =
+                    data.chunks(100).filter(|r| buckets.bucket_of(key(r)) == b).flatten().copied().collect();
+                assert_eq!(&half[starts[i] * 100..starts[i + 1] * 100], &want[..], "bucket {b}");
+            }
+        }
+
+        // Counts that disagree with the file (same total, one record moved to the
+        // neighbouring bucket) are an error, not a misplaced record.
+        let full = (0..n / 3).find(|&b| groups.bucket_counts[b] > 0).unwrap();
+        groups.bucket_counts[full] -= 1;
+        groups.bucket_counts[(full + 1) % (n / 3)] += 1;
+        let mut half = vec![0u8; groups.records()[0] as usize * 100];
+        let mut file = File::open(&groups.paths[0]).unwrap();
+        let r = read_bucketed(&mut file, &groups, 0, &mut half, &mut piece, |e| RiverError::io("test", e));
+        assert!(matches!(r, Err(RiverError::Io { .. })), "{r:?}");
+    }
 
     #[test]
     fn a_group_in_arrival_order_is_sorted_from_its_bucket_counts() {

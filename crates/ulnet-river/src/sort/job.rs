@@ -150,7 +150,8 @@ pub struct NodeReport {
     /// Records in its partition.
     pub records: u64,
     /// Times the node's arena reached its memory bound and its records went to key-range
-    /// group files (external mode): 0 when everything fitted.
+    /// group files: 0 when everything fitted, and in external mode planned from the start
+    /// when the resident groups fitted.
     #[serde(default)]
     pub spills: usize,
     /// Key-range groups sorted one by one in the second pass (external mode).

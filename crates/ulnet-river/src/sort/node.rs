@@ -67,10 +67,11 @@ const INLINE_IO_BUFFERS: usize = 2;
 /// small enough that the pools cost little to fault in.
 const IO_BUFFER_BYTES: usize = 10_000 * RECORD_SIZE;
 /// Bytes the sort needs per arena byte: the record plus two 16-byte entries per 100 bytes.
-/// (In memory, buckets are sorted one at a time; in external mode every group read back
-/// from its file is sorted flat, with an entry per record of a half in bucket order: 0.08
-/// of the arena, plus one bucket's scratch. 1.2 was tried: peak RSS 423 instead of 389 MiB
-/// for no measurable gain, see BENCHMARKS.md.)
+/// (In memory, buckets are sorted one at a time; in external mode so is every group read
+/// back, its buckets' records placed together, but a group larger than a half is sorted
+/// flat into runs, with an entry per record of a half in bucket order: 0.08 of the arena,
+/// plus one bucket's scratch. 1.2 was tried: peak RSS 423 instead of 389 MiB for no
+/// measurable gain, see BENCHMARKS.md.)
 const SORT_OVERHEAD: f64 = 1.32;
 /// Memory kept aside for everything not counted (stacks, control messages, the heap).
 const SLACK_BYTES: u64 = 2 << 20;
@@ -95,9 +96,10 @@ impl MemoryPlan {
     /// The plan for a bound of `memory` bytes per node (`None`: unbounded) among `nodes`.
     /// With a bound, the terms are: 8 I/O buffers of `memory / 64` (at most 4 MB), the
     /// river's network buffers (send staging and channel receive buffers), slack, and the
-    /// arena with its sort overhead in the rest (external mode: the arena fills, then its
-    /// records go to key-range group files through staging buffers taken from it, and so
-    /// do all later ones but those of the first groups, which stay in the arena; the
+    /// arena with its sort overhead in the rest (external mode: records go to key-range
+    /// group files through staging buffers taken from the arena, but those of the first
+    /// groups, which stay in the arena — from the first record on when the partition is
+    /// expected not to fit, else once the arena has filled and gone to the files; the
     /// second pass sorts those groups from it, then the others in two halves of its
     /// memory, one sorted while the other is read, with the sort's entries in the
     /// overhead).
@@ -792,7 +794,7 @@ fn node_body(
         sort_s: critical.sort_s,
         write_s: critical.write_s,
         format: if ascii { "ascii" } else { "binary" }.into(),
-        mode: if reports.iter().any(|r| r.spills > 0) { "external" } else { "memory" }.into(),
+        mode: if reports.iter().any(|r| r.groups > 0) { "external" } else { "memory" }.into(),
         imbalance: reports.iter().map(|r| r.records).max().unwrap_or(0) as f64 / mean,
         verified,
         output,

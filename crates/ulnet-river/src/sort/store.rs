@@ -1,10 +1,12 @@
-//! Where a node keeps the records of its partition: a [`BucketArena`], which in external
-//! mode appends itself to key-range group files when it reaches its memory bound (the
-//! distribution pass, [`super::distribute`]) and then keeps only the records of the first
-//! groups (*resident* groups: the last memory's worth of records never touches the disk);
-//! and the ways out of it: a one-pass sort of the arena, bucket by bucket, or group by
-//! group (the resident ones from the arena, the others from the group files), with a
-//! merge of sorted runs for a group too large for memory.
+//! Where a node keeps the records of its partition: a [`BucketArena`] and, in external
+//! mode, key-range group files (the distribution pass, [`super::distribute`]). A partition
+//! expected to outgrow the memory bound goes to the group files from its first record but
+//! for the records of the first groups (*resident* groups: a memory's worth of records that
+//! never touches the disk), which stay in the arena; one misjudged to fit fills the arena,
+//! which then appends itself to the group files and keeps only the resident groups' later
+//! records. And the ways out of it: a one-pass sort of the arena, bucket by bucket, or
+//! group by group (the resident ones from the arena, the others from the group files),
+//! with a merge of sorted runs for a group too large for memory.
 
 use super::bucket::{copy_record, BucketArena, KeyBuckets, BLOCK_BYTES};
 use super::distribute::{plan_groups, sort_groups, GroupFiles, GroupReport, PassTwo};
@@ -116,6 +118,26 @@ impl RecordStore {
                 let arena = BucketArena::bounded(buckets.clone(), rs, arena_bytes - stages).map_err(reserve)?;
                 // The second pass sorts in two halves of the arena's memory.
                 self.group_ranges = plan_groups(&buckets, partition_bytes, arena.capacity() / 2);
+                if partition_bytes > arena.capacity() as u64 {
+                    // Expected not to fit: records go to the groups from the first one on,
+                    // the resident groups' to the arena. Filling the arena with records of
+                    // every group first would copy them all once more when it spills, and
+                    // write the resident groups' share of them to files, to read back.
+                    self.groups = Some(GroupFiles::create(
+                        &self.spill_prefix,
+                        buckets.clone(),
+                        self.group_ranges.clone(),
+                        rs,
+                        stages,
+                    )?);
+                    self.resident = self.resident_groups(&arena, partition_bytes);
+                    // All of the arena is used (by the resident groups, then as the second
+                    // pass's halves): fault it in at once, while the memory the kernel
+                    // hands out is likely still what was freed just before (on a virtual
+                    // machine that returns freed memory to its host a few seconds later,
+                    // memory faulted in later in the pass costs a host fault per page).
+                    arena.populate().map_err(reserve)?;
+                }
                 self.arena = Some(arena);
                 self.buckets = Some(buckets);
             }
@@ -131,8 +153,8 @@ impl RecordStore {
     }
 
     /// Times the arena was full and its records went to the group files: 0 while
-    /// everything fits, 1 once the memory bound was reached, 2 if the resident groups
-    /// filled it again.
+    /// everything fits (or the resident groups, planned from the start, fit), 1 once the
+    /// memory bound was reached, 2 if the resident groups filled it again.
     pub fn spills(&self) -> usize {
         self.spills
     }
@@ -142,10 +164,11 @@ impl RecordStore {
         self.spill_time
     }
 
-    /// Records that arrive after the first spill and stay in memory: those of the groups
-    /// the second pass sorts first, as many groups as the arena is expected to hold (a
-    /// tenth of it kept for misjudged sizes and each bucket's partly filled last block),
-    /// never all of them (that partition would have fitted).
+    /// Records that stay in memory once the partition is known not to fit (from the start,
+    /// or after the first spill): those of the groups the second pass sorts first, as many
+    /// groups as the arena is expected to hold (a tenth of it kept for misjudged sizes and
+    /// each bucket's partly filled last block), never all of them (that partition would
+    /// have fitted).
     fn resident_groups(&self, arena: &BucketArena, partition_bytes: u64) -> usize {
         let n = self.group_ranges.len();
         let group_bytes = partition_bytes as f64 / n.max(1) as f64;
@@ -153,11 +176,11 @@ impl RecordStore {
         ((arena.capacity() as f64 * 0.9 / per_group.max(1.0)) as usize).min(n.saturating_sub(1))
     }
 
-    /// The arena is full: its records go to the group files. After the first spill, so
-    /// does every later record but those of the resident groups, which keep filling the
-    /// arena; should they fill it, they go to the files too, and so do all later records
-    /// (an in-memory store has nowhere to go: more records than it was sized for is an
-    /// error).
+    /// The arena is full: its records go to the group files. After the first spill (or
+    /// from the start, when planned so), so does every later record but those of the
+    /// resident groups, which keep filling the arena; should they fill it, they go to the
+    /// files too, and so do all later records (an in-memory store has nowhere to go: more
+    /// records than it was sized for is an error).
     fn spill(&mut self) -> Result<(), RiverError> {
         let (arena_bytes, partition_bytes) = match self.sizing {
             Sizing::Records(n) => {
@@ -192,9 +215,11 @@ impl RecordStore {
         Ok(())
     }
 
-    /// Takes one record once the arena has spilled: into the arena for a resident group,
-    /// else into its group's file.
-    #[inline]
+    /// Takes one record once the group files exist: into the arena for a resident group,
+    /// else into its group's file. Always inlined (with [`GroupFiles::push_in`]) into the
+    /// store's loops over a buffer's records: called once per record, a third of its
+    /// profile samples sat in its prologue.
+    #[inline(always)]
     fn push_spilled(&mut self, record: &[u8]) -> Result<(), RiverError> {
         let b = self.buckets.as_ref().expect("set before spilling").bucket_of(key(record));
         let groups = self.groups.as_mut().expect("spilled");
@@ -557,9 +582,21 @@ mod tests {
 
     /// Distributes `data` through a store of `arena_bytes` whose buckets come from
     /// `bucket_data`'s keys, then sorts it; checks the order and that every file is gone.
+    /// The store expects the partition's true size: it plans the resident groups from the
+    /// start.
     fn distribute(data: &[u8], bucket_data: &[u8], arena_bytes: usize) -> (GroupReport, usize) {
+        distribute_expecting(data, bucket_data, arena_bytes, data.len() as u64)
+    }
+
+    /// As [`distribute`], the store expecting a partition of `partition_bytes`.
+    fn distribute_expecting(
+        data: &[u8],
+        bucket_data: &[u8],
+        arena_bytes: usize,
+        partition_bytes: u64,
+    ) -> (GroupReport, usize) {
         let dir = tempfile::tempdir().unwrap();
-        let mut store = RecordStore::spilling(100, arena_bytes, data.len() as u64, dir.path().join("spill"));
+        let mut store = RecordStore::spilling(100, arena_bytes, partition_bytes, dir.path().join("spill"));
         // Records that come before the buckets are set wait for them.
         store.sink_records(&data[..100 * 100]).unwrap();
         // As the node plans them: eight blocks of a half per bucket.
@@ -569,8 +606,8 @@ mod tests {
         }
         assert_eq!(store.records(), (data.len() / 100) as u64);
         let spills = store.spills();
-        assert!(spills >= 1, "the arena filled");
         let (out, report) = sorted_out(store, 1 << 20).unwrap();
+        assert!(report.groups >= 2, "sorted group by group: {report:?}");
         check_sorted(&out, data);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "group and run files are removed");
         (report, spills)
@@ -579,16 +616,50 @@ mod tests {
     /// Two halves of 64 blocks (2 MiB each): a tenth of 100,000 records' 10 MB each.
     const HALVES_OF_64_BLOCKS: usize = 2 * 64 * BLOCK_BYTES;
 
+    /// Bytes of records the arena of a store of `arena_bytes` holds: a partition expected
+    /// to be this large is expected to fit, and the groups are not made until it fills.
+    fn arena_capacity(arena_bytes: usize) -> u64 {
+        let arena = BucketArena::bounded(Arc::new(KeyBuckets::single()), 100, arena_bytes - arena_bytes / STAGE_SHARE);
+        arena.unwrap().capacity() as u64
+    }
+
+    /// Bytes of `data` in the first `groups` groups of the store [`distribute`] makes.
+    fn bytes_of_first_groups(data: &[u8], arena_bytes: usize, groups: usize) -> u64 {
+        let buckets = bounded_buckets_of(data, arena_bytes / 2 / BLOCK_BYTES / 8);
+        let arena = BucketArena::bounded(buckets.clone(), 100, arena_bytes - arena_bytes / STAGE_SHARE).unwrap();
+        let ranges = plan_groups(&buckets, data.len() as u64, arena.capacity() / 2);
+        let resident_buckets = ranges[..groups].iter().map(|r| r.end).max().unwrap_or(0);
+        100 * data.chunks(100).filter(|r| buckets.bucket_of(key(r)) < resident_buckets).count() as u64
+    }
+
     #[test]
     fn distribution_pass_sorts_group_by_group() {
         let data = records(100_000, 7);
         let (report, spills) = distribute(&data, &data, HALVES_OF_64_BLOCKS);
-        assert_eq!(spills, 1);
+        // Expected not to fit, the partition went to the groups from its first record on:
+        // the arena never filled, and the resident groups never went to disk at all.
+        assert_eq!(spills, 0);
         assert!(report.groups >= 3, "{report:?}");
         assert_eq!(report.merged_groups, 0, "sampled groups fit: {report:?}");
-        // The first groups' records that came after the spill never went to disk.
+        assert!(report.resident_groups >= 1, "{report:?}");
+        let resident_bytes = bytes_of_first_groups(&data, HALVES_OF_64_BLOCKS, report.resident_groups);
+        assert_eq!(report.temp_bytes, data.len() as u64 - resident_bytes, "{report:?}");
+    }
+
+    #[test]
+    fn a_partition_misjudged_to_fit_spills_the_full_arena_and_keeps_the_first_groups() {
+        // Expected to fit, 15 % more than the arena holds arrives: it fills the arena,
+        // which goes to the files; the first groups' records that come after stay in
+        // memory (the groups are planned for the expected size: 4 of 2 buckets, 3 of them
+        // resident).
+        let capacity = arena_capacity(HALVES_OF_64_BLOCKS);
+        let data = records((capacity * 115 / 100 / 100) as usize, 7);
+        let (report, spills) = distribute_expecting(&data, &data, HALVES_OF_64_BLOCKS, capacity);
+        assert_eq!(spills, 1);
+        assert!(report.groups >= 2, "{report:?}");
         assert!(report.resident_groups >= 1, "{report:?}");
         assert!(report.temp_bytes < data.len() as u64, "{report:?}");
+        assert!(report.temp_bytes >= capacity, "{report:?}");
     }
 
     /// `n` records whose first key byte is drawn from `first_bytes` (the rest random).
@@ -603,9 +674,10 @@ mod tests {
 
     #[test]
     fn resident_groups_that_outgrow_the_arena_go_to_their_files() {
-        // The buckets come from uniform keys (eight of them, a group each); after the
-        // spill a third of the records fall in the first group, which stays in memory
-        // until it fills the arena: then it and every later record go to the files.
+        // The buckets come from uniform keys (eight of them, a group each); from the 40,000th
+        // record on, two records in three fall in the first group, which stays in memory
+        // until it fills the arena: then it and every later record go to the files. Planned
+        // from the start, that is the arena's one spill; misjudged to fit, its second.
         let buckets_from = records(100_000, 7);
         let mut data = records(100_000, 9);
         for (i, r) in data.chunks_mut(100).enumerate().skip(40_000) {
@@ -613,24 +685,27 @@ mod tests {
                 r[0] = 0;
             }
         }
-        let (report, spills) = distribute(&data, &buckets_from, HALVES_OF_64_BLOCKS);
-        assert_eq!(spills, 2, "the resident groups filled the arena again");
-        assert_eq!(report.resident_groups, 0, "{report:?}");
-        assert!(report.merged_groups >= 1, "{report:?}");
-        assert_eq!(report.temp_bytes, data.len() as u64, "{report:?}");
+        for (expected, spills_wanted) in [(data.len() as u64, 1), (arena_capacity(HALVES_OF_64_BLOCKS), 2)] {
+            let (report, spills) = distribute_expecting(&data, &buckets_from, HALVES_OF_64_BLOCKS, expected);
+            assert_eq!(spills, spills_wanted, "the resident groups filled the arena");
+            assert_eq!(report.resident_groups, 0, "{report:?}");
+            assert!(report.merged_groups >= 1, "{report:?}");
+            assert_eq!(report.temp_bytes, data.len() as u64, "{report:?}");
+        }
     }
 
     #[test]
     fn resident_groups_too_large_with_their_spilled_part_go_to_their_files() {
-        // The arena (about 37,000 records) first fills with records of the first group
-        // and spills them; then 25,000 more of that group stay in memory (they fit) with
-        // 35,000 of later groups going to files; at the end the first group's two parts
-        // do not fit together, so it is sorted from its file (as runs, being larger than
-        // a half).
+        // Misjudged to fit (groups planned for the arena's size: 4 key quarters, the first
+        // 3 resident), the arena (about 39,000 records) first fills with records of the
+        // first group and spills them; then 25,000 more of that group stay in memory (they
+        // fit) with 35,000 of the last group going to files; at the end the first group's
+        // two parts do not fit together, so it is sorted from its file (as runs, being
+        // larger than a half).
         let buckets_from = records(100_000, 7);
         let mut data = records_starting(40_000, 9, 0..0x20);
         let tail_first = records_starting(25_000, 11, 0..0x20);
-        let tail_later = records_starting(35_000, 13, 0x60..0xff);
+        let tail_later = records_starting(35_000, 13, 0xd0..0xff);
         for (i, (a, b)) in tail_first.chunks(100).zip(tail_later.chunks(100)).enumerate() {
             data.extend_from_slice(a);
             data.extend_from_slice(b);
@@ -639,7 +714,8 @@ mod tests {
             }
         }
         assert_eq!(data.len(), 100_000 * 100);
-        let (report, spills) = distribute(&data, &buckets_from, HALVES_OF_64_BLOCKS);
+        let (report, spills) =
+            distribute_expecting(&data, &buckets_from, HALVES_OF_64_BLOCKS, arena_capacity(HALVES_OF_64_BLOCKS));
         assert_eq!(spills, 1, "the resident part alone fitted");
         assert_eq!(report.resident_groups, 0, "{report:?}");
         assert!(report.merged_groups >= 1, "{report:?}");
@@ -656,7 +732,7 @@ mod tests {
             }
         }
         let (report, spills) = distribute(&data, &data, HALVES_OF_64_BLOCKS);
-        assert_eq!(spills, 1);
+        assert_eq!(spills, 0);
         assert!(report.groups >= 3, "{report:?}");
         assert_eq!(report.merged_groups, 0, "{report:?}");
     }
@@ -678,11 +754,15 @@ mod tests {
     #[test]
     fn failed_spill_directory_is_an_error_not_a_short_output() {
         let data = records(20_000, 3);
-        let mut store = RecordStore::spilling(100, 2 * 10 * 32_700, data.len() as u64, "/nonexistent/dir/spill".into());
-        store.set_buckets(buckets_of(&data)).unwrap();
-        let r = data.chunks(300 * 100).try_for_each(|piece| store.sink_records(piece));
-        let r = r.and_then(|_| sorted_out(store, 1 << 20).map(|_| ()));
-        assert!(matches!(r, Err(RiverError::Io { .. })), "{r:?}");
+        // Expected not to fit (the group files are made with the buckets), and misjudged to
+        // fit (they are made when the arena fills).
+        for expected in [data.len() as u64, 100] {
+            let mut store = RecordStore::spilling(100, 2 * 10 * 32_700, expected, "/nonexistent/dir/spill".into());
+            let r = store.set_buckets(buckets_of(&data));
+            let r = r.and_then(|_| data.chunks(300 * 100).try_for_each(|piece| store.sink_records(piece)));
+            let r = r.and_then(|_| sorted_out(store, 1 << 20).map(|_| ()));
+            assert!(matches!(r, Err(RiverError::Io { .. })), "expecting {expected} bytes: {r:?}");
+        }
     }
 
     #[test]
