@@ -86,8 +86,11 @@ pub const TRACE_SAMPLE_ENV: &str = "ULNET_TRACE_SAMPLE";
 /// The session being recorded, 0 while off or paused: the one load every hook makes.
 static ACTIVE: AtomicU64 = AtomicU64::new(0);
 static SESSION: Mutex<Option<Arc<Session>>> = Mutex::new(None);
-/// The session ticker: a clock reading the writer thread refreshes every tick.
+/// The session ticker: a clock reading the recording threads refresh when they drain their
+/// rings, and the writer thread every tick while they do not.
 pub(crate) static TICKER: AtomicU64 = AtomicU64::new(0);
+/// [`TraceConfig::tick_interval`] in ticks of the trace clock.
+static TICK_TICKS: AtomicU64 = AtomicU64::new(0);
 /// Request ids whose hash has these bits clear are sampled (0: all; `u64::MAX`: none).
 static SAMPLE_MASK: AtomicU64 = AtomicU64::new(0);
 
@@ -180,6 +183,24 @@ pub struct TraceSummary {
     pub dropped: u64,
     /// Bytes of the file.
     pub bytes: u64,
+}
+
+fn set_tick_ticks(ticks: u64) {
+    TICK_TICKS.store(ticks, Ordering::Relaxed);
+}
+
+fn tick_ticks() -> u64 {
+    TICK_TICKS.load(Ordering::Relaxed)
+}
+
+/// Advances the ticker to `now` (a clock reading a recording thread just made) when it is a
+/// quarter of a tick behind: often enough that the writer thread need not wake every tick,
+/// rarely enough that threads do not pass its cache line back and forth.
+#[inline]
+pub(crate) fn refresh_ticker(now: u64) {
+    if now.saturating_sub(TICKER.load(Ordering::Relaxed)) > tick_ticks() / 4 {
+        TICKER.fetch_max(now, Ordering::Relaxed);
+    }
 }
 
 /// Whether tracing is on.

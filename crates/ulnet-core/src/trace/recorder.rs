@@ -26,9 +26,11 @@ use super::clock;
 use super::format::MessageKind;
 use super::ring::Producer;
 use super::slot::{offset, Slot, FLAG_EXACT, FLAG_PAIR, FLAG_RECEIVE, PAIR_BUFFERS_MAX};
+use super::writer::{Session, TracedRing, IDLE_DRAIN_MAX};
 use super::{exact_mode, exact_or_sampled, SESSION, TICKER};
 use crate::node::NodeId;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// Most messages in one run record: bounds what a record stands for, so rates over time
 /// stay resolved even for a stream that never changes. 1,024 8-byte messages take about
@@ -72,6 +74,8 @@ pub(crate) struct Recorder {
     producer: Option<Producer>,
     /// The session `producer` belongs to.
     session: u64,
+    /// That session and the ring, for draining it when the thread is idle.
+    owner: Option<(Arc<Session>, Arc<TracedRing>)>,
     /// The newest clock reading this recorder made.
     last_exact: u64,
     /// The open run as it opened; its count is kept in the ring's mirror of it, where
@@ -165,6 +169,7 @@ impl Recorder {
         Recorder {
             producer: None,
             session: 0,
+            owner: None,
             last_exact: 0,
             run: Slot::EMPTY,
             run_session: 0,
@@ -209,11 +214,47 @@ impl Recorder {
         }
     }
 
-    /// Writes what waits for a later hook: a description left over and the open run (a
-    /// channel or the endpoint is closing).
+    /// Writes what waits for a later hook, a description left over and the open run, and
+    /// drains the ring (a channel or the endpoint is closing).
     pub(crate) fn write_pending(&mut self) {
         self.settle();
         self.close_run();
+        self.before_sleep();
+    }
+
+    /// The thread has nothing to do this instant (its endpoint's poll found nothing):
+    /// drains a few of its records toward the file, with time it would spin away.
+    #[inline(always)]
+    pub(crate) fn idle(&mut self) {
+        if self.producer.as_ref().is_some_and(Producer::has_unread) {
+            self.drain_own(IDLE_DRAIN_MAX);
+        }
+    }
+
+    /// The thread is about to sleep: drains every record it left, so that none waits for
+    /// the writer thread's next pass.
+    pub(crate) fn before_sleep(&mut self) {
+        if self.producer.as_ref().is_some_and(Producer::has_unread) {
+            self.drain_own(usize::MAX);
+        }
+    }
+
+    /// The thread woke from a sleep, during which the ticker may have aged (when no other
+    /// thread refreshed it): one clock reading, against the microseconds of a wake-up.
+    pub(crate) fn woke(&mut self) {
+        if self.producer.is_some() && super::active() != 0 {
+            let now = self.exact_now();
+            super::refresh_ticker(now);
+        }
+    }
+
+    #[inline(never)]
+    fn drain_own(&mut self, max: usize) {
+        let now = self.exact_now();
+        super::refresh_ticker(now);
+        if let Some((session, traced)) = &self.owner {
+            session.drain_owned(traced, now, max);
+        }
     }
 
     /// The newest reading available without reading the clock.
@@ -240,12 +281,15 @@ impl Recorder {
     fn register(&mut self, session: u64) -> bool {
         // A new session: what was open belonged to the old one (its `stop` took the run).
         self.producer = None;
+        self.owner = None;
         self.run_session = 0;
         self.session = session;
         let current = SESSION.lock().expect("not poisoned").clone();
         match current {
             Some(s) if s.id == session => {
-                self.producer = Some(Producer::new(s.new_ring()));
+                let traced = s.new_ring();
+                self.producer = Some(Producer::new(traced.ring.clone()));
+                self.owner = Some((s, traced));
                 true
             }
             _ => false,
