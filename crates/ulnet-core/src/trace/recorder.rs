@@ -113,13 +113,16 @@ pub(crate) struct Recorder {
 }
 
 /// Where the delivery of a received message stands: one byte that the hooks of every
-/// message read and write (a stream's receive stores it twice and compares it once).
+/// message read, and only a described message's hooks write (a stream's receive reads it
+/// twice and stores nothing: a store per message, read back by the next hook, chained the
+/// stream's messages one after the other through it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Delivery {
-    /// No delivery under way, no description waiting.
+    /// No description waiting: no delivery under way, or one its handler has not
+    /// described. (A handler that describes a message whose delivery began while tracing
+    /// was off gets it recorded at the next hook, and the next message it receives is then
+    /// lost: one message at the instant tracing starts.)
     Idle,
-    /// A delivery is under way and its handler has not described it.
-    Open,
     /// Under way, and its description is recorded (staged, or joined to the staged
     /// request): the staged receive is written when the delivery ends.
     Recorded,
@@ -226,14 +229,27 @@ impl Recorder {
     /// drains a few of its records toward the file, with time it would spin away.
     #[inline(always)]
     pub(crate) fn idle(&mut self) {
+        if self.run_session != 0 {
+            self.mirror_run_count();
+        }
         if self.producer.as_ref().is_some_and(Producer::has_unread) {
             self.drain_own(IDLE_DRAIN_MAX);
+        }
+    }
+
+    /// Brings the open run's mirror up to its count.
+    fn mirror_run_count(&mut self) {
+        if let Some(p) = self.producer.as_mut() {
+            p.set_open_run_count(self.run.stage_a);
         }
     }
 
     /// The thread is about to sleep: drains every record it left, so that none waits for
     /// the writer thread's next pass.
     pub(crate) fn before_sleep(&mut self) {
+        if self.run_session != 0 {
+            self.mirror_run_count();
+        }
         if self.producer.as_ref().is_some_and(Producer::has_unread) {
             self.drain_own(usize::MAX);
         }
@@ -356,13 +372,26 @@ impl Recorder {
         self.producer.as_mut().expect("ensured").set_open_run(Some(&self.run));
     }
 
-    /// Counts one more message in the open run; every 64 messages, ends a run that is
-    /// full or older than a tick.
+    /// Counts one more message in the open run (its `stage_a`, here: one add to a field of
+    /// the recorder); every 64 messages, [`Recorder::run_checkpoint`].
     #[inline(always)]
     fn count_in_run(&mut self) {
-        let Some(p) = self.producer.as_mut() else { return };
-        let count = p.count_in_open_run();
-        if count % 64 == 0 && (count >= RUN_MAX || TICKER.load(Ordering::Relaxed) != self.run_tick) {
+        let count = self.run.stage_a + 1;
+        self.run.stage_a = count;
+        if count.is_multiple_of(64) {
+            self.run_checkpoint(count);
+        }
+    }
+
+    /// Mirrors the open run's count where `stop` finds it, and ends a run that is full or
+    /// older than a tick. The mirror lags the count by at most 63 messages while the thread
+    /// is busy, and not once it idles ([`Recorder::idle`]).
+    #[inline(never)]
+    fn run_checkpoint(&mut self, count: u32) {
+        if let Some(p) = self.producer.as_mut() {
+            p.set_open_run_count(count);
+        }
+        if count >= RUN_MAX || TICKER.load(Ordering::Relaxed) != self.run_tick {
             self.close_run();
         }
     }
@@ -375,7 +404,6 @@ impl Recorder {
         }
         self.run_session = 0;
         let mut slot = self.run;
-        slot.stage_a = self.producer.as_ref().map_or(1, |p| p.open_run_count());
         if slot.stage_a >= 2 {
             let end = if slot.stage_a >= RUN_EXACT_MIN { self.exact_now() } else { self.coarse() };
             slot.stage_b = end.saturating_sub(slot.ticks).min(u64::from(u32::MAX)) as u32;
@@ -549,7 +577,6 @@ impl Recorder {
     #[inline(always)]
     pub(crate) fn open_receive(&mut self, exact: bool) {
         self.settle();
-        self.delivery = Delivery::Open;
         if exact {
             self.receiving_ticks = self.exact_now();
         }
@@ -566,7 +593,7 @@ impl Recorder {
         kind: MessageKind,
         request_id: u64,
     ) {
-        if self.delivery != Delivery::Open {
+        if self.delivery != Delivery::Idle {
             return;
         }
         self.delivery_nodes = nodes;
@@ -681,7 +708,7 @@ impl Recorder {
     #[inline(always)]
     pub(crate) fn close_receive(&mut self, session: u64, nodes: (NodeId, NodeId), channel: u32, size: u64) {
         match self.delivery {
-            Delivery::Open => self.close_plain_receive(session, nodes, channel, size),
+            Delivery::Idle => self.close_plain_receive(session, nodes, channel, size),
             Delivery::Described => {
                 // A response to the staged request waits for the caller's next hook (its
                 // next request, after that is published); anything else is recorded now.
@@ -697,7 +724,7 @@ impl Recorder {
                     self.push_staged();
                 }
             }
-            Delivery::Idle | Delivery::Deferred => {}
+            Delivery::Deferred => {}
         }
     }
 
@@ -705,7 +732,6 @@ impl Recorder {
     /// more of a stream.
     #[inline(always)]
     fn close_plain_receive(&mut self, session: u64, nodes: (NodeId, NodeId), channel: u32, size: u64) {
-        self.delivery = Delivery::Idle;
         let key = u64::from(channel) | (u64::from(FLAG_RECEIVE) << 40);
         if self.run_session == session && self.run_key == key && self.run.size == size {
             self.count_in_run();
@@ -897,6 +923,37 @@ mod tests {
             (A, R, 30, 0, 11),
         ];
         assert_eq!(got, want);
+        // A thread that idles drains its own ring, a few records per idle poll, in order;
+        // the open run's mirror (where `stop` finds a run still open) catches up with its
+        // count when the thread idles, not at every message.
+        let (records, got) = recorded(|r, s| {
+            for id in 1..=20 {
+                r.send(s, (ME, PEER), 3, &[&head], Q, id);
+                r.open_receive(false);
+                r.describe_receive(s, ((PEER, ME), 3, 30), A, id);
+                r.close_receive(s, (PEER, ME), 3, 30);
+            }
+            r.send(s, (ME, PEER), 3, &[&body[..5]], M, 0);
+            let unread = |r: &Recorder| r.producer.as_ref().is_some_and(Producer::has_unread);
+            assert!(unread(r), "20 calls recorded, not yet drained");
+            for _ in 0..20usize.div_ceil(IDLE_DRAIN_MAX) {
+                r.idle();
+            }
+            assert!(!unread(r), "idle polls drained the ring");
+            for _ in 1..100 {
+                r.send(s, (ME, PEER), 3, &[&body[..5]], M, 0);
+            }
+            // (A tick passing meanwhile splits the run: the open one is the newest.)
+            let mirrored = |r: &Recorder| r.owner.as_ref().and_then(|(_, t)| t.ring.open_run()).map(|run| run.stage_a);
+            let (count, before) = (r.run.stage_a, mirrored(r).expect("a run is open"));
+            assert!(before <= count && count - before < 64, "mirrored at checkpoints: {before} of {count}");
+            r.idle();
+            assert_eq!(mirrored(r), Some(count), "mirrored when idle");
+        });
+        assert!(records >= 21, "20 call records and the run");
+        assert_eq!(got[..2], [(Q, S, 24, 1, 1), (A, R, 30, 0, 1)]);
+        assert_eq!(got[38..40], [(Q, S, 24, 1, 20), (A, R, 30, 0, 20)]);
+        assert!(got[40..].iter().all(|m| *m == (M, S, 5, 1, 0)));
     }
 
     #[test]

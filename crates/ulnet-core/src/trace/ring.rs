@@ -306,20 +306,10 @@ impl Producer {
         r.sequence.store(sequence.wrapping_add(2), Ordering::Release);
     }
 
-    /// Counts one more message in the mirrored run and returns the count: the count lives
-    /// there only (the word of `stage_a`, with a zero span above it), so counting is one
-    /// load and one store.
-    #[inline(always)]
-    pub(crate) fn count_in_open_run(&mut self) -> u32 {
-        let word = &self.ring.open_run.0.words[7];
-        let count = word.load(Ordering::Relaxed) as u32 + 1;
-        word.store(u64::from(count), Ordering::Relaxed);
-        count
-    }
-
-    /// The mirrored run's count.
-    pub(crate) fn open_run_count(&self) -> u32 {
-        self.ring.open_run.0.words[7].load(Ordering::Relaxed) as u32
+    /// Sets the mirrored run's count (the word of `stage_a`, with a zero span above it).
+    #[inline]
+    pub(crate) fn set_open_run_count(&mut self, count: u32) {
+        self.ring.open_run.0.words[7].store(u64::from(count), Ordering::Relaxed);
     }
 }
 

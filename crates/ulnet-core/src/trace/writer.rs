@@ -210,7 +210,8 @@ impl Session {
                 stored = now;
                 sleep = self.tick;
             }
-            let crowded = || self.rings.lock().expect("not poisoned").iter().any(|r| 2 * r.ring.used() >= r.ring.capacity());
+            let crowded =
+                || self.rings.lock().expect("not poisoned").iter().any(|r| 2 * r.ring.used() >= r.ring.capacity());
             if now.saturating_sub(served_at) >= self.flush_ticks || crowded() {
                 served_at = now;
                 drop(stop);
