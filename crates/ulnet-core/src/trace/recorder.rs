@@ -225,9 +225,10 @@ impl Recorder {
         self.before_sleep();
     }
 
-    /// The thread has nothing to do this instant (its endpoint's poll found nothing):
-    /// drains a few of its records toward the file, with time it would spin away.
-    #[inline(always)]
+    /// The thread has nothing to do this instant (its endpoint's poll found nothing, while
+    /// tracing is on): drains a few of its records toward the file, with time it would spin
+    /// away. Out of line: the spin loop that calls it stays small.
+    #[inline(never)]
     pub(crate) fn idle(&mut self) {
         if self.run_session != 0 {
             self.mirror_run_count();
