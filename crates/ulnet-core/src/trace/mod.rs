@@ -272,7 +272,8 @@ pub fn stop_if_running() -> Option<Result<TraceSummary, TraceError>> {
     running.then(stop)
 }
 
-/// Turns recording off without ending the session (the file stays open).
+/// Turns recording off without ending the session (the file stays open); the writer
+/// thread then wakes only every flush interval.
 pub fn pause() {
     ACTIVE.store(0, Ordering::Release);
 }
@@ -281,6 +282,8 @@ pub fn pause() {
 pub fn resume() {
     let session = SESSION.lock().expect("not poisoned");
     if let Some(s) = session.as_ref() {
+        // The writer thread does not keep the ticker while paused.
+        TICKER.fetch_max(clock::ticks(), Ordering::Relaxed);
         ACTIVE.store(s.id, Ordering::Release);
     }
 }

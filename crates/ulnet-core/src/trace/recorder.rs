@@ -282,11 +282,14 @@ impl Recorder {
         self.last_exact.max(TICKER.load(Ordering::Relaxed))
     }
 
-    /// Reads the clock.
+    /// Reads the clock, and advances the ticker with the reading when it is behind: a
+    /// stream that never idles still keeps it (a run of 16 messages or more reads the clock
+    /// when it closes), so the writer thread need not wake every tick.
     #[inline(always)]
     fn exact_now(&mut self) -> u64 {
         let t = clock::ticks();
         self.last_exact = t;
+        super::refresh_ticker(t);
         t
     }
 

@@ -201,9 +201,10 @@ impl Session {
             let now = clock::ticks();
             let ticker = TICKER.load(Ordering::Relaxed);
             // A ticker that moved since our last store, and within a tick, is kept by the
-            // recording threads (their idle polls, see `super::refresh_ticker`): a wake-up
-            // per tick would only take CPU from them.
-            if ticker != stored && now.saturating_sub(ticker) < tick_ticks {
+            // recording threads (their idle polls and clock readings, see
+            // `super::refresh_ticker`): a wake-up per tick would only take CPU from them.
+            // Paused, nothing is recorded to need it (`resume` advances it).
+            if super::active() == 0 || (ticker != stored && now.saturating_sub(ticker) < tick_ticks) {
                 sleep = self.flush;
             } else {
                 TICKER.fetch_max(now, Ordering::Relaxed);
