@@ -8,8 +8,11 @@
 #   on  vs off in one pair of processes (crates/ulnet-msg/examples/trace_ab.rs): the
 #                    rpc-lat ping-pong with both processes switching tracing every 2^24 TSC
 #                    ticks (~6 ms), traced blocks compared with the untraced block before
-#                    them by median and by trimmed mean (the hooks' cost with the session's
-#                    background work present in both; both processes pinned); AB_RUNS runs (default 3) of AB_SECONDS (default 5) each, into
+#                    them by median and by trimmed mean (both processes pinned; the writer
+#                    thread wakes every tick in untraced blocks, where nobody else keeps the
+#                    ticker, and every flush interval in traced ones); then the same for the
+#                    msg-rate stream (`trace_ab SECONDS stream`: messages received per
+#                    block); AB_RUNS runs (default 3) of AB_SECONDS (default 5) each, into
 #                    bench/results/trace-ab.md;
 #   before vs after: rpc-lat 128 B shm, untraced and traced with this build and traced (and
 #                    untraced) with an older binary BEFORE (default
@@ -102,14 +105,20 @@ if [ "${AB_RUNS:-3}" -gt 0 ]; then
   {
     echo "# Tracing on vs off in one pair of processes (trace_ab)"
     echo
-    echo "Command: \`target/release/examples/trace_ab ${AB_SECONDS:-5}\` (one run per section), $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD); load before: $(uptime | sed 's/.*load/load/')."
-    for i in $(seq "${AB_RUNS:-3}"); do
-      echo
-      echo "## Run $i"
-      echo
-      echo '```'
-      locked "$ROOT/target/release/examples/trace_ab" "${AB_SECONDS:-5}" || echo "trace_ab failed"
-      echo '```'
+    echo "Commands: \`target/release/examples/trace_ab ${AB_SECONDS:-5}\` (rpc-lat) and \`target/release/examples/trace_ab ${AB_SECONDS:-5} stream\` (msg-rate), one run per section, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD); load before: $(uptime | sed 's/.*load/load/')."
+    for mode in rpc stream; do
+      for i in $(seq "${AB_RUNS:-3}"); do
+        echo
+        echo "## $mode, run $i"
+        echo
+        echo '```'
+        if [ $mode = rpc ]; then
+          locked "$ROOT/target/release/examples/trace_ab" "${AB_SECONDS:-5}" || echo "trace_ab failed"
+        else
+          locked "$ROOT/target/release/examples/trace_ab" "${AB_SECONDS:-5}" stream || echo "trace_ab failed"
+        fi
+        echo '```'
+      done
     done
   } >bench/results/trace-ab.md
   cat bench/results/trace-ab.md

@@ -20,7 +20,12 @@
 //! to the second (an empty value: no pinning), so the two busy-polling processes never take
 //! turns on one CPU.
 //!
-//! Run: `cargo run --release -p ulnet-msg --example trace_ab [-- SECONDS]` (default 3).
+//! With `stream` after SECONDS it runs the message-rate benchmark's stream instead: 8-byte
+//! messages one way as fast as they go, the receiver counting those that arrive in each
+//! block; each traced block's count is compared with the untraced block's before it.
+//!
+//! Run: `cargo run --release -p ulnet-msg --example trace_ab [-- SECONDS [stream]]`
+//! (default 3).
 //! The `ULNET_TRACE_*` variables of `ulnet_core::trace` apply to both processes. With
 //! `TRACE_AB_AA` set, the "traced" blocks stay untraced too: the ratio then shows the
 //! harness's own bias and spread (an A/A run).
@@ -30,7 +35,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use ulnet_core::trace::{self, TraceConfig};
-use ulnet_core::{Endpoint, EndpointConfig, NodeId};
+use ulnet_core::{Endpoint, EndpointConfig, Event, NodeId, SendOutcome};
 use ulnet_msg::rpc::{CallOutcome, Rpc, RpcConfig, RpcEvent};
 
 /// A block of the schedule is 2^BLOCK_SHIFT ticks; odd blocks are traced.
@@ -40,6 +45,8 @@ const BLOCK_SHIFT: u32 = 24;
 const GUARD_TICKS: u64 = 1 << 16;
 const METHOD: u16 = 1;
 const SIZE: usize = 128;
+/// The message size of the stream test (as `ulnet bench msg-rate`).
+const STREAM_SIZE: usize = 8;
 
 fn block(t: u64) -> u64 {
     t >> BLOCK_SHIFT
@@ -100,6 +107,98 @@ fn serve(name: &str, path: &Path) {
     let _ = trace::stop();
 }
 
+/// The receiving side of the stream test: counts the messages of each block (past its
+/// guard, with tracing as the block says) and prints the comparison.
+fn receive_stream(name: &str, path: &Path) {
+    pin(1);
+    let mut ep = Endpoint::new(EndpointConfig { node_id: NodeId(1), ..Default::default() });
+    ep.listen_shm(name).expect("listen");
+    println!("ready");
+    std::io::stdout().flush().expect("stdout");
+    ep.accept(Duration::from_secs(10)).expect("accept");
+    start_trace(path, NodeId(1));
+    let (mut on, mut down, mut polls) = (false, false, 0u32);
+    let mut counts: Vec<(u64, u64)> = Vec::new();
+    let mut total = 0u64;
+    while !down {
+        polls = polls.wrapping_add(1);
+        if polls % 64 == 0 {
+            follow(&mut on);
+        }
+        let mut got = 0u64;
+        ep.poll(256, |e| match e {
+            Event::Message { .. } => got += 1,
+            Event::ChannelDown { .. } => down = true,
+            _ => {}
+        });
+        total += got;
+        let now = trace::now();
+        let b = block(now);
+        if got > 0 && now - (b << BLOCK_SHIFT) > GUARD_TICKS && traced_block(b) == on && total > 1_000_000 {
+            match counts.last_mut() {
+                Some((last, n)) if *last == b => *n += got,
+                _ => counts.push((b, got)),
+            }
+        }
+    }
+    let summary = trace::stop().expect("trace stops");
+    // The first and last blocks are partial.
+    let whole = counts.get(1..counts.len().saturating_sub(1)).unwrap_or_default();
+    let ratios: Vec<f64> = whole
+        .windows(2)
+        .filter(|w| w[1].0 == w[0].0 + 1 && traced_block(w[1].0))
+        .map(|w| w[1].1 as f64 / w[0].1 as f64)
+        .collect();
+    let rate = |traced: bool| {
+        let mut v: Vec<u64> = whole.iter().filter(|c| traced_block(c.0) == traced).map(|c| c.1).collect();
+        if v.is_empty() {
+            return 0;
+        }
+        median(&mut v)
+    };
+    println!("messages {total}, blocks {}, pairs {}", whole.len(), ratios.len());
+    println!("receiver records {} ({} dropped)", summary.records, summary.dropped);
+    if ratios.is_empty() {
+        println!("no pair of whole blocks");
+        return;
+    }
+    let mut sorted = ratios;
+    sorted.sort_by(f64::total_cmp);
+    let q = |p: f64| sorted[((sorted.len() as f64 - 1.0) * p) as usize];
+    println!(
+        "messages per block, median: untraced {}  traced {}; traced / untraced, adjacent blocks: median {:.4}  (quartiles {:.4} .. {:.4})",
+        rate(false),
+        rate(true),
+        q(0.5),
+        q(0.25),
+        q(0.75)
+    );
+}
+
+/// The sending side of the stream test, for `seconds`.
+fn send_stream(name: &str, seconds: f64, dir: &Path) {
+    let mut ep = Endpoint::new(EndpointConfig { node_id: NodeId(0), ..Default::default() });
+    let ch = ep.connect_shm(name, Duration::from_secs(10)).expect("connect");
+    start_trace(&dir.join("client.ultrace"), NodeId(0));
+    let msg = [0x5au8; STREAM_SIZE];
+    let wall = Instant::now();
+    let (mut on, mut sent) = (false, 0u64);
+    while wall.elapsed().as_secs_f64() < seconds {
+        for _ in 0..4096 {
+            if sent % 64 == 0 {
+                follow(&mut on);
+            }
+            while ep.send(ch, &[&msg]).expect("send") != SendOutcome::Done {
+                ep.poll(64, |_| {});
+            }
+            sent += 1;
+        }
+    }
+    ep.close(ch);
+    let summary = trace::stop().expect("trace stops");
+    println!("sent {sent}; sender records {} ({} dropped)", summary.records, summary.dropped);
+}
+
 fn median(v: &mut [u64]) -> u64 {
     v.sort_unstable();
     v[v.len() / 2]
@@ -114,22 +213,38 @@ fn trimmed_mean(v: &mut [u64]) -> f64 {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("serve") {
-        serve(&args[2], Path::new(&args[3]));
-        return;
+    match args.get(1).map(String::as_str) {
+        Some("serve") => return serve(&args[2], Path::new(&args[3])),
+        Some("receive-stream") => return receive_stream(&args[2], Path::new(&args[3])),
+        _ => {}
     }
     let seconds: f64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(3.0);
+    let stream = args.get(2).map(String::as_str) == Some("stream");
     pin(0);
     let dir = std::env::temp_dir().join(format!("trace-ab-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let name = format!("trace-ab-{}", std::process::id());
     let mut child = Command::new(std::env::current_exe().expect("own path"))
-        .args(["serve", &name, &dir.join("server.ultrace").display().to_string()])
+        .args([
+            if stream { "receive-stream" } else { "serve" },
+            &name,
+            &dir.join("server.ultrace").display().to_string(),
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .expect("server process");
+    let mut child_out = BufReader::new(child.stdout.take().expect("piped"));
     let mut ready = String::new();
-    BufReader::new(child.stdout.take().expect("piped")).read_line(&mut ready).expect("server says ready");
+    child_out.read_line(&mut ready).expect("server says ready");
+    if stream {
+        send_stream(&name, seconds, &dir);
+        let mut report = String::new();
+        std::io::Read::read_to_string(&mut child_out, &mut report).expect("receiver's report");
+        let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+        print!("{report}");
+        return;
+    }
     let mut ep = Endpoint::new(EndpointConfig { node_id: NodeId(0), ..Default::default() });
     let ch = ep.connect_shm(&name, Duration::from_secs(10)).expect("connect");
     start_trace(&dir.join("client.ultrace"), NodeId(0));

@@ -32,23 +32,29 @@
 //!   response and its arrival), posted sends (their queueing is a stage), the end of runs
 //!   of at least [`recorder::RUN_EXACT_MIN`] messages, and every record when `sample` is 1.
 //! - Every other record carries the recorder's newest reading: its own latest exact
-//!   reading or the session **ticker**, which the writer thread advances every
-//!   [`TraceConfig::tick_interval`] (1 ms), whichever is later. Such a time is at most one
-//!   tick early (more only when the writer thread waits for a CPU), which is what counts
-//!   per node over time, rates and burstiness at scales of 10 ms and up need. Latency
-//!   breakdowns come from the exact records; inter-arrival times below a tick need
-//!   `ULNET_TRACE_SAMPLE=1`.
+//!   reading or the session **ticker**, whichever is later. The recording threads advance
+//!   the ticker when they drain their rings (below) and it is a quarter of a
+//!   [`TraceConfig::tick_interval`] (1 ms) old; while none does, the writer thread advances
+//!   it every tick. Such a time is at most one tick early (up to a flush interval, 10 ms,
+//!   when the recording threads stop advancing it, until the writer thread notices; more
+//!   when the writer thread waits for a CPU), which is what counts per node over time,
+//!   rates and burstiness at scales of 10 ms and up need. Latency breakdowns come from the
+//!   exact records; inter-arrival times below a tick need `ULNET_TRACE_SAMPLE=1`.
 //!
 //! # Where records go
 //!
 //! Each endpoint writes into a ring of its own (the free functions into one per thread),
-//! allocated at its first record ([`TraceConfig::ring_records`]); a thread named
-//! `ulnet-trace` keeps the ticker and copies the rings to the file every
-//! [`TraceConfig::flush_interval`], or sooner when a ring is half full. A full ring drops
-//! the record and counts it: the data path never waits for the file. The format is
-//! documented in [`format`].
+//! allocated at its first record ([`TraceConfig::ring_records`]). The endpoint's own
+//! thread moves the records on, when its poll finds nothing to do or before it sleeps:
+//! encoded into the ring's block, which goes to the file when full or a
+//! [`TraceConfig::flush_interval`] old (`writer`). A thread named `ulnet-trace` does it for
+//! rings whose threads have not for a flush interval or that are half full (the free
+//! functions' rings, threads that never idle), and keeps the ticker when no recording
+//! thread does. A full ring drops the record and counts it: the data path never waits for
+//! the file. The format is documented in [`format`].
 //!
-//! Records still being written at the instant of [`stop`] may be lost, and so may a call's
+//! Records still being written at the instant of [`stop`] may be lost (a run open then,
+//! on a thread busy then, may lack up to 63 of its latest messages), and so may a call's
 //! response that was the last thing its endpoint delivered before [`stop`]: it is recorded
 //! (with its request) by the endpoint's next send, poll or close, after that send is
 //! published, to keep the record off the round trip's critical path (see `recorder`). A
@@ -86,8 +92,11 @@ pub const TRACE_SAMPLE_ENV: &str = "ULNET_TRACE_SAMPLE";
 /// The session being recorded, 0 while off or paused: the one load every hook makes.
 static ACTIVE: AtomicU64 = AtomicU64::new(0);
 static SESSION: Mutex<Option<Arc<Session>>> = Mutex::new(None);
-/// The session ticker: a clock reading the writer thread refreshes every tick.
+/// The session ticker: a clock reading the recording threads refresh when they drain their
+/// rings, and the writer thread every tick while they do not.
 pub(crate) static TICKER: AtomicU64 = AtomicU64::new(0);
+/// [`TraceConfig::tick_interval`] in ticks of the trace clock.
+static TICK_TICKS: AtomicU64 = AtomicU64::new(0);
 /// Request ids whose hash has these bits clear are sampled (0: all; `u64::MAX`: none).
 static SAMPLE_MASK: AtomicU64 = AtomicU64::new(0);
 
@@ -100,18 +109,20 @@ pub struct TraceConfig {
     /// destination nodes).
     pub node_id: NodeId,
     /// Records per ring (one ring per recording endpoint or thread), a power of two
-    /// (rounded up). 16,384 records (1 MiB): the writer empties a ring within a tick of it
-    /// being half full, so a ring absorbs 8 M records/s, several times what a thread sends
-    /// outside runs; a faster recorder drops records (counted in the file) rather than
-    /// slow down.
+    /// (rounded up). 16,384 records (1 MiB): a thread that idles empties its ring as it
+    /// goes, and the writer empties a neglected ring within a tick of it being half full,
+    /// so a ring absorbs 8 M records/s, several times what a thread sends outside runs; a
+    /// faster recorder drops records (counted in the file) rather than slow down.
     pub ring_records: usize,
-    /// How often the writer copies the rings to the file. 10 ms: rarely enough that the
-    /// writer takes little CPU from the traced threads (it also copies a ring as soon as
-    /// it is half full).
+    /// How long a record may wait in memory, and how often the writer thread wakes while
+    /// the recording threads keep the ticker. 10 ms: a hundred wake-ups a second take
+    /// little CPU from the traced threads, on whose CPU they may have to run, and a
+    /// process that dies loses little.
     pub flush_interval: Duration,
-    /// How often the writer advances the ticker that times the records not read from the
-    /// clock. 1 ms: the precision of those times; each tick is one wake-up (a few
-    /// microseconds of CPU) of the writer thread.
+    /// The precision of the times of the records not read from the clock (the ticker's
+    /// step). 1 ms; the writer thread wakes this often only while no recording thread
+    /// advances the ticker: each wake-up takes a CPU from a busy poller (measured: +10% on
+    /// a shared-memory round trip's mean at 1,000 a second on two cores).
     pub tick_interval: Duration,
     /// One request id in `sample` (a power of two, rounded up) gets exact times at every
     /// stage on both sides. 64: the clock reads of a sampled shared-memory round trip
@@ -182,6 +193,24 @@ pub struct TraceSummary {
     pub bytes: u64,
 }
 
+fn set_tick_ticks(ticks: u64) {
+    TICK_TICKS.store(ticks, Ordering::Relaxed);
+}
+
+fn tick_ticks() -> u64 {
+    TICK_TICKS.load(Ordering::Relaxed)
+}
+
+/// Advances the ticker to `now` (a clock reading a recording thread just made) when it is a
+/// quarter of a tick behind: often enough that the writer thread need not wake every tick,
+/// rarely enough that threads do not pass its cache line back and forth.
+#[inline]
+pub(crate) fn refresh_ticker(now: u64) {
+    if now.saturating_sub(TICKER.load(Ordering::Relaxed)) > tick_ticks() / 4 {
+        TICKER.fetch_max(now, Ordering::Relaxed);
+    }
+}
+
 /// Whether tracing is on.
 #[inline(always)]
 pub fn enabled() -> bool {
@@ -243,7 +272,8 @@ pub fn stop_if_running() -> Option<Result<TraceSummary, TraceError>> {
     running.then(stop)
 }
 
-/// Turns recording off without ending the session (the file stays open).
+/// Turns recording off without ending the session (the file stays open); the writer
+/// thread then wakes only every flush interval.
 pub fn pause() {
     ACTIVE.store(0, Ordering::Release);
 }
@@ -252,6 +282,8 @@ pub fn pause() {
 pub fn resume() {
     let session = SESSION.lock().expect("not poisoned");
     if let Some(s) = session.as_ref() {
+        // The writer thread does not keep the ticker while paused.
+        TICKER.fetch_max(clock::ticks(), Ordering::Relaxed);
         ACTIVE.store(s.id, Ordering::Release);
     }
 }

@@ -26,9 +26,11 @@ use super::clock;
 use super::format::MessageKind;
 use super::ring::Producer;
 use super::slot::{offset, Slot, FLAG_EXACT, FLAG_PAIR, FLAG_RECEIVE, PAIR_BUFFERS_MAX};
+use super::writer::{Session, TracedRing, IDLE_DRAIN_MAX};
 use super::{exact_mode, exact_or_sampled, SESSION, TICKER};
 use crate::node::NodeId;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// Most messages in one run record: bounds what a record stands for, so rates over time
 /// stay resolved even for a stream that never changes. 1,024 8-byte messages take about
@@ -72,6 +74,8 @@ pub(crate) struct Recorder {
     producer: Option<Producer>,
     /// The session `producer` belongs to.
     session: u64,
+    /// That session and the ring, for draining it when the thread is idle.
+    owner: Option<(Arc<Session>, Arc<TracedRing>)>,
     /// The newest clock reading this recorder made.
     last_exact: u64,
     /// The open run as it opened; its count is kept in the ring's mirror of it, where
@@ -109,13 +113,16 @@ pub(crate) struct Recorder {
 }
 
 /// Where the delivery of a received message stands: one byte that the hooks of every
-/// message read and write (a stream's receive stores it twice and compares it once).
+/// message read, and only a described message's hooks write (a stream's receive reads it
+/// twice and stores nothing: a store per message, read back by the next hook, chained the
+/// stream's messages one after the other through it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Delivery {
-    /// No delivery under way, no description waiting.
+    /// No description waiting: no delivery under way, or one its handler has not
+    /// described. (A handler that describes a message whose delivery began while tracing
+    /// was off gets it recorded at the next hook, and the next message it receives is then
+    /// lost: one message at the instant tracing starts.)
     Idle,
-    /// A delivery is under way and its handler has not described it.
-    Open,
     /// Under way, and its description is recorded (staged, or joined to the staged
     /// request): the staged receive is written when the delivery ends.
     Recorded,
@@ -165,6 +172,7 @@ impl Recorder {
         Recorder {
             producer: None,
             session: 0,
+            owner: None,
             last_exact: 0,
             run: Slot::EMPTY,
             run_session: 0,
@@ -209,11 +217,63 @@ impl Recorder {
         }
     }
 
-    /// Writes what waits for a later hook: a description left over and the open run (a
-    /// channel or the endpoint is closing).
+    /// Writes what waits for a later hook, a description left over and the open run, and
+    /// drains the ring (a channel or the endpoint is closing).
     pub(crate) fn write_pending(&mut self) {
         self.settle();
         self.close_run();
+        self.before_sleep();
+    }
+
+    /// The thread has nothing to do this instant (its endpoint's poll found nothing, while
+    /// tracing is on): drains a few of its records toward the file, with time it would spin
+    /// away. Out of line: the spin loop that calls it stays small.
+    #[inline(never)]
+    pub(crate) fn idle(&mut self) {
+        if self.run_session != 0 {
+            self.mirror_run_count();
+        }
+        if self.producer.as_ref().is_some_and(Producer::has_unread) {
+            self.drain_own(IDLE_DRAIN_MAX);
+        }
+    }
+
+    /// Brings the open run's mirror up to its count.
+    fn mirror_run_count(&mut self) {
+        if let Some(p) = self.producer.as_mut() {
+            p.set_open_run_count(self.run.stage_a);
+        }
+    }
+
+    /// The thread is about to sleep: drains every record it left, so that none waits for
+    /// the writer thread's next pass.
+    pub(crate) fn before_sleep(&mut self) {
+        if self.run_session != 0 {
+            self.mirror_run_count();
+        }
+        if self.producer.as_ref().is_some_and(Producer::has_unread) {
+            self.drain_own(usize::MAX);
+        }
+    }
+
+    /// The thread woke from a sleep, during which the ticker may have aged (when no other
+    /// thread refreshed it): one clock reading, against the microseconds of a wake-up.
+    pub(crate) fn woke(&mut self) {
+        if self.producer.is_some() && super::active() != 0 {
+            super::refresh_ticker(clock::ticks());
+        }
+    }
+
+    /// The reading is not the recorder's newest for its records (`last_exact`): records
+    /// that differ in time by a tick compress to the same time, and the file is a third
+    /// smaller than with every record a few hundred ticks after the one before.
+    #[inline(never)]
+    fn drain_own(&mut self, max: usize) {
+        let now = clock::ticks();
+        super::refresh_ticker(now);
+        if let Some((session, traced)) = &self.owner {
+            session.drain_owned(traced, now, max);
+        }
     }
 
     /// The newest reading available without reading the clock.
@@ -222,11 +282,14 @@ impl Recorder {
         self.last_exact.max(TICKER.load(Ordering::Relaxed))
     }
 
-    /// Reads the clock.
+    /// Reads the clock, and advances the ticker with the reading when it is behind: a
+    /// stream that never idles still keeps it (a run of 16 messages or more reads the clock
+    /// when it closes), so the writer thread need not wake every tick.
     #[inline(always)]
     fn exact_now(&mut self) -> u64 {
         let t = clock::ticks();
         self.last_exact = t;
+        super::refresh_ticker(t);
         t
     }
 
@@ -240,12 +303,15 @@ impl Recorder {
     fn register(&mut self, session: u64) -> bool {
         // A new session: what was open belonged to the old one (its `stop` took the run).
         self.producer = None;
+        self.owner = None;
         self.run_session = 0;
         self.session = session;
         let current = SESSION.lock().expect("not poisoned").clone();
         match current {
             Some(s) if s.id == session => {
-                self.producer = Some(Producer::new(s.new_ring()));
+                let traced = s.new_ring();
+                self.producer = Some(Producer::new(traced.ring.clone()));
+                self.owner = Some((s, traced));
                 true
             }
             _ => false,
@@ -310,13 +376,26 @@ impl Recorder {
         self.producer.as_mut().expect("ensured").set_open_run(Some(&self.run));
     }
 
-    /// Counts one more message in the open run; every 64 messages, ends a run that is
-    /// full or older than a tick.
+    /// Counts one more message in the open run (its `stage_a`, here: one add to a field of
+    /// the recorder); every 64 messages, [`Recorder::run_checkpoint`].
     #[inline(always)]
     fn count_in_run(&mut self) {
-        let Some(p) = self.producer.as_mut() else { return };
-        let count = p.count_in_open_run();
-        if count % 64 == 0 && (count >= RUN_MAX || TICKER.load(Ordering::Relaxed) != self.run_tick) {
+        let count = self.run.stage_a + 1;
+        self.run.stage_a = count;
+        if count.is_multiple_of(64) {
+            self.run_checkpoint(count);
+        }
+    }
+
+    /// Mirrors the open run's count where `stop` finds it, and ends a run that is full or
+    /// older than a tick. The mirror lags the count by at most 63 messages while the thread
+    /// is busy, and not once it idles ([`Recorder::idle`]).
+    #[inline(never)]
+    fn run_checkpoint(&mut self, count: u32) {
+        if let Some(p) = self.producer.as_mut() {
+            p.set_open_run_count(count);
+        }
+        if count >= RUN_MAX || TICKER.load(Ordering::Relaxed) != self.run_tick {
             self.close_run();
         }
     }
@@ -329,7 +408,6 @@ impl Recorder {
         }
         self.run_session = 0;
         let mut slot = self.run;
-        slot.stage_a = self.producer.as_ref().map_or(1, |p| p.open_run_count());
         if slot.stage_a >= 2 {
             let end = if slot.stage_a >= RUN_EXACT_MIN { self.exact_now() } else { self.coarse() };
             slot.stage_b = end.saturating_sub(slot.ticks).min(u64::from(u32::MAX)) as u32;
@@ -503,7 +581,6 @@ impl Recorder {
     #[inline(always)]
     pub(crate) fn open_receive(&mut self, exact: bool) {
         self.settle();
-        self.delivery = Delivery::Open;
         if exact {
             self.receiving_ticks = self.exact_now();
         }
@@ -520,7 +597,7 @@ impl Recorder {
         kind: MessageKind,
         request_id: u64,
     ) {
-        if self.delivery != Delivery::Open {
+        if self.delivery != Delivery::Idle {
             return;
         }
         self.delivery_nodes = nodes;
@@ -635,7 +712,7 @@ impl Recorder {
     #[inline(always)]
     pub(crate) fn close_receive(&mut self, session: u64, nodes: (NodeId, NodeId), channel: u32, size: u64) {
         match self.delivery {
-            Delivery::Open => self.close_plain_receive(session, nodes, channel, size),
+            Delivery::Idle => self.close_plain_receive(session, nodes, channel, size),
             Delivery::Described => {
                 // A response to the staged request waits for the caller's next hook (its
                 // next request, after that is published); anything else is recorded now.
@@ -651,7 +728,7 @@ impl Recorder {
                     self.push_staged();
                 }
             }
-            Delivery::Idle | Delivery::Deferred => {}
+            Delivery::Deferred => {}
         }
     }
 
@@ -659,7 +736,6 @@ impl Recorder {
     /// more of a stream.
     #[inline(always)]
     fn close_plain_receive(&mut self, session: u64, nodes: (NodeId, NodeId), channel: u32, size: u64) {
-        self.delivery = Delivery::Idle;
         let key = u64::from(channel) | (u64::from(FLAG_RECEIVE) << 40);
         if self.run_session == session && self.run_key == key && self.run.size == size {
             self.count_in_run();
@@ -851,6 +927,37 @@ mod tests {
             (A, R, 30, 0, 11),
         ];
         assert_eq!(got, want);
+        // A thread that idles drains its own ring, a few records per idle poll, in order;
+        // the open run's mirror (where `stop` finds a run still open) catches up with its
+        // count when the thread idles, not at every message.
+        let (records, got) = recorded(|r, s| {
+            for id in 1..=20 {
+                r.send(s, (ME, PEER), 3, &[&head], Q, id);
+                r.open_receive(false);
+                r.describe_receive(s, ((PEER, ME), 3, 30), A, id);
+                r.close_receive(s, (PEER, ME), 3, 30);
+            }
+            r.send(s, (ME, PEER), 3, &[&body[..5]], M, 0);
+            let unread = |r: &Recorder| r.producer.as_ref().is_some_and(Producer::has_unread);
+            assert!(unread(r), "20 calls recorded, not yet drained");
+            for _ in 0..20usize.div_ceil(IDLE_DRAIN_MAX) {
+                r.idle();
+            }
+            assert!(!unread(r), "idle polls drained the ring");
+            for _ in 1..100 {
+                r.send(s, (ME, PEER), 3, &[&body[..5]], M, 0);
+            }
+            // (A tick passing meanwhile splits the run: the open one is the newest.)
+            let mirrored = |r: &Recorder| r.owner.as_ref().and_then(|(_, t)| t.ring.open_run()).map(|run| run.stage_a);
+            let (count, before) = (r.run.stage_a, mirrored(r).expect("a run is open"));
+            assert!(before <= count && count - before < 64, "mirrored at checkpoints: {before} of {count}");
+            r.idle();
+            assert_eq!(mirrored(r), Some(count), "mirrored when idle");
+        });
+        assert!(records >= 21, "20 call records and the run");
+        assert_eq!(got[..2], [(Q, S, 24, 1, 1), (A, R, 30, 0, 1)]);
+        assert_eq!(got[38..40], [(Q, S, 24, 1, 20), (A, R, 30, 0, 20)]);
+        assert!(got[40..].iter().all(|m| *m == (M, S, 5, 1, 0)));
     }
 
     #[test]

@@ -175,21 +175,29 @@ impl RecordRing {
     /// Hands every published record, in order and where it lies, to `each` (consumer side;
     /// one consumer at a time), then gives the slots back; returns how many. The writer
     /// encodes straight from the ring: no copy of the records on the way to the file.
-    pub(crate) fn drain_with(&self, mut each: impl FnMut(&Slot)) -> usize {
+    pub(crate) fn drain_with(&self, each: impl FnMut(&Slot)) -> usize {
+        self.drain_at_most(usize::MAX, each)
+    }
+
+    /// Like [`RecordRing::drain_with`], for the oldest `max` records at most: a thread that
+    /// drains its own ring between messages bounds the time it takes from them.
+    pub(crate) fn drain_at_most(&self, max: usize, mut each: impl FnMut(&Slot)) -> usize {
         let head = self.head.0.load(Ordering::Relaxed);
-        let tail = self.tail.0.load(Ordering::Acquire);
-        debug_assert!(tail.wrapping_sub(head) <= self.mask + 1, "the producer never overruns the consumer");
+        let published = self.tail.0.load(Ordering::Acquire);
+        debug_assert!(published.wrapping_sub(head) <= self.mask + 1, "the producer never overruns the consumer");
+        let tail = head.wrapping_add(published.wrapping_sub(head).min(max));
         if tail == head {
             return 0;
         }
         for pos in head..tail {
-            // SAFETY: slots in head..tail were published by the producer's Release store of
-            // `tail` (read above with Acquire) and are not reused until `head` passes them
-            // (after this loop), so nothing writes the slot while `each` reads it.
+            // SAFETY: slots in head..tail lie in head..published, which the producer's
+            // Release store of `tail` published (read above with Acquire), and are not reused
+            // until `head` passes them (after this loop), so nothing writes the slot while
+            // `each` reads it.
             self.slots[pos & self.mask].with(|p| each(unsafe { &*p }));
         }
         self.head.0.store(tail, Ordering::Release);
-        tail - head
+        tail.wrapping_sub(head)
     }
 }
 
@@ -211,6 +219,13 @@ impl Producer {
         let tail = ring.tail.0.load(Ordering::Relaxed);
         let head_seen = ring.head.0.load(Ordering::Acquire);
         Self { ring, head_seen, tail, dropped: 0 }
+    }
+
+    /// Whether the ring holds records the consumer has not taken yet (one load of a line
+    /// the consumer writes: cheap when this thread is the consumer too).
+    #[inline(always)]
+    pub(crate) fn has_unread(&self) -> bool {
+        self.ring.head.0.load(Ordering::Relaxed) != self.tail
     }
 
     /// Appends a record, or drops and counts it when the ring is full. Never waits.
@@ -291,20 +306,10 @@ impl Producer {
         r.sequence.store(sequence.wrapping_add(2), Ordering::Release);
     }
 
-    /// Counts one more message in the mirrored run and returns the count: the count lives
-    /// there only (the word of `stage_a`, with a zero span above it), so counting is one
-    /// load and one store.
-    #[inline(always)]
-    pub(crate) fn count_in_open_run(&mut self) -> u32 {
-        let word = &self.ring.open_run.0.words[7];
-        let count = word.load(Ordering::Relaxed) as u32 + 1;
-        word.store(u64::from(count), Ordering::Relaxed);
-        count
-    }
-
-    /// The mirrored run's count.
-    pub(crate) fn open_run_count(&self) -> u32 {
-        self.ring.open_run.0.words[7].load(Ordering::Relaxed) as u32
+    /// Sets the mirrored run's count (the word of `stage_a`, with a zero span above it).
+    #[inline]
+    pub(crate) fn set_open_run_count(&mut self, count: u32) {
+        self.ring.open_run.0.words[7].store(u64::from(count), Ordering::Relaxed);
     }
 }
 

@@ -1,8 +1,19 @@
-//! The trace writer: owns the file and the registered rings, and one thread that keeps the
-//! session ticker current (every `tick_interval`) and drains the rings into checksummed
-//! blocks (every `flush_interval`, or sooner when a ring is half full). Records are encoded
-//! compact (format version 4) straight from the rings into the flush's buffer, which one
-//! `write` hands to the file: a few bytes per record to copy and to write back, not 64.
+//! The trace writer: owns the file and the session's rings.
+//!
+//! Each ring's records are encoded compact (format version 4) into a block of the ring's
+//! own, which goes to the file with one `write` when it holds [`BLOCK_RECORDS_MAX`]
+//! records or is a flush interval old: a few bytes per record to copy and write back, not
+//! 64. Blocks of one ring reach the file in order; blocks of different rings interleave.
+//!
+//! **Who drains a ring.** The thread that records into it, when it has nothing else to do:
+//! an endpoint's poll that found nothing, or an endpoint about to sleep
+//! ([`Session::drain_owned`]). A busy poller's idle polls are time it would have spun away,
+//! so the encoding costs its messages nothing; done by a second thread, the same work
+//! (and that thread's wake-ups) was taken from the busy pollers whenever they had every
+//! CPU, as in a two-process benchmark on two cores. The thread `ulnet-trace` drains the
+//! rings whose recording threads have not for a flush interval (blocked elsewhere, busy
+//! without a pause, or gone) or that are half full, writes blocks that have grown old, and
+//! advances the session ticker while no recording thread does (see [`Session::run`]).
 
 use super::clock;
 use super::compact;
@@ -21,21 +32,61 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-/// The file being written and the state of its blocks.
-struct Sink {
-    file: File,
-    sequence: u32,
-    written: u64,
-    bytes: u64,
-    /// The compact records of the block being built, reused across blocks.
+/// Records a recording thread drains at one idle poll at most: about 0.2 us of encoding,
+/// less than the shortest round trip it could be waiting for, so a reply that arrives
+/// meanwhile waits little; a ping-pong leaves one or two records per round trip.
+pub(crate) const IDLE_DRAIN_MAX: usize = 8;
+
+/// A ring and what its consumer keeps: the block being built from it.
+pub(crate) struct TracedRing {
+    pub(crate) ring: Arc<RecordRing>,
+    /// Held by whoever drains the ring (the ring has one consumer at a time).
+    block: Mutex<Block>,
+    /// When the recording thread last drained the ring, in ticks (0: never).
+    owner_drained_at: AtomicU64,
+}
+
+impl std::fmt::Debug for TracedRing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TracedRing").field("ring", &self.ring).finish_non_exhaustive()
+    }
+}
+
+/// The compact records of the block being built from one ring.
+struct Block {
     records: Vec<u8>,
-    /// How many.
     count: u32,
     /// The record before the next one in the block (compact records say what changed).
     previous: Slot,
-    /// Encoded blocks of one flush, written with one call; reused across flushes.
-    blocks: Vec<u8>,
-    /// The first write error; the writer stops writing after it and `stop` reports it.
+    /// When its first record was added, in ticks.
+    opened_at: u64,
+}
+
+impl Block {
+    fn new() -> Self {
+        Block { records: Vec::new(), count: 0, previous: Slot::EMPTY, opened_at: 0 }
+    }
+
+    fn clear(&mut self) {
+        self.records.clear();
+        self.count = 0;
+        self.previous = Slot::EMPTY;
+    }
+}
+
+/// The file being written.
+struct Sink {
+    /// `None` once `finish` has closed it.
+    file: Option<File>,
+    /// The end block is written: blocks drained after it (records of the instant of
+    /// `stop`) are not.
+    ended: bool,
+    sequence: u32,
+    written: u64,
+    bytes: u64,
+    /// The encoded block being written; reused.
+    out: Vec<u8>,
+    /// The first write error; the session stops writing after it and `stop` reports it.
     error: Option<std::io::Error>,
 }
 
@@ -44,12 +95,20 @@ pub(crate) struct Session {
     pub(crate) id: u64,
     pub(crate) ring_records: usize,
     path: PathBuf,
-    rings: Mutex<Vec<Arc<RecordRing>>>,
+    rings: Mutex<Vec<Arc<TracedRing>>>,
     sink: Mutex<Sink>,
     stopping: (Mutex<bool>, Condvar),
     flusher: Mutex<Option<JoinHandle<()>>>,
-    /// Records dropped by rings of this session (read at each block).
-    pub(crate) dropped_seen: AtomicU64,
+    tick: Duration,
+    flush: Duration,
+    /// `flush` in ticks of the trace clock.
+    flush_ticks: u64,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("id", &self.id).field("path", &self.path).finish_non_exhaustive()
+    }
 }
 
 impl Session {
@@ -58,6 +117,7 @@ impl Session {
         let io = |e| TraceError::Io(config.path.clone(), e);
         let mut file = File::create(&config.path).map_err(io)?;
         let (ref_ticks, ref_mono_ns) = clock::reference();
+        let ticks_per_sec = clock::ticks_per_sec(Duration::from_millis(2));
         let header = FileHeader {
             version: super::format::VERSION,
             node_id: config.node_id.0,
@@ -66,34 +126,34 @@ impl Session {
             ref_ticks,
             ref_mono_ns,
             ref_real_ns: clock::real_ns(),
-            ticks_per_sec: clock::ticks_per_sec(Duration::from_millis(2)),
+            ticks_per_sec,
         };
         file.write_all(&header.encode()).map_err(io)?;
+        let in_ticks = |d: Duration| (d.as_nanos() * u128::from(ticks_per_sec) / 1_000_000_000) as u64;
+        super::set_tick_ticks(in_ticks(config.tick_interval));
         let session = Arc::new(Session {
             id,
             ring_records: config.ring_records.next_power_of_two().max(2),
             path: config.path.clone(),
             rings: Mutex::new(Vec::new()),
             sink: Mutex::new(Sink {
-                file,
+                file: Some(file),
+                ended: false,
                 sequence: 0,
                 written: 0,
                 bytes: super::format::FILE_HEADER_LEN as u64,
-                records: Vec::with_capacity(BLOCK_RECORDS_MAX * COMPACT_RECORD_LEN_MAX),
-                count: 0,
-                previous: Slot::EMPTY,
-                blocks: Vec::with_capacity(BLOCK_HEADER_LEN + BLOCK_RECORDS_MAX * COMPACT_RECORD_LEN_MAX),
+                out: Vec::with_capacity(BLOCK_HEADER_LEN + BLOCK_RECORDS_MAX * COMPACT_RECORD_LEN_MAX),
                 error: None,
             }),
             stopping: (Mutex::new(false), Condvar::new()),
             flusher: Mutex::new(None),
-            dropped_seen: AtomicU64::new(0),
+            tick: config.tick_interval,
+            flush: config.flush_interval.max(config.tick_interval),
+            flush_ticks: in_ticks(config.flush_interval).max(1),
         });
         TICKER.store(clock::ticks(), Ordering::Relaxed);
         let s = session.clone();
-        let (tick, flush) = (config.tick_interval, config.flush_interval);
-        let handle =
-            std::thread::Builder::new().name("ulnet-trace".into()).spawn(move || s.run(tick, flush)).map_err(io)?;
+        let handle = std::thread::Builder::new().name("ulnet-trace".into()).spawn(move || s.run()).map_err(io)?;
         *session.flusher.lock().expect("not poisoned") = Some(handle);
         Ok(session)
     }
@@ -104,67 +164,146 @@ impl Session {
     }
 
     /// Registers a new ring for a recorder and returns it.
-    pub(crate) fn new_ring(&self) -> Arc<RecordRing> {
-        let ring = Arc::new(RecordRing::new(self.ring_records));
+    pub(crate) fn new_ring(&self) -> Arc<TracedRing> {
+        let ring = Arc::new(TracedRing {
+            ring: Arc::new(RecordRing::new(self.ring_records)),
+            block: Mutex::new(Block::new()),
+            owner_drained_at: AtomicU64::new(0),
+        });
         self.rings.lock().expect("not poisoned").push(ring.clone());
         ring
     }
 
-    /// The writer thread: ticks, and drains every `flush` or when a ring is half full.
-    fn run(&self, tick: Duration, flush: Duration) {
-        let ticks_per_flush = (flush.as_nanos() / tick.as_nanos().max(1)).max(1) as u32;
+    /// The recording thread's drain of its own ring, `now` ticks: at most `max` records
+    /// into the ring's block (written when full). Does nothing when the writer thread holds
+    /// the ring at this instant.
+    pub(crate) fn drain_owned(&self, traced: &TracedRing, now: u64, max: usize) {
+        let Ok(mut block) = traced.block.try_lock() else { return };
+        traced.owner_drained_at.store(now, Ordering::Relaxed);
+        traced.ring.drain_at_most(max, |s| self.add(&mut block, s, now));
+    }
+
+    /// The writer thread: advances the ticker every tick while no recording thread does,
+    /// else sleeps a flush interval at a time; every flush interval (or tick, when a ring
+    /// is half full) serves the rings their threads do not.
+    fn run(&self) {
+        let tick_ticks = super::tick_ticks();
         let (lock, cvar) = &self.stopping;
-        let mut since_flush = 0u32;
+        let mut stored = 0u64;
+        let mut sleep = self.tick;
+        let mut served_at = clock::ticks();
         let mut stop = lock.lock().expect("not poisoned");
         while !*stop {
-            stop = cvar.wait_timeout(stop, tick).expect("not poisoned").0;
+            stop = cvar.wait_timeout(stop, sleep).expect("not poisoned").0;
             if *stop {
                 break;
             }
-            TICKER.store(clock::ticks(), Ordering::Relaxed);
-            since_flush += 1;
-            let half_full = || self.rings.lock().expect("not poisoned").iter().any(|r| 2 * r.used() >= r.capacity());
-            if since_flush >= ticks_per_flush || half_full() {
-                since_flush = 0;
+            let now = clock::ticks();
+            let ticker = TICKER.load(Ordering::Relaxed);
+            // A ticker that moved since our last store, and within a tick, is kept by the
+            // recording threads (their idle polls and clock readings, see
+            // `super::refresh_ticker`): a wake-up per tick would only take CPU from them.
+            // Paused, nothing is recorded to need it (`resume` advances it).
+            if super::active() == 0 || (ticker != stored && now.saturating_sub(ticker) < tick_ticks) {
+                sleep = self.flush;
+            } else {
+                TICKER.fetch_max(now, Ordering::Relaxed);
+                stored = now;
+                sleep = self.tick;
+            }
+            let crowded =
+                || self.rings.lock().expect("not poisoned").iter().any(|r| 2 * r.ring.used() >= r.ring.capacity());
+            if now.saturating_sub(served_at) >= self.flush_ticks || crowded() {
+                served_at = now;
                 drop(stop);
-                self.drain(false);
+                self.serve(now, false);
                 stop = lock.lock().expect("not poisoned");
             }
         }
     }
 
-    /// Writes everything the rings hold as blocks; with `end`, what their open runs hold
-    /// and an end block after them.
-    pub(crate) fn drain(&self, end: bool) {
-        let rings: Vec<Arc<RecordRing>> = self.rings.lock().expect("not poisoned").clone();
-        let mut sink = self.sink.lock().expect("not poisoned");
-        let sink = &mut *sink;
-        sink.blocks.clear();
-        let dropped: u64 = rings.iter().map(|r| r.dropped()).sum();
-        self.dropped_seen.store(dropped, Ordering::Relaxed);
-        for ring in &rings {
-            while ring.drain_with(|s| add_record(sink, s, dropped)) > 0 {}
+    /// The writer thread's pass, `now` ticks: drains the rings their threads have not
+    /// drained for a flush interval or that are half full, and writes the blocks that are a
+    /// flush interval old. With `end`: every ring, what the open runs hold, and the end
+    /// block; the file is closed after it.
+    fn serve(&self, now: u64, end: bool) {
+        let rings: Vec<Arc<TracedRing>> = self.rings.lock().expect("not poisoned").clone();
+        for traced in &rings {
+            let neglected = now.saturating_sub(traced.owner_drained_at.load(Ordering::Relaxed)) >= self.flush_ticks;
+            let crowded = 2 * traced.ring.used() >= traced.ring.capacity();
+            let mut block = if end || neglected || crowded {
+                traced.block.lock().expect("not poisoned")
+            } else {
+                // Its thread drains it: only a block grown old is the writer's to write.
+                match traced.block.try_lock() {
+                    Ok(block) => block,
+                    Err(_) => continue,
+                }
+            };
+            if end || neglected || crowded {
+                while traced.ring.drain_with(|s| self.add(&mut block, s, now)) > 0 {}
+            }
+            if end {
+                if let Some(run) = traced.ring.open_run() {
+                    self.add(&mut block, &run.closed_run(), now);
+                }
+            }
+            if block.count > 0 && (end || now.saturating_sub(block.opened_at) >= self.flush_ticks) {
+                self.write(&mut block, 0);
+            }
         }
         if end {
-            for run in rings.iter().filter_map(|r| r.open_run()) {
-                add_record(sink, &run.closed_run(), dropped);
-            }
-            if sink.count > 0 {
-                add_block(sink, 0, dropped);
-            }
-            add_block(sink, BLOCK_FLAG_END, dropped);
-        } else if sink.count > 0 {
-            add_block(sink, 0, dropped);
+            self.write(&mut Block::new(), BLOCK_FLAG_END);
         }
-        if sink.error.is_none() && !sink.blocks.is_empty() {
-            match sink.file.write_all(&sink.blocks) {
-                Ok(()) => sink.bytes += sink.blocks.len() as u64,
-                Err(e) => {
-                    tracing::warn!("trace file write failed; tracing continues without writing: {e}");
-                    sink.error = Some(e);
+    }
+
+    /// Adds a record to `block`, and writes the block when it is full.
+    #[inline]
+    fn add(&self, block: &mut Block, slot: &Slot, now: u64) {
+        if block.count == 0 {
+            block.opened_at = now;
+        }
+        compact::encode(&mut block.previous, slot, &mut block.records);
+        block.count += 1;
+        if block.count as usize == BLOCK_RECORDS_MAX {
+            self.write(block, 0);
+        }
+    }
+
+    /// Writes `block` as the file's next block (nothing once the end block is written) and
+    /// empties it.
+    fn write(&self, block: &mut Block, flags: u16) {
+        let mut sink = self.sink.lock().expect("not poisoned");
+        let sink = &mut *sink;
+        if sink.error.is_none() && !sink.ended {
+            if let Some(file) = sink.file.as_mut() {
+                let dropped_total = self.rings.lock().expect("not poisoned").iter().map(|r| r.ring.dropped()).sum();
+                let (ref_ticks, ref_mono_ns) = clock::reference();
+                let header = BlockHeader {
+                    flags,
+                    record_count: block.count,
+                    sequence: sink.sequence,
+                    dropped_total,
+                    ref_ticks,
+                    ref_mono_ns,
+                };
+                sink.out.clear();
+                encode_compact_block(&header, &block.records, &mut sink.out);
+                match file.write_all(&sink.out) {
+                    Ok(()) => {
+                        sink.ended = flags & BLOCK_FLAG_END != 0;
+                        sink.sequence += 1;
+                        sink.written += u64::from(block.count);
+                        sink.bytes += sink.out.len() as u64;
+                    }
+                    Err(e) => {
+                        tracing::warn!("trace file write failed; tracing continues without writing: {e}");
+                        sink.error = Some(e);
+                    }
                 }
             }
         }
+        block.clear();
     }
 
     /// Stops the writer thread, writes what is left and the end block, and closes the file.
@@ -177,45 +316,20 @@ impl Session {
         if let Some(h) = self.flusher.lock().expect("not poisoned").take() {
             let _ = h.join();
         }
-        self.drain(true);
+        self.serve(clock::ticks(), true);
+        let dropped = self.rings.lock().expect("not poisoned").iter().map(|r| r.ring.dropped()).sum();
         let mut sink = self.sink.lock().expect("not poisoned");
+        let file = sink.file.take();
         if let Some(e) = sink.error.take() {
             return Err(TraceError::Io(self.path.clone(), e));
         }
-        if let Err(e) = sink.file.sync_data() {
-            return Err(TraceError::Io(self.path.clone(), e));
+        match file.map(|f| f.sync_data()) {
+            // A file that cannot be synced (a pipe, `/dev/null`) has nothing to sync.
+            Some(Err(e)) if e.kind() != std::io::ErrorKind::InvalidInput => {
+                return Err(TraceError::Io(self.path.clone(), e))
+            }
+            _ => {}
         }
-        Ok(TraceSummary {
-            path: self.path.clone(),
-            records: sink.written,
-            dropped: self.dropped_seen.load(Ordering::Relaxed),
-            bytes: sink.bytes,
-        })
+        Ok(TraceSummary { path: self.path.clone(), records: sink.written, dropped, bytes: sink.bytes })
     }
-}
-
-/// Adds a record to the block being built, and the block to the blocks of this flush when
-/// it is full.
-#[inline]
-fn add_record(sink: &mut Sink, slot: &Slot, dropped_total: u64) {
-    compact::encode(&mut sink.previous, slot, &mut sink.records);
-    sink.count += 1;
-    if sink.count as usize == BLOCK_RECORDS_MAX {
-        add_block(sink, 0, dropped_total);
-    }
-}
-
-/// Appends a block of the records in `sink.records` to the blocks of this flush, and starts
-/// the next block.
-fn add_block(sink: &mut Sink, flags: u16, dropped_total: u64) {
-    let (ref_ticks, ref_mono_ns) = clock::reference();
-    let count = sink.count;
-    let header =
-        BlockHeader { flags, record_count: count, sequence: sink.sequence, dropped_total, ref_ticks, ref_mono_ns };
-    encode_compact_block(&header, &sink.records, &mut sink.blocks);
-    sink.sequence += 1;
-    sink.written += u64::from(count);
-    sink.records.clear();
-    sink.count = 0;
-    sink.previous = Slot::EMPTY;
 }
