@@ -23,8 +23,9 @@
 #                    (bench/alternate.py), BA_ROUNDS rounds (default 15; 0 skips), into
 #                    bench/results/trace-before-after.md, with the file bytes per record of each;
 #   off vs baseline: this build with tracing off against a build of the commit before
-#                    tracing existed (BASE, default 5b66311), alternating (goal: no
-#                    measurable cost, ratio within the run-to-run noise). BASELINE=0 skips it.
+#                    tracing existed (BASE, default 5b66311), alternating and pinned (goal:
+#                    no measurable cost, ratio within the run-to-run noise). BASELINE=0
+#                    skips it.
 # Every build and comparison runs under `flock /work/bench.lock` (one CPU-heavy command at a
 # time on the shared machine). Writes bench/results/trace-on-off.md,
 # trace-ab.md, trace-before-after.md and trace-off-baseline.md; the summary is
@@ -124,10 +125,22 @@ if [ "${AB_RUNS:-3}" -gt 0 ]; then
   cat bench/results/trace-ab.md
 fi
 if [ "${BASELINE:-1}" = 1 ]; then
-  locked python3 bench/compare.py --rounds "$R" --markdown bench/results/trace-off-baseline.md \
-    "msg-rate 8 B shm, off vs baseline|$MSG|$BASELINE_BIN bench $MSG --json|msgs_per_s|>=0.97" \
-    "rpc-lat 128 B shm, off vs baseline|$RPC|$BASELINE_BIN bench $RPC --json|p50_us|<=1.03" \
-    "rpc-lat 128 B tcp, off vs baseline|$RPCT|$BASELINE_BIN bench $RPCT --json|p50_us|<=1.03" || true
+  # Pinned and alternating like the on/off runs: unpinned whole runs of the two builds
+  # differ by ±10% with where the scheduler puts them.
+  {
+    echo "# Tracing off against the build before tracing existed ($BASE), alternating, pinned"
+    echo
+    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD), $R rounds; load before: $(uptime | sed 's/.*load/load/')."
+  } >bench/results/trace-off-baseline.md
+  locked python3 bench/alternate.py --rounds "$R" --metric msgs_per_s --markdown bench/results/trace-off-baseline.md \
+    --title "## msg-rate 8 B shm" \
+    "off=$PIN $MSG --json" "baseline $BASE=bench/pinned.sh $BASELINE_BIN $MSG --json" || true
+  locked python3 bench/alternate.py --rounds "$R" --metric p50_us,avg_us --markdown bench/results/trace-off-baseline.md \
+    --title "## rpc-lat 128 B shm" \
+    "off=$PIN $RPC --json" "baseline $BASE=bench/pinned.sh $BASELINE_BIN $RPC --json" || true
+  locked python3 bench/alternate.py --rounds "$R" --metric p50_us,avg_us --markdown bench/results/trace-off-baseline.md \
+    --title "## rpc-lat 128 B tcp" \
+    "off=$PIN $RPCT --json" "baseline $BASE=bench/pinned.sh $BASELINE_BIN $RPCT --json" || true
 fi
 echo "load after: $(uptime)"
 # What one traced run recorded (records and drops), for the write-up.
