@@ -85,7 +85,9 @@ fn start_trace(path: &Path, node: NodeId) {
     trace::pause();
 }
 
-fn serve(name: &str, path: &Path) {
+/// The passive side's start: pinned, listening on `name`, then the peer accepted and a
+/// paused trace session into `path`.
+fn accept_traced(name: &str, path: &Path) -> Endpoint {
     pin(1);
     let mut ep = Endpoint::new(EndpointConfig { node_id: NodeId(1), ..Default::default() });
     ep.listen_shm(name).expect("listen");
@@ -93,6 +95,11 @@ fn serve(name: &str, path: &Path) {
     std::io::stdout().flush().expect("stdout");
     ep.accept(Duration::from_secs(10)).expect("accept");
     start_trace(path, NodeId(1));
+    ep
+}
+
+fn serve(name: &str, path: &Path) {
+    let ep = accept_traced(name, path);
     let mut rpc = Rpc::new(ep, RpcConfig { workers: 0, ..Default::default() });
     let echo = [0x3cu8; SIZE];
     rpc.register_inline(METHOD, move |req, r| r.reply(&[&echo[..req.payload.len().min(SIZE)]]));
@@ -110,13 +117,7 @@ fn serve(name: &str, path: &Path) {
 /// The receiving side of the stream test: counts the messages of each block (past its
 /// guard, with tracing as the block says) and prints the comparison.
 fn receive_stream(name: &str, path: &Path) {
-    pin(1);
-    let mut ep = Endpoint::new(EndpointConfig { node_id: NodeId(1), ..Default::default() });
-    ep.listen_shm(name).expect("listen");
-    println!("ready");
-    std::io::stdout().flush().expect("stdout");
-    ep.accept(Duration::from_secs(10)).expect("accept");
-    start_trace(path, NodeId(1));
+    let mut ep = accept_traced(name, path);
     let (mut on, mut down, mut polls) = (false, false, 0u32);
     let mut counts: Vec<(u64, u64)> = Vec::new();
     let mut total = 0u64;
