@@ -695,7 +695,7 @@ impl Endpoint {
                 }
             }
         });
-        if let Some((_, epoch)) = stream {
+        if let (Some((_, epoch)), Ok(1..)) = (stream, &result) {
             recorder.end_receive_run(epoch);
         }
         match result {
