@@ -664,22 +664,40 @@ impl Endpoint {
         let nodes = (self.config.node_id, slot.peer_node);
         let session = trace::active();
         let exact = session != 0 && trace::exact_mode();
+        // A stream's receives count straight into the open run (`Recorder::receive_run`)
+        // while their size matches and no handler disturbs the recorder.
+        let mut stream = if session != 0 && !exact { recorder.receive_run(session, channel.0, max) } else { None };
         let result = slot.transport.poll_recv(max, &mut |d, responder| {
             counters.deliveries_received += 1;
             counters.bytes_received += d.data.len() as u64;
             // One record per message, when it is whole (its last fragment).
             let traced = session != 0 && d.is_last();
-            if traced {
+            let message_len = d.message_len;
+            let counted = match stream {
+                Some((size, epoch)) if traced && size == message_len => Some(epoch),
+                _ => None,
+            };
+            if traced && counted.is_none() {
                 recorder.open_receive(exact);
             }
-            let message_len = d.message_len;
             let reply =
                 ReplyTo { responder, counters: &mut *counters, channel, nodes, message_len, recorder: &mut *recorder };
             handle(Event::Message { channel, data: d.data, message_len, offset: d.offset, reply });
             if traced {
-                recorder.close_receive(session, (nodes.1, nodes.0), channel.0, message_len);
+                match counted {
+                    Some(epoch) if recorder.epoch() == epoch => recorder.count_in_receive_run(),
+                    _ => {
+                        if let Some((_, epoch)) = stream.take() {
+                            recorder.end_receive_run(epoch);
+                        }
+                        recorder.close_receive(session, (nodes.1, nodes.0), channel.0, message_len);
+                    }
+                }
             }
         });
+        if let (Some((_, epoch)), Ok(1..)) = (stream, &result) {
+            recorder.end_receive_run(epoch);
+        }
         match result {
             Ok(got) => got,
             Err(error) => {

@@ -244,7 +244,8 @@ impl Session {
                 while traced.ring.drain_with(|s| self.add(&mut block, s, now)) > 0 {}
             }
             if end {
-                if let Some(run) = traced.ring.open_run() {
+                // (A run rolled over and not extended since holds no message.)
+                if let Some(run) = traced.ring.open_run().filter(|run| run.stage_a > 0) {
                     self.add(&mut block, &run.closed_run(), now);
                 }
             }

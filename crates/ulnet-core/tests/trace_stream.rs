@@ -1,0 +1,102 @@
+//! Tracing a stream: the receives a poll counts straight into the open run
+//! (`Recorder::receive_run`) add up exactly, across full runs, a size that changes, and
+//! handlers that send in the middle of a batch. Tracing is per process: one test.
+
+mod util;
+
+use std::time::Duration;
+use ulnet_core::trace::{self, Direction, TraceConfig};
+use ulnet_core::{Endpoint, EndpointConfig, Event, NodeId, SendOutcome};
+
+fn endpoint(node: u32) -> Endpoint {
+    Endpoint::new(EndpointConfig { node_id: NodeId(node), ..Default::default() })
+}
+
+#[test]
+fn a_traced_stream_counts_every_message_once() {
+    let dir = std::env::temp_dir().join(util::unique_name("trace-stream"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("t.ultrace");
+    let name = util::unique_name("trace-stream-shm");
+    let mut server = endpoint(5);
+    server.listen_shm(&name).unwrap();
+    let connector = std::thread::spawn(move || {
+        let mut client = endpoint(9);
+        let ch = client.connect_shm(&name, Duration::from_secs(5)).unwrap();
+        (client, ch)
+    });
+    let sch = server.accept(Duration::from_secs(5)).unwrap();
+    let (mut client, ch) = connector.join().unwrap();
+
+    trace::start(TraceConfig::new(&path, NodeId(9))).unwrap();
+    // 8-byte messages; every 3,001st is 16 bytes; every 5,003rd asks the server's handler
+    // to answer from inside its delivery (a send in the middle of a batch).
+    let total = 30_000u32;
+    let (mut sent_16, mut asks) = (0u64, 0u64);
+    let (mut received, mut answered, mut sent) = (0u64, 0u64, 0u32);
+    let poll_server = |server: &mut Endpoint, received: &mut u64, answered: &mut u64| {
+        server.poll(256, |e| {
+            if let Event::Message { data, mut reply, .. } = e {
+                *received += 1;
+                if data[0] == 0xee {
+                    while reply.send(&[b"answer"]).unwrap() != SendOutcome::Done {}
+                    *answered += 1;
+                }
+            }
+        });
+    };
+    while sent < total {
+        let mut msg = [0u8; 16];
+        let len = if sent % 3001 == 3000 {
+            sent_16 += 1;
+            16
+        } else {
+            8
+        };
+        if sent % 5003 == 5002 {
+            msg[0] = 0xee;
+            asks += 1;
+        }
+        if client.send(ch, &[&msg[..len]]).unwrap() == SendOutcome::Done {
+            sent += 1;
+        } else {
+            poll_server(&mut server, &mut received, &mut answered);
+        }
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while received < u64::from(total) {
+        assert!(std::time::Instant::now() < deadline, "messages did not arrive");
+        poll_server(&mut server, &mut received, &mut answered);
+    }
+    assert_eq!(answered, asks);
+    let mut answers = 0;
+    while answers < asks {
+        client.poll(64, |e| answers += u64::from(matches!(e, Event::Message { .. })));
+    }
+    // What an endpoint does when it closes: write its open run.
+    server.close(sch);
+    client.close(ch);
+    trace::stop().unwrap();
+
+    let file = trace::decode_file(&std::fs::read(&path).unwrap()).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let received_of = |size: u64| -> u64 {
+        file.records
+            .iter()
+            .filter(|r| r.direction() == Direction::Receive && r.src_node == 9 && r.dst_node == 5 && r.size == size)
+            .map(|r| u64::from(r.count))
+            .sum()
+    };
+    assert_eq!(received_of(16), sent_16);
+    assert_eq!(received_of(8), u64::from(total) - sent_16);
+    let answers_sent: u64 = file
+        .records
+        .iter()
+        .filter(|r| r.direction() == Direction::Send && r.src_node == 5 && r.size == 6)
+        .map(|r| u64::from(r.count))
+        .sum();
+    assert_eq!(answers_sent, asks);
+    assert_eq!(file.dropped(), 0);
+    // Runs stay within their bound.
+    assert!(file.records.iter().all(|r| r.count <= 1024), "a run of more than 1,024 messages");
+}
