@@ -39,16 +39,7 @@ fn trace_records_match_counters_and_name_both_nodes() {
     node_ids_cross_the_tcp_handshake();
 
     // Node ids cross the shared-memory handshake.
-    let name = util::unique_name("trace-shm");
-    let mut server = endpoint(5);
-    server.listen_shm(&name).unwrap();
-    let connector = std::thread::spawn(move || {
-        let mut client = endpoint(9);
-        let ch = client.connect_shm(&name, Duration::from_secs(5)).unwrap();
-        (client, ch)
-    });
-    let sch = server.accept(Duration::from_secs(5)).unwrap();
-    let (mut client, ch) = connector.join().unwrap();
+    let (mut server, sch, mut client, ch) = util::shm_pair("trace-shm", 5, 9);
     assert_eq!(client.peer_node(ch), Some(NodeId(5)));
     assert_eq!(server.peer_node(sch), Some(NodeId(9)));
 

@@ -6,27 +6,14 @@ mod util;
 
 use std::time::Duration;
 use ulnet_core::trace::{self, Direction, TraceConfig};
-use ulnet_core::{Endpoint, EndpointConfig, Event, NodeId, SendOutcome};
-
-fn endpoint(node: u32) -> Endpoint {
-    Endpoint::new(EndpointConfig { node_id: NodeId(node), ..Default::default() })
-}
+use ulnet_core::{Endpoint, Event, NodeId, SendOutcome};
 
 #[test]
 fn a_traced_stream_counts_every_message_once() {
     let dir = std::env::temp_dir().join(util::unique_name("trace-stream"));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("t.ultrace");
-    let name = util::unique_name("trace-stream-shm");
-    let mut server = endpoint(5);
-    server.listen_shm(&name).unwrap();
-    let connector = std::thread::spawn(move || {
-        let mut client = endpoint(9);
-        let ch = client.connect_shm(&name, Duration::from_secs(5)).unwrap();
-        (client, ch)
-    });
-    let sch = server.accept(Duration::from_secs(5)).unwrap();
-    let (mut client, ch) = connector.join().unwrap();
+    let (mut server, sch, mut client, ch) = util::shm_pair("trace-stream-shm", 5, 9);
 
     trace::start(TraceConfig::new(&path, NodeId(9))).unwrap();
     // 8-byte messages; every 3,001st is 16 bytes; every 5,003rd asks the server's handler

@@ -4,7 +4,7 @@
 use rand::{Rng, SeedableRng};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use ulnet_core::{ChannelId, Endpoint, Event, SendOutcome};
+use ulnet_core::{ChannelId, Endpoint, EndpointConfig, Event, NodeId, SendOutcome};
 
 /// Environment variable that turns a test function into a child process's entry point.
 pub const CHILD_ENV: &str = "ULNET_TEST_CHILD";
@@ -140,4 +140,21 @@ pub fn receive_whole(
         });
     }
     (whole, down)
+}
+
+/// A shared-memory channel between two endpoints of this process, of nodes `server` and
+/// `client`: (server, its channel, client, its channel).
+pub fn shm_pair(what: &str, server: u32, client: u32) -> (Endpoint, ChannelId, Endpoint, ChannelId) {
+    let endpoint = |node| Endpoint::new(EndpointConfig { node_id: NodeId(node), ..Default::default() });
+    let name = unique_name(what);
+    let mut listener = endpoint(server);
+    listener.listen_shm(&name).unwrap();
+    let connector = std::thread::spawn(move || {
+        let mut c = endpoint(client);
+        let ch = c.connect_shm(&name, Duration::from_secs(5)).unwrap();
+        (c, ch)
+    });
+    let sch = listener.accept(Duration::from_secs(5)).unwrap();
+    let (c, ch) = connector.join().unwrap();
+    (listener, sch, c, ch)
 }
