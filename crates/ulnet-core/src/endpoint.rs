@@ -92,24 +92,6 @@ pub enum Event<'a> {
     },
 }
 
-/// Hands one delivery to `handle` as an [`Event::Message`], counted.
-#[inline(always)]
-fn hand_over(
-    d: crate::Delivery<'_>,
-    responder: &mut dyn Responder,
-    channel: ChannelId,
-    nodes: (NodeId, NodeId),
-    counters: &mut EndpointCounters,
-    recorder: &mut Recorder,
-    handle: &mut dyn FnMut(Event<'_>),
-) {
-    counters.deliveries_received += 1;
-    counters.bytes_received += d.data.len() as u64;
-    let message_len = d.message_len;
-    let reply = ReplyTo { responder, counters, channel, nodes, message_len, recorder };
-    handle(Event::Message { channel, data: d.data, message_len, offset: d.offset, reply });
-}
-
 /// Sends on the channel a message came from, during its delivery: a server answers a
 /// request it reads in place, with no copy of the request and no queueing.
 pub struct ReplyTo<'a> {
@@ -681,45 +663,41 @@ impl Endpoint {
         let recorder = &mut self.recorder;
         let nodes = (self.config.node_id, slot.peer_node);
         let session = trace::active();
-        let result = if session == 0 {
-            // Untraced: the delivery and its counters, nothing else per message.
-            slot.transport.poll_recv(max, &mut |d, responder| {
-                hand_over(d, responder, channel, nodes, counters, recorder, handle);
-            })
-        } else {
-            let exact = trace::exact_mode();
-            // A stream's receives count straight into the open run (`Recorder::receive_run`)
-            // while their size matches and no handler disturbs the recorder.
-            let mut stream = if exact { None } else { recorder.receive_run(session, channel.0, max) };
-            let result = slot.transport.poll_recv(max, &mut |d, responder| {
-                // One record per message, when it is whole (its last fragment).
-                let traced = d.is_last();
-                let message_len = d.message_len;
-                let counted = match stream {
-                    Some((size, epoch)) if traced && size == message_len => Some(epoch),
-                    _ => None,
-                };
-                if traced && counted.is_none() {
-                    recorder.open_receive(exact);
-                }
-                hand_over(d, responder, channel, nodes, counters, recorder, handle);
-                if traced {
-                    match counted {
-                        Some(epoch) if recorder.epoch() == epoch => recorder.count_in_receive_run(),
-                        _ => {
-                            if let Some((_, epoch)) = stream.take() {
-                                recorder.end_receive_run(epoch);
-                            }
-                            recorder.close_receive(session, (nodes.1, nodes.0), channel.0, message_len);
+        let exact = session != 0 && trace::exact_mode();
+        // A stream's receives count straight into the open run (`Recorder::receive_run`)
+        // while their size matches and no handler disturbs the recorder.
+        let mut stream = if session != 0 && !exact { recorder.receive_run(session, channel.0, max) } else { None };
+        let result = slot.transport.poll_recv(max, &mut |d, responder| {
+            counters.deliveries_received += 1;
+            counters.bytes_received += d.data.len() as u64;
+            // One record per message, when it is whole (its last fragment).
+            let traced = session != 0 && d.is_last();
+            let message_len = d.message_len;
+            let counted = match stream {
+                Some((size, epoch)) if traced && size == message_len => Some(epoch),
+                _ => None,
+            };
+            if traced && counted.is_none() {
+                recorder.open_receive(exact);
+            }
+            let reply =
+                ReplyTo { responder, counters: &mut *counters, channel, nodes, message_len, recorder: &mut *recorder };
+            handle(Event::Message { channel, data: d.data, message_len, offset: d.offset, reply });
+            if traced {
+                match counted {
+                    Some(epoch) if recorder.epoch() == epoch => recorder.count_in_receive_run(),
+                    _ => {
+                        if let Some((_, epoch)) = stream.take() {
+                            recorder.end_receive_run(epoch);
                         }
+                        recorder.close_receive(session, (nodes.1, nodes.0), channel.0, message_len);
                     }
                 }
-            });
-            if let (Some((_, epoch)), Ok(1..)) = (stream, &result) {
-                recorder.end_receive_run(epoch);
             }
-            result
-        };
+        });
+        if let (Some((_, epoch)), Ok(1..)) = (stream, &result) {
+            recorder.end_receive_run(epoch);
+        }
         match result {
             Ok(got) => got,
             Err(error) => {
