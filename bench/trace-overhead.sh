@@ -67,23 +67,26 @@ echo "load before: $(uptime)"
 # guest's CPUs on the host. p50 moves in 5 ns steps (the pollers' loop); avg also counts the
 # round trips the trace writer's CPU time (on this host, taken from a busy poller) delays.
 PIN="bench/pinned.sh $NOW"
+# One alternating comparison (bench/alternate.py) under the lock; a failed one is reported
+# in its own output and does not stop the others.
+alt() { locked python3 bench/alternate.py --rounds "$R" "$@" || true; }
 {
   echo "# Tracing on vs off, same build, alternating (bench/alternate.py, bench/pinned.sh)"
   echo
   echo "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD), $R rounds; load before: $(uptime | sed 's/.*load/load/')."
 } >bench/results/trace-on-off.md
-locked python3 bench/alternate.py --rounds "$R" --metric p50_us,avg_us --markdown bench/results/trace-on-off.md \
+alt --metric p50_us,avg_us --markdown bench/results/trace-on-off.md \
   --title "## rpc-lat 128 B shm" \
   "off=$PIN $RPC --json" \
   "traced=$PIN $RPC --trace $TRACE_DIR/rpc.ultrace --json" \
   "traced, 2-record ring (every record dropped)=ULNET_TRACE_RING=2 $PIN $RPC --trace $TRACE_DIR/ring2.ultrace --json" \
-  "traced, every record exact (sample 1)=ULNET_TRACE_SAMPLE=1 $PIN $RPC --trace $TRACE_DIR/rpcx.ultrace --json" || true
-locked python3 bench/alternate.py --rounds "$R" --metric msgs_per_s --markdown bench/results/trace-on-off.md \
+  "traced, every record exact (sample 1)=ULNET_TRACE_SAMPLE=1 $PIN $RPC --trace $TRACE_DIR/rpcx.ultrace --json"
+alt --metric msgs_per_s --markdown bench/results/trace-on-off.md \
   --title "## msg-rate 8 B shm" \
-  "off=$PIN $MSG --json" "traced=$PIN $MSG --trace $TRACE_DIR/msg.ultrace --json" || true
-locked python3 bench/alternate.py --rounds "$R" --metric p50_us,avg_us --markdown bench/results/trace-on-off.md \
+  "off=$PIN $MSG --json" "traced=$PIN $MSG --trace $TRACE_DIR/msg.ultrace --json"
+alt --metric p50_us,avg_us --markdown bench/results/trace-on-off.md \
   --title "## rpc-lat 128 B tcp" \
-  "off=$PIN $RPCT --json" "traced=$PIN $RPCT --trace $TRACE_DIR/rpct.ultrace --json" || true
+  "off=$PIN $RPCT --json" "traced=$PIN $RPCT --trace $TRACE_DIR/rpct.ultrace --json"
 BEFORE=${BEFORE:-/var/tmp/ulnet-base-trace-542c17a}
 if [ "${BA_ROUNDS:-15}" -gt 0 ] && [ -x "$BEFORE" ]; then
   {
@@ -132,15 +135,15 @@ if [ "${BASELINE:-1}" = 1 ]; then
     echo
     echo "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD), $R rounds; load before: $(uptime | sed 's/.*load/load/')."
   } >bench/results/trace-off-baseline.md
-  locked python3 bench/alternate.py --rounds "$R" --metric msgs_per_s --markdown bench/results/trace-off-baseline.md \
+  alt --metric msgs_per_s --markdown bench/results/trace-off-baseline.md \
     --title "## msg-rate 8 B shm" \
-    "off=$PIN $MSG --json" "baseline $BASE=bench/pinned.sh $BASELINE_BIN $MSG --json" || true
-  locked python3 bench/alternate.py --rounds "$R" --metric p50_us,avg_us --markdown bench/results/trace-off-baseline.md \
+    "off=$PIN $MSG --json" "baseline $BASE=bench/pinned.sh $BASELINE_BIN $MSG --json"
+  alt --metric p50_us,avg_us --markdown bench/results/trace-off-baseline.md \
     --title "## rpc-lat 128 B shm" \
-    "off=$PIN $RPC --json" "baseline $BASE=bench/pinned.sh $BASELINE_BIN $RPC --json" || true
-  locked python3 bench/alternate.py --rounds "$R" --metric p50_us,avg_us --markdown bench/results/trace-off-baseline.md \
+    "off=$PIN $RPC --json" "baseline $BASE=bench/pinned.sh $BASELINE_BIN $RPC --json"
+  alt --metric p50_us,avg_us --markdown bench/results/trace-off-baseline.md \
     --title "## rpc-lat 128 B tcp" \
-    "off=$PIN $RPCT --json" "baseline $BASE=bench/pinned.sh $BASELINE_BIN $RPCT --json" || true
+    "off=$PIN $RPCT --json" "baseline $BASE=bench/pinned.sh $BASELINE_BIN $RPCT --json"
 fi
 echo "load after: $(uptime)"
 # What one traced run recorded (records and drops), for the write-up.

@@ -235,11 +235,22 @@ impl Recorder {
     /// away. Out of line: the spin loop that calls it stays small.
     #[inline(never)]
     pub(crate) fn idle(&mut self) {
+        self.catch_up(IDLE_DRAIN_MAX);
+    }
+
+    /// The thread is about to sleep: drains every record it left, so that none waits for
+    /// the writer thread's next pass.
+    pub(crate) fn before_sleep(&mut self) {
+        self.catch_up(usize::MAX);
+    }
+
+    /// Brings the open run's mirror up to its count and drains at most `max` records.
+    fn catch_up(&mut self, max: usize) {
         if self.run_session != 0 {
             self.mirror_run_count();
         }
         if self.producer.as_ref().is_some_and(Producer::has_unread) {
-            self.drain_own(IDLE_DRAIN_MAX);
+            self.drain_own(max);
         }
     }
 
@@ -247,17 +258,6 @@ impl Recorder {
     fn mirror_run_count(&mut self) {
         if let Some(p) = self.producer.as_mut() {
             p.set_open_run_count(self.run.stage_a);
-        }
-    }
-
-    /// The thread is about to sleep: drains every record it left, so that none waits for
-    /// the writer thread's next pass.
-    pub(crate) fn before_sleep(&mut self) {
-        if self.run_session != 0 {
-            self.mirror_run_count();
-        }
-        if self.producer.as_ref().is_some_and(Producer::has_unread) {
-            self.drain_own(usize::MAX);
         }
     }
 
@@ -384,27 +384,23 @@ impl Recorder {
     }
 
     /// Counts one more message in the open run (its `stage_a`, here: one add to a field of
-    /// the recorder); every 64 messages, [`Recorder::run_checkpoint`].
+    /// the recorder); every 64 messages, a checkpoint that ends a run due to end.
     #[inline(always)]
     fn count_in_run(&mut self) {
         let count = self.run.stage_a + 1;
         self.run.stage_a = count;
-        if count.is_multiple_of(64) {
-            self.run_checkpoint(count);
+        if count.is_multiple_of(64) && self.checkpoint_run() {
+            self.close_run();
         }
     }
 
-    /// Mirrors the open run's count where `stop` finds it, and ends a run that is full or
-    /// older than a tick. The mirror lags the count by at most 63 messages while the thread
-    /// is busy, and not once it idles ([`Recorder::idle`]).
+    /// Mirrors the open run's count where `stop` finds it; whether the run is due to end
+    /// (full, or older than a tick). The mirror lags the count by at most 63 messages while
+    /// the thread is busy, and not once it idles ([`Recorder::idle`]).
     #[inline(never)]
-    fn run_checkpoint(&mut self, count: u32) {
-        if let Some(p) = self.producer.as_mut() {
-            p.set_open_run_count(count);
-        }
-        if count >= RUN_MAX || TICKER.load(Ordering::Relaxed) != self.run_tick {
-            self.close_run();
-        }
+    fn checkpoint_run(&mut self) -> bool {
+        self.mirror_run_count();
+        self.run.stage_a >= RUN_MAX || TICKER.load(Ordering::Relaxed) != self.run_tick
     }
 
     /// Writes the open run, if any: a plain record when it holds one message.
@@ -760,14 +756,8 @@ impl Recorder {
     /// it counted into, its mirror for `stop` is brought up to date, and it rolls over
     /// when full or a tick old.
     pub(crate) fn end_receive_run(&mut self, epoch: u32) {
-        if self.epoch == epoch && self.run_session != 0 {
-            let count = self.run.stage_a;
-            if let Some(p) = self.producer.as_mut() {
-                p.set_open_run_count(count);
-            }
-            if count >= RUN_MAX || TICKER.load(Ordering::Relaxed) != self.run_tick {
-                self.roll_run();
-            }
+        if self.epoch == epoch && self.run_session != 0 && self.checkpoint_run() {
+            self.roll_run();
         }
     }
 

@@ -46,6 +46,13 @@ pub(crate) struct TracedRing {
     owner_drained_at: AtomicU64,
 }
 
+impl TracedRing {
+    /// Half full: the writer thread drains it whoever its owner is.
+    fn half_full(&self) -> bool {
+        2 * self.ring.used() >= self.ring.capacity()
+    }
+}
+
 impl std::fmt::Debug for TracedRing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TracedRing").field("ring", &self.ring).finish_non_exhaustive()
@@ -211,8 +218,7 @@ impl Session {
                 stored = now;
                 sleep = self.tick;
             }
-            let crowded =
-                || self.rings.lock().expect("not poisoned").iter().any(|r| 2 * r.ring.used() >= r.ring.capacity());
+            let crowded = || self.rings.lock().expect("not poisoned").iter().any(|r| r.half_full());
             if now.saturating_sub(served_at) >= self.flush_ticks || crowded() {
                 served_at = now;
                 drop(stop);
@@ -230,8 +236,8 @@ impl Session {
         let rings: Vec<Arc<TracedRing>> = self.rings.lock().expect("not poisoned").clone();
         for traced in &rings {
             let neglected = now.saturating_sub(traced.owner_drained_at.load(Ordering::Relaxed)) >= self.flush_ticks;
-            let crowded = 2 * traced.ring.used() >= traced.ring.capacity();
-            let mut block = if end || neglected || crowded {
+            let drain = end || neglected || traced.half_full();
+            let mut block = if drain {
                 traced.block.lock().expect("not poisoned")
             } else {
                 // Its thread drains it: only a block grown old is the writer's to write.
@@ -240,7 +246,7 @@ impl Session {
                     Err(_) => continue,
                 }
             };
-            if end || neglected || crowded {
+            if drain {
                 while traced.ring.drain_with(|s| self.add(&mut block, s, now)) > 0 {}
             }
             if end {
@@ -278,7 +284,7 @@ impl Session {
         let sink = &mut *sink;
         if sink.error.is_none() && !sink.ended {
             if let Some(file) = sink.file.as_mut() {
-                let dropped_total = self.rings.lock().expect("not poisoned").iter().map(|r| r.ring.dropped()).sum();
+                let dropped_total = self.dropped();
                 let (ref_ticks, ref_mono_ns) = clock::reference();
                 let header = BlockHeader {
                     flags,
@@ -307,6 +313,11 @@ impl Session {
         block.clear();
     }
 
+    /// Records the session's rings have dropped so far.
+    fn dropped(&self) -> u64 {
+        self.rings.lock().expect("not poisoned").iter().map(|r| r.ring.dropped()).sum()
+    }
+
     /// Stops the writer thread, writes what is left and the end block, and closes the file.
     pub(crate) fn finish(&self) -> Result<TraceSummary, TraceError> {
         {
@@ -318,7 +329,7 @@ impl Session {
             let _ = h.join();
         }
         self.serve(clock::ticks(), true);
-        let dropped = self.rings.lock().expect("not poisoned").iter().map(|r| r.ring.dropped()).sum();
+        let dropped = self.dropped();
         let mut sink = self.sink.lock().expect("not poisoned");
         let file = sink.file.take();
         if let Some(e) = sink.error.take() {
