@@ -5,15 +5,13 @@
 #                    costs at most 5%), into bench/results/trace-on-off.md; for rpc-lat shm
 #                    also tracing into a 2-record ring and with every record timed
 #                    (ULNET_TRACE_SAMPLE=1, not the default: for latency studies);
-#   on  vs off in one pair of processes (crates/ulnet-msg/examples/trace_ab.rs): the
-#                    rpc-lat ping-pong with both processes switching tracing every 2^24 TSC
-#                    ticks (~6 ms), traced blocks compared with the untraced block before
-#                    them by median and by trimmed mean (both processes pinned; the writer
-#                    thread wakes every tick in untraced blocks, where nobody else keeps the
-#                    ticker, and every flush interval in traced ones); then the same for the
-#                    msg-rate stream (`trace_ab SECONDS stream`: messages received per
-#                    block); AB_RUNS runs (default 3) of AB_SECONDS (default 5) each, into
-#                    bench/results/trace-ab.md;
+#   on  vs off in one run (`ulnet bench TEST --trace FILE --trace-ab`): both processes
+#                    switch tracing every 2^24 TSC ticks (~6 ms), and each traced block is
+#                    compared with the untraced block before it (rpc-lat: by median and by
+#                    trimmed mean; msg-rate: messages per second); rpc-lat shm, msg-rate shm
+#                    and rpc-lat tcp, pinned, AB_RUNS runs (default 3) of AB_SECONDS (default
+#                    5) each, then one control run of each (`--trace-ab control`: every block
+#                    untraced, the comparison's own bias), into bench/results/trace-ab.md;
 #   before vs after: rpc-lat 128 B shm, untraced and traced with this build and traced (and
 #                    untraced) with an older binary BEFORE (default
 #                    /var/tmp/ulnet-base-trace-542c17a, main before the compact format v4;
@@ -40,7 +38,6 @@ ROOT=$(pwd)
 LOCK=${LOCK-/work/bench.lock}
 locked() { if [ -n "$LOCK" ]; then flock "$LOCK" "$@"; else "$@"; fi; }
 locked cargo build --release --locked -p ulnet >/dev/null 2>&1
-locked cargo build --release --locked -p ulnet-msg --example trace_ab >/dev/null 2>&1
 NOW=$ROOT/target/release/ulnet
 BASE=${BASE:-5b66311}
 if [ "${BASELINE:-1}" = 1 ]; then
@@ -106,23 +103,24 @@ if [ "${BA_ROUNDS:-15}" -gt 0 ] && [ -x "$BEFORE" ]; then
   done
 fi
 if [ "${AB_RUNS:-3}" -gt 0 ]; then
+  AB="--trace $TRACE_DIR/ab.ultrace --duration-ms $((${AB_SECONDS:-5} * 1000))"
   {
-    echo "# Tracing on vs off in one pair of processes (trace_ab)"
+    echo "# Tracing on vs off in one run (ulnet bench --trace-ab)"
     echo
-    echo "Commands: \`target/release/examples/trace_ab ${AB_SECONDS:-5}\` (rpc-lat) and \`target/release/examples/trace_ab ${AB_SECONDS:-5} stream\` (msg-rate), one run per section, $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD); load before: $(uptime | sed 's/.*load/load/')."
-    for mode in rpc stream; do
-      for i in $(seq "${AB_RUNS:-3}"); do
-        echo
-        echo "## $mode, run $i"
-        echo
-        echo '```'
-        if [ $mode = rpc ]; then
-          locked "$ROOT/target/release/examples/trace_ab" "${AB_SECONDS:-5}" || echo "trace_ab failed"
-        else
-          locked "$ROOT/target/release/examples/trace_ab" "${AB_SECONDS:-5}" stream || echo "trace_ab failed"
-        fi
-        echo '```'
+    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD); load before: $(uptime | sed 's/.*load/load/')."
+    echo "Each run: \`bench/pinned.sh target/release/ulnet TEST $AB --trace-ab [control]\`; the ratio is traced / untraced of adjacent blocks (median, quartiles)."
+    for test in "rpc-lat --transport shm --size 128" "msg-rate --transport shm --size 8" "rpc-lat --transport tcp --size 128"; do
+      echo
+      echo "## $test"
+      echo
+      echo '```'
+      for run in $(seq "${AB_RUNS:-3}") control; do
+        mode=traced
+        [ "$run" = control ] && mode=control
+        # shellcheck disable=SC2086
+        locked $PIN $test $AB --trace-ab $mode 2>/dev/null | sed "s/^/$mode: /" || echo "$mode: failed"
       done
+      echo '```'
     done
   } >bench/results/trace-ab.md
   cat bench/results/trace-ab.md

@@ -103,3 +103,43 @@ fn tail_json_has_the_contract_fields() {
     assert!(!out.status.success());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `ulnet bench --trace-ab`: tracing switched on and off within one run, the comparison in
+/// the report; traced blocks leave records in the file, a control run none.
+#[test]
+fn trace_ab_compares_blocks_of_one_run() {
+    let dir = std::env::temp_dir().join(format!("ulnet-trace-ab-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let messages = |file: &Path| {
+        let a = json(&ulnet(&["trace", "analyze", file.to_str().unwrap(), "--json"]));
+        a["messages"].as_u64().unwrap()
+    };
+    for (test, metrics) in [("rpc-lat", &["p50_us", "trimmed_mean_us"][..]), ("msg-rate", &["msgs_per_s"][..])] {
+        for mode in ["traced", "control"] {
+            let file = dir.join(format!("{test}-{mode}.ultrace"));
+            let f = file.to_str().unwrap();
+            let args = ["bench", test, "--trace", f, "--trace-ab", mode, "--duration-ms", "600", "--warmup", "1000"];
+            let bench = json(&ulnet(&[&args[..], &["--json"]].concat()));
+            let figures = bench["trace_ab"].as_array().expect("trace_ab figures");
+            let names: Vec<&str> = figures.iter().map(|f| f["metric"].as_str().unwrap()).collect();
+            assert_eq!(names, metrics, "{test} {mode}");
+            // 600 ms is about 100 blocks of 6 ms; a loaded machine may lose some, not all.
+            for fig in figures {
+                let pairs = fig["pairs"].as_u64().unwrap();
+                let ratio = fig["ratio"].as_f64().unwrap();
+                assert!(pairs >= 5, "{test} {mode}: {fig}");
+                assert!(ratio > 0.2 && ratio < 5.0, "{test} {mode}: {fig}");
+            }
+            assert!(bench["iters"].as_u64().unwrap() > 1000, "{bench}");
+            let (own, peer) = (messages(&file), messages(&dir.join(format!("{test}-{mode}.ultrace.peer"))));
+            if mode == "traced" {
+                assert!(own > 0 && peer > 0, "{test}: traced blocks recorded ({own}, {peer})");
+            } else {
+                assert_eq!((own, peer), (0, 0), "{test}: the control run never traces");
+            }
+        }
+    }
+    let out = ulnet(&["bench", "rpc-rate", "--trace", dir.join("x").to_str().unwrap(), "--trace-ab"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--trace-ab is for"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

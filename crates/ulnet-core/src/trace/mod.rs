@@ -61,6 +61,7 @@
 //! process that exits without [`stop`] leaves a file without its end block, whose intact
 //! blocks [`format::decode_prefix`] still reads, and without the runs still open.
 
+pub mod alternate;
 mod clock;
 mod compact;
 pub mod format;

@@ -5,6 +5,7 @@
 
 mod file_service;
 mod rma;
+mod trace_ab;
 
 use super::clock::{ticks, CycleClock};
 use super::stats;
@@ -13,7 +14,9 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use ulnet_core::{ChannelId, Endpoint, EndpointConfig, Event, SendOutcome};
+use trace_ab::{AbFigure, AbMode, LatencyBlocks, RateBlocks};
+use ulnet_core::trace::alternate::Switch;
+use ulnet_core::{trace, ChannelId, Endpoint, EndpointConfig, Event, SendOutcome};
 use ulnet_msg::rpc::{CallOutcome, Rpc, RpcConfig, RpcEvent};
 
 mod incast;
@@ -164,6 +167,13 @@ pub struct BenchArgs {
     /// process this command starts; node 1), for `ulnet trace analyze`.
     #[arg(long, value_name = "FILE")]
     trace: Option<std::path::PathBuf>,
+    /// With --trace: both processes switch tracing on and off every 2^24 ticks of the
+    /// time-stamp counter (about 6 ms), and the report compares each traced block with the
+    /// untraced one before it (`trace_ab` in the JSON): the cost of tracing measured in one
+    /// run. The measured phase lasts --duration-ms. `control` keeps every block untraced,
+    /// to show the comparison's own spread. For am-lat, rpc-lat, msg-rate and am-bw.
+    #[arg(long, value_enum, requires = "trace", num_args = 0..=1, default_missing_value = "traced")]
+    trace_ab: Option<AbMode>,
     /// RMA tests over shm: send every operation through the target's engine over a
     /// shared-memory channel instead of mapping the segment.
     #[arg(long)]
@@ -195,7 +205,8 @@ pub struct BenchArgs {
     /// one CPU; the single-stream baseline is one stream in one process either way.
     #[arg(long, default_value_t = 1)]
     streams_per_sender: usize,
-    /// Measured time of each `incast` phase, in milliseconds.
+    /// Measured time of each `incast` phase, and of the measured phase with --trace-ab, in
+    /// milliseconds.
     #[arg(long, default_value_t = 2000)]
     duration_ms: u64,
     /// `incast` cycles: the N streams are measured this many times, each time between two
@@ -235,6 +246,9 @@ struct Report {
     msgs_per_s: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     mb_per_s: Option<f64>,
+    /// With --trace-ab: traced against untraced blocks of this run.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    trace_ab: Vec<AbFigure>,
 }
 
 impl Report {
@@ -250,6 +264,7 @@ impl Report {
             avg_us: None,
             msgs_per_s: None,
             mb_per_s: None,
+            trace_ab: Vec::new(),
         }
     }
 }
@@ -262,6 +277,9 @@ struct Params {
     warmup: u64,
     recv_copy: bool,
     outstanding: usize,
+    trace_ab: Option<AbMode>,
+    /// The measured phase's length with `trace_ab` (which counts no iterations).
+    duration: Duration,
 }
 
 impl Params {
@@ -271,10 +289,14 @@ impl Params {
             test: a.test,
             transport: a.transport,
             size: a.size.unwrap_or(a.test.default_size()),
-            iters,
+            // A run with --trace-ab lasts a time; the passive side of a stream then never
+            // reaches the count that would end it, and ends when the channel closes.
+            iters: if a.trace_ab.is_some() { u64::MAX / 4 } else { iters },
             warmup: a.warmup.unwrap_or((iters / 10).max(1)),
             recv_copy: a.recv_copy,
             outstanding: a.outstanding.max(1),
+            trace_ab: a.trace_ab,
+            duration: Duration::from_millis(a.duration_ms),
         }
     }
 }
@@ -341,6 +363,9 @@ pub fn run(args: BenchArgs) -> Result<i32> {
     }
     if params.size == 0 && args.test != Test::AmLat {
         bail!("--size must be at least 1 byte");
+    }
+    if args.trace_ab.is_some() && !matches!(args.test, Test::AmLat | Test::RpcLat | Test::MsgRate | Test::AmBw) {
+        bail!("--trace-ab is for am-lat, rpc-lat, msg-rate and am-bw");
     }
     let node = super::bench_trace::node_id(args.server);
     if let Some(path) = &args.trace {
@@ -428,6 +453,7 @@ fn spawn_server(args: &BenchArgs, listen: &str, p: &Params) -> Result<(Child, St
         .args(ADAPTIVE.load(std::sync::atomic::Ordering::Relaxed).then_some("--adaptive"))
         .args(["--outstanding", &p.outstanding.to_string()])
         .args(super::bench_trace::peer_args(args.trace.as_deref()))
+        .args(p.trace_ab.map(|m| format!("--trace-ab={}", m.to_possible_value().expect("a value").get_name())))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .spawn()
@@ -465,6 +491,12 @@ fn print_report(r: &Report, json: bool) -> Result<()> {
             r.mb_per_s.unwrap_or(0.0)
         ),
         _ => unreachable!("every report has latency or rate"),
+    }
+    for f in &r.trace_ab {
+        println!(
+            "  --trace-ab {}: untraced {:.4}  traced {:.4}  traced / untraced, adjacent blocks: median {:.4} (quartiles {:.4} .. {:.4}, {} pairs)",
+            f.metric, f.untraced, f.traced, f.ratio, f.ratio_q1, f.ratio_q3, f.pairs
+        );
     }
     Ok(())
 }
@@ -515,6 +547,12 @@ fn receive_messages(ep: &mut Endpoint, count: u64, batch: usize) -> Result<()> {
 
 fn latency(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<Report> {
     let msg = vec![0xa5u8; p.size];
+    if let Some(mut switch) = trace_ab::switch(p.trace_ab) {
+        return latency_ab(p, &mut switch, || {
+            send_blocking(ep, ch, &msg)?;
+            receive_messages(ep, 1, 1)
+        });
+    }
     let clock = CycleClock::calibrate(Duration::from_millis(50));
     let mut samples = Vec::with_capacity(p.iters as usize);
     for i in 0..p.warmup + p.iters {
@@ -531,10 +569,15 @@ fn latency(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<Report> {
 
 fn stream(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<Report> {
     let msg = vec![0x5au8; p.size];
+    // (Made before the warm-up: it pauses tracing until the schedule turns it on.)
+    let mut switch = trace_ab::switch(p.trace_ab);
     for _ in 0..p.warmup {
         send_blocking(ep, ch, &msg)?;
     }
     receive_messages(ep, 1, 256)?;
+    if let Some(switch) = &mut switch {
+        return stream_ab(ep, ch, p, &msg, switch);
+    }
     let t0 = Instant::now();
     for _ in 0..p.iters {
         send_blocking(ep, ch, &msg)?;
@@ -545,6 +588,63 @@ fn stream(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<Report> {
     Ok(Report { msgs_per_s: Some(rate), mb_per_s: Some(rate * p.size as f64 / 1e6), ..Report::of(p) })
 }
 
+/// A latency test with --trace-ab: `round_trip` (one whole round trip) repeated for
+/// `p.warmup` times unmeasured, then for `p.duration` with every round trip timed by the
+/// trace clock and tracing following the schedule.
+fn latency_ab(p: &Params, switch: &mut Switch, mut round_trip: impl FnMut() -> Result<()>) -> Result<Report> {
+    for _ in 0..p.warmup {
+        round_trip()?;
+    }
+    let mut blocks = LatencyBlocks::new();
+    let wall = Instant::now();
+    let mut done = 0u64;
+    while !done.is_multiple_of(1024) || wall.elapsed() < p.duration {
+        let t0 = trace::now();
+        switch.follow(t0);
+        round_trip()?;
+        blocks.add(t0, trace::now());
+        done += 1;
+    }
+    let (all, figures) = blocks.finish();
+    let s = stats::one_way(all);
+    Ok(Report {
+        iters: done,
+        p50_us: Some(s.p50_us),
+        p99_us: Some(s.p99_us),
+        avg_us: Some(s.avg_us),
+        trace_ab: figures,
+        ..Report::of(p)
+    })
+}
+
+/// The measured phase of a stream test with --trace-ab: sends for `p.duration`, reading the
+/// clock and following the schedule every 64 messages, and closes without waiting for an
+/// acknowledgement (the passive side ends when the channel closes).
+fn stream_ab(ep: &mut Endpoint, ch: ChannelId, p: &Params, msg: &[u8], switch: &mut Switch) -> Result<Report> {
+    const CHECK_EVERY: u64 = 64;
+    let mut blocks = RateBlocks::new();
+    let wall = Instant::now();
+    let mut sent = 0u64;
+    while !sent.is_multiple_of(CHECK_EVERY * 64) || wall.elapsed() < p.duration {
+        for _ in 0..CHECK_EVERY {
+            send_blocking(ep, ch, msg)?;
+        }
+        sent += CHECK_EVERY;
+        let now = trace::now();
+        switch.follow(now);
+        blocks.add(now, CHECK_EVERY);
+    }
+    let secs = wall.elapsed().as_secs_f64();
+    let rate = sent as f64 / secs;
+    Ok(Report {
+        iters: sent,
+        msgs_per_s: Some(rate),
+        mb_per_s: Some(rate * p.size as f64 / 1e6),
+        trace_ab: vec![blocks.finish()],
+        ..Report::of(p)
+    })
+}
+
 /// The passive side: echoes for latency tests, counts and acknowledges for streams.
 fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
     let echo = vec![0x3cu8; p.size];
@@ -553,7 +653,13 @@ fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
     let mut answered = 0u64;
     // Latency: hand each message over as soon as it is in; streams: drain in batches.
     let batch = if p.test == Test::AmLat { 1 } else { 256 };
+    let mut switch = trace_ab::switch(p.trace_ab);
+    let mut polls = 0u32;
     loop {
+        polls = polls.wrapping_add(1);
+        if let Some(s) = switch.as_mut().filter(|_| polls.is_multiple_of(64)) {
+            s.follow(trace::now());
+        }
         let mut closed = None;
         let polled = ep.poll(batch, |e| match e {
             Event::Message { data, message_len, offset, mut reply, .. } => {
@@ -624,7 +730,13 @@ fn serve_rpc(ep: Endpoint, p: &Params) {
     let echo = vec![0x3cu8; p.size];
     rpc.register_inline(RPC_ECHO, move |req, replier| replier.reply(&[&echo[..req.payload.len().min(echo.len())]]));
     let mut down = false;
+    let mut switch = trace_ab::switch(p.trace_ab);
+    let mut polls = 0u32;
     while !down {
+        polls = polls.wrapping_add(1);
+        if let Some(s) = switch.as_mut().filter(|_| polls.is_multiple_of(64)) {
+            s.follow(trace::now());
+        }
         if rpc.poll(256, |e| down |= matches!(e, RpcEvent::ChannelDown { .. })) == 0 && idle(rpc.endpoint()).is_err() {
             return;
         }
@@ -660,10 +772,7 @@ fn rpc_client(rpc: &mut Rpc, ch: ChannelId, p: &Params) -> Result<Report> {
     let mut report = Report::of(p);
     let mut tally = Tally::default();
     if p.test == Test::RpcLat {
-        let clock = CycleClock::calibrate(Duration::from_millis(50));
-        let mut samples = Vec::with_capacity(p.iters as usize);
-        for i in 0..p.warmup + p.iters {
-            let t0 = ticks();
+        let mut one_call = || {
             while rpc.call(ch, RPC_ECHO, &[&request], None)? == CallOutcome::NoResource {
                 rpc.poll(1, |e| tally.count(e));
             }
@@ -671,7 +780,16 @@ fn rpc_client(rpc: &mut Rpc, ch: ChannelId, p: &Params) -> Result<Report> {
             while tally.done < want && tally.failure.is_none() {
                 rpc.poll(1, |e| tally.count(e));
             }
-            tally.check()?;
+            tally.check()
+        };
+        if let Some(mut switch) = trace_ab::switch(p.trace_ab) {
+            return latency_ab(p, &mut switch, one_call);
+        }
+        let clock = CycleClock::calibrate(Duration::from_millis(50));
+        let mut samples = Vec::with_capacity(p.iters as usize);
+        for i in 0..p.warmup + p.iters {
+            let t0 = ticks();
+            one_call()?;
             if i >= p.warmup {
                 samples.push(ticks() - t0);
             }
