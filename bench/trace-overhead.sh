@@ -20,10 +20,12 @@
 #                    file), the five alternating round after round
 #                    (bench/alternate.py), BA_ROUNDS rounds (default 15; 0 skips), into
 #                    bench/results/trace-before-after.md, with the file bytes per record of each;
-#   off vs baseline: this build with tracing off against a build of the commit before
-#                    tracing existed (BASE, default 5b66311), alternating and pinned (goal:
-#                    no measurable cost, ratio within the run-to-run noise). BASELINE=0
-#                    skips it.
+#   off vs baseline: this build with tracing off against the same commit built with every
+#                    hook compiled out (RUSTFLAGS="--cfg ulnet_untraced", target/untraced)
+#                    and, unless BASELINE=0, a build of the commit before tracing existed
+#                    (BASE, default 5b66311; everything else that changed since differs
+#                    too), alternating and pinned (goal: no measurable cost, ratio within
+#                    the run-to-run noise).
 # Every build and comparison runs under `flock /work/bench.lock` (one CPU-heavy command at a
 # time on the shared machine). Writes bench/results/trace-on-off.md,
 # trace-ab.md, trace-before-after.md and trace-off-baseline.md; the summary is
@@ -39,6 +41,8 @@ LOCK=${LOCK-/work/bench.lock}
 locked() { if [ -n "$LOCK" ]; then flock "$LOCK" "$@"; else "$@"; fi; }
 locked cargo build --release --locked -p ulnet >/dev/null 2>&1
 NOW=$ROOT/target/release/ulnet
+UNTRACED_BIN=$ROOT/target/untraced/release/ulnet
+CARGO_TARGET_DIR="$ROOT/target/untraced" RUSTFLAGS="--cfg ulnet_untraced" locked cargo build --release --locked -p ulnet >/dev/null 2>&1
 BASE=${BASE:-5b66311}
 if [ "${BASELINE:-1}" = 1 ]; then
   BASE_SRC=$ROOT/target/trace-baseline-src
@@ -125,24 +129,21 @@ if [ "${AB_RUNS:-3}" -gt 0 ]; then
   } >bench/results/trace-ab.md
   cat bench/results/trace-ab.md
 fi
-if [ "${BASELINE:-1}" = 1 ]; then
-  # Pinned and alternating like the on/off runs: unpinned whole runs of the two builds
-  # differ by ±10% with where the scheduler puts them.
-  {
-    echo "# Tracing off against the build before tracing existed ($BASE), alternating, pinned"
-    echo
-    echo "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD), $R rounds; load before: $(uptime | sed 's/.*load/load/')."
-  } >bench/results/trace-off-baseline.md
-  alt --metric msgs_per_s --markdown bench/results/trace-off-baseline.md \
-    --title "## msg-rate 8 B shm" \
-    "off=$PIN $MSG --json" "baseline $BASE=bench/pinned.sh $BASELINE_BIN $MSG --json"
-  alt --metric p50_us,avg_us --markdown bench/results/trace-off-baseline.md \
-    --title "## rpc-lat 128 B shm" \
-    "off=$PIN $RPC --json" "baseline $BASE=bench/pinned.sh $BASELINE_BIN $RPC --json"
-  alt --metric p50_us,avg_us --markdown bench/results/trace-off-baseline.md \
-    --title "## rpc-lat 128 B tcp" \
-    "off=$PIN $RPCT --json" "baseline $BASE=bench/pinned.sh $BASELINE_BIN $RPCT --json"
-fi
+# Pinned and alternating like the on/off runs: unpinned whole runs of two builds differ by
+# ±10% with where the scheduler puts them.
+{
+  echo "# Tracing off against the hooks compiled out (same commit) and the build before tracing existed ($BASE), alternating, pinned"
+  echo
+  echo "$(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD), $R rounds; load before: $(uptime | sed 's/.*load/load/')."
+} >bench/results/trace-off-baseline.md
+for test in "msgs_per_s|msg-rate 8 B shm|$MSG" "p50_us,avg_us|rpc-lat 128 B shm|$RPC" "p50_us,avg_us|rpc-lat 128 B tcp|$RPCT"; do
+  IFS='|' read -r metric title cmd <<<"$test"
+  variants=("off=$PIN $cmd --json" "hooks compiled out=bench/pinned.sh $UNTRACED_BIN $cmd --json")
+  if [ "${BASELINE:-1}" = 1 ]; then
+    variants+=("baseline $BASE=bench/pinned.sh $BASELINE_BIN $cmd --json")
+  fi
+  alt --metric "$metric" --markdown bench/results/trace-off-baseline.md --title "## $title" "${variants[@]}"
+done
 echo "load after: $(uptime)"
 # What one traced run recorded (records and drops), for the write-up.
 locked sh -c "'$NOW' bench $MSG --trace '$TRACE_DIR/msg.ultrace' --json 2>&1; '$NOW' bench $RPC --trace '$TRACE_DIR/rpc.ultrace' --json 2>&1" | grep -E "traced|msgs_per_s|p50_us" || true

@@ -114,7 +114,9 @@ fn trace_ab_compares_blocks_of_one_run() {
         let a = json(&ulnet(&["trace", "analyze", file.to_str().unwrap(), "--json"]));
         a["messages"].as_u64().unwrap()
     };
-    for (test, metrics) in [("rpc-lat", &["p50_us", "trimmed_mean_us"][..]), ("msg-rate", &["msgs_per_s"][..])] {
+    for (test, metrics) in
+        [("rpc-lat", &["p50_us", "trimmed_mean_us", "mean_us"][..]), ("msg-rate", &["msgs_per_s"][..])]
+    {
         for mode in ["traced", "control"] {
             let file = dir.join(format!("{test}-{mode}.ultrace"));
             let f = file.to_str().unwrap();

@@ -219,8 +219,15 @@ pub fn enabled() -> bool {
 }
 
 /// The session being recorded, 0 while tracing is off: the one check every hook makes.
+///
+/// Built with `RUSTFLAGS="--cfg ulnet_untraced"`, it is the constant 0 and the compiler
+/// drops every hook behind it: not a product (tracing cannot be turned on), the baseline
+/// that shows what the checks cost while tracing is off (`bench/trace-overhead.sh`).
 #[inline(always)]
 pub(crate) fn active() -> u64 {
+    if cfg!(ulnet_untraced) {
+        return 0;
+    }
     ACTIVE.load(Ordering::Relaxed)
 }
 

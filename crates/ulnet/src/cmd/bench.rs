@@ -169,8 +169,8 @@ pub struct BenchArgs {
     trace: Option<std::path::PathBuf>,
     /// With --trace: both processes switch tracing on and off every 2^24 ticks of the
     /// time-stamp counter (about 6 ms), and the report compares each traced block with the
-    /// untraced one before it (`trace_ab` in the JSON): the cost of tracing measured in one
-    /// run. The measured phase lasts --duration-ms. `control` keeps every block untraced,
+    /// untraced one before it (`trace_ab` in the JSON; latency by each block's median,
+    /// trimmed mean and mean): the cost of tracing measured in one run. The measured phase lasts --duration-ms. `control` keeps every block untraced,
     /// to show the comparison's own spread. For am-lat, rpc-lat, msg-rate and am-bw.
     #[arg(long, value_enum, requires = "trace", num_args = 0..=1, default_missing_value = "traced")]
     trace_ab: Option<AbMode>,

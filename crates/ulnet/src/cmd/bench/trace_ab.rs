@@ -39,8 +39,9 @@ const BLOCK_MESSAGES_MIN: u64 = 1_000;
 /// One figure of the comparison.
 #[derive(Serialize, Debug, Clone, PartialEq)]
 pub struct AbFigure {
-    /// What sums up a block: `p50_us` or `trimmed_mean_us` (one-way latency, the mean of
-    /// the round trips between the block's 10th and 90th percentiles), or `msgs_per_s`.
+    /// What sums up a block: `p50_us`, `trimmed_mean_us` (the mean of the round trips
+    /// between the block's 10th and 90th percentiles) or `mean_us` (one-way latency), or
+    /// `msgs_per_s`.
     pub metric: &'static str,
     /// The median over the untraced blocks.
     pub untraced: f64,
@@ -100,13 +101,13 @@ impl LatencyBlocks {
         }
     }
 
-    /// Every measured round trip in nanoseconds, and the comparison: by median and by
-    /// trimmed mean, one-way.
+    /// Every measured round trip in nanoseconds, and the comparison: by median, by trimmed
+    /// mean and by mean, one-way.
     pub fn finish(self) -> (Vec<u64>, Vec<AbFigure>) {
         let ns_per_tick = self.clock.ns_per_tick();
         let all = self.all.iter().map(|&t| (t as f64 * ns_per_tick) as u64).collect();
         let one_way_us = |ticks: f64| ticks * ns_per_tick / 2000.0;
-        let mut summed: Vec<(u64, [f64; 2])> = Vec::new();
+        let mut summed: Vec<(u64, [f64; 3])> = Vec::new();
         for (b, mut v) in self.blocks {
             if v.len() < BLOCK_ROUND_TRIPS_MIN {
                 continue;
@@ -114,9 +115,10 @@ impl LatencyBlocks {
             v.sort_unstable();
             let kept = &v[v.len() / 10..v.len() - v.len() / 10];
             let trimmed = kept.iter().sum::<u64>() as f64 / kept.len() as f64;
-            summed.push((b, [one_way_us(v[v.len() / 2] as f64), one_way_us(trimmed)]));
+            let mean = v.iter().sum::<u64>() as f64 / v.len() as f64;
+            summed.push((b, [one_way_us(v[v.len() / 2] as f64), one_way_us(trimmed), one_way_us(mean)]));
         }
-        let figures = ["p50_us", "trimmed_mean_us"]
+        let figures = ["p50_us", "trimmed_mean_us", "mean_us"]
             .into_iter()
             .enumerate()
             .map(|(i, metric)| compare(metric, &summed.iter().map(|(b, s)| (*b, s[i])).collect::<Vec<_>>()))
