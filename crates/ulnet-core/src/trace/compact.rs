@@ -1,6 +1,6 @@
-//! The compact record encoding of format version 4 (see [`super::format`]): each record is
-//! stored as what changed since the record before it in its block, so a stream of calls on
-//! one channel costs a few bytes per record instead of 64.
+//! The compact record encoding of format versions 4 and 5 (see [`super::format`]): each
+//! record is stored as what changed since the record before it in its block, so a stream of
+//! calls on one channel costs a few bytes per record instead of 64.
 //!
 //! ```text
 //!  record: mask u8, then ticks, then each field group whose mask bit is set, in bit order
@@ -11,15 +11,38 @@
 //!    bit 3 size       varint size
 //!    bit 4 buffers    varint buffer_len[0], [1], [2]
 //!    bit 5 last       varint buffer_len[3]
-//!    bit 6 request    varint of zigzag(request_id - previous request_id)
+//!    bit 6 request    varint of zigzag(d), d = request_id - previous request_id
+//!                     (clear: d is the previous record's d, 0 before the block's first;
+//!                     in version 4, clear: d = 0)
 //!    bit 7 stages     varint stage_a, varint stage_b
 //!  a group whose bit is clear has the previous record's values; the "previous record" of
 //!  a block's first record is all zeros. Varints are LEB128 (7 bits a byte, low first).
 //! ```
 //!
+//! Why version 5 repeats the request id's step: the message layer's ids are a slot's
+//! generation above its index (`generation << 32 | slot`), so one call at a time steps by
+//! 2^32, five bytes of every pair record in version 4, and nothing in version 5.
+//!
 //! The writer encodes off the traced threads' path; every block is decodable alone.
 
 use super::slot::Slot;
+
+/// What a record is encoded against: the block's previous record, and the step of its
+/// request id.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Context {
+    prev: Slot,
+    request_step: u64,
+    /// Version 5 and later: a clear request bit repeats the step (else it means step 0).
+    repeats_steps: bool,
+}
+
+impl Context {
+    /// The context of a block's first record, in a file of format `version`.
+    pub(crate) fn new(version: u16) -> Self {
+        Self { prev: Slot::EMPTY, request_step: 0, repeats_steps: version >= 5 }
+    }
+}
 
 /// Most bytes one record takes: mask, ticks (10), nodes (5 + 5), channel (5), shape (4),
 /// size (10), buffers (3 × 5), last (5), request (10), stages (5 + 5).
@@ -57,9 +80,10 @@ fn put(out: &mut [u8; RECORD_LEN_MAX], at: &mut usize, mut v: u64) {
     *at += 1;
 }
 
-/// Appends `s` encoded against `prev` to `out`, and makes `s` the new `prev`.
+/// Appends `s` encoded against `ctx` to `out`, and makes it the context of the next record.
 #[inline]
-pub(crate) fn encode(prev: &mut Slot, s: &Slot, out: &mut Vec<u8>) {
+pub(crate) fn encode(ctx: &mut Context, s: &Slot, out: &mut Vec<u8>) {
+    let prev = &ctx.prev;
     let mut b = [0u8; RECORD_LEN_MAX];
     let mut at = 1;
     let mut mask = 0;
@@ -93,9 +117,10 @@ pub(crate) fn encode(prev: &mut Slot, s: &Slot, out: &mut Vec<u8>) {
         mask |= LAST;
         put(&mut b, &mut at, u64::from(s.buffer_len[3]));
     }
-    if s.request_id != prev.request_id {
+    let step = s.request_id.wrapping_sub(prev.request_id);
+    if step != ctx.request_step {
         mask |= REQUEST;
-        put(&mut b, &mut at, zigzag(s.request_id.wrapping_sub(prev.request_id)));
+        put(&mut b, &mut at, zigzag(step));
     }
     if (s.stage_a, s.stage_b) != (prev.stage_a, prev.stage_b) {
         mask |= STAGES;
@@ -104,7 +129,10 @@ pub(crate) fn encode(prev: &mut Slot, s: &Slot, out: &mut Vec<u8>) {
     }
     b[0] = mask;
     out.extend_from_slice(&b[..at]);
-    *prev = *s;
+    ctx.prev = *s;
+    if ctx.repeats_steps {
+        ctx.request_step = step;
+    }
 }
 
 /// Reads a varint at `body[*at..]`.
@@ -128,11 +156,12 @@ fn get_u32(body: &[u8], at: &mut usize) -> Result<u32, &'static str> {
     u32::try_from(get(body, at)?).map_err(|_| "32-bit field holds a larger value")
 }
 
-/// Reads the record at `body[*at..]` encoded against `prev`, and makes it the new `prev`.
-/// The record is not checked beyond its encoding (see `Record::decode`).
-pub(crate) fn decode(body: &[u8], at: &mut usize, prev: &mut Slot) -> Result<Slot, &'static str> {
+/// Reads the record at `body[*at..]` encoded against `ctx`, and makes it the context of
+/// the next record. The record is not checked beyond its encoding (see `Record::decode`).
+pub(crate) fn decode(body: &[u8], at: &mut usize, ctx: &mut Context) -> Result<Slot, &'static str> {
     let Some(&mask) = body.get(*at) else { return Err("record runs past the end of its block") };
     *at += 1;
+    let prev = &ctx.prev;
     let mut s = *prev;
     s.ticks = prev.ticks.wrapping_add(unzigzag(get(body, at)?));
     if mask & NODES != 0 {
@@ -158,14 +187,16 @@ pub(crate) fn decode(body: &[u8], at: &mut usize, prev: &mut Slot) -> Result<Slo
     if mask & LAST != 0 {
         s.buffer_len[3] = get_u32(body, at)?;
     }
-    if mask & REQUEST != 0 {
-        s.request_id = prev.request_id.wrapping_add(unzigzag(get(body, at)?));
-    }
+    let step = if mask & REQUEST != 0 { unzigzag(get(body, at)?) } else { ctx.request_step };
+    s.request_id = prev.request_id.wrapping_add(step);
     if mask & STAGES != 0 {
         s.stage_a = get_u32(body, at)?;
         s.stage_b = get_u32(body, at)?;
     }
-    *prev = s;
+    ctx.prev = s;
+    if ctx.repeats_steps {
+        ctx.request_step = step;
+    }
     Ok(s)
 }
 
@@ -194,25 +225,40 @@ mod tests {
 
     proptest! {
         #[test]
-        fn any_slots_round_trip_within_the_bound(slots in proptest::collection::vec(any_slot(), 0..20)) {
-            let mut prev = Slot::EMPTY;
+        fn any_slots_round_trip_within_the_bound(
+            slots in proptest::collection::vec(any_slot(), 0..20),
+            version in 4u16..=5,
+            steps in proptest::collection::vec(0u8..4, 20),
+        ) {
+            // Some ids step as the message layer's do (by 2^32, by 1, or not at all).
+            let mut slots = slots;
+            for i in 1..slots.len() {
+                let prev = slots[i - 1].request_id;
+                match steps[i] {
+                    0 => slots[i].request_id = prev.wrapping_add(1 << 32),
+                    1 => slots[i].request_id = prev.wrapping_add(1),
+                    2 => slots[i].request_id = prev,
+                    _ => {}
+                }
+            }
+            let mut ctx = Context::new(version);
             let mut body = Vec::new();
             for s in &slots {
                 let before = body.len();
-                encode(&mut prev, s, &mut body);
+                encode(&mut ctx, s, &mut body);
                 prop_assert!(body.len() - before <= RECORD_LEN_MAX);
             }
-            let (mut prev, mut at) = (Slot::EMPTY, 0);
+            let (mut ctx, mut at) = (Context::new(version), 0);
             for s in &slots {
-                prop_assert_eq!(decode(&body, &mut at, &mut prev), Ok(*s));
+                prop_assert_eq!(decode(&body, &mut at, &mut ctx), Ok(*s));
             }
             prop_assert_eq!(at, body.len());
         }
 
         #[test]
-        fn random_bytes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..200)) {
-            let (mut prev, mut at) = (Slot::EMPTY, 0);
-            while at < body.len() && decode(&body, &mut at, &mut prev).is_ok() {}
+        fn random_bytes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..200), version in 4u16..=5) {
+            let (mut ctx, mut at) = (Context::new(version), 0);
+            while at < body.len() && decode(&body, &mut at, &mut ctx).is_ok() {}
             prop_assert!(at <= body.len() + 1);
         }
     }
@@ -233,21 +279,50 @@ mod tests {
             ..Slot::EMPTY
         };
         let next = Slot { ticks: first.ticks + 1_100, buffer_len: [16, 128, 40, 950], request_id: 78, ..first };
-        let (mut prev, mut body) = (first, Vec::new());
-        encode(&mut prev, &next, &mut body);
+        let (mut ctx, mut body) = (Context { prev: first, ..Context::new(5) }, Vec::new());
+        encode(&mut ctx, &next, &mut body);
         assert_eq!(body.len(), 1 + 2 + 2 + 1, "mask, ticks, response time, request id");
     }
 
     #[test]
+    fn calls_of_the_message_layer_repeat_their_step_for_nothing() {
+        // One call at a time: the same slot, its generation one higher each call.
+        let call = |generation: u64| Slot {
+            ticks: 5_000,
+            src_node: 1,
+            dst_node: 2,
+            kind: 1,
+            flags: 8,
+            size: 128,
+            request_id: generation << 32 | 3,
+            ..Slot::EMPTY
+        };
+        let sizes = |version: u16| {
+            let mut ctx = Context::new(version);
+            (0..4)
+                .map(|g| {
+                    let mut body = Vec::new();
+                    encode(&mut ctx, &call(g + 1), &mut body);
+                    body.len()
+                })
+                .collect::<Vec<_>>()
+        };
+        let (v4, v5) = (sizes(4), sizes(5));
+        assert_eq!(v4[2..], [7, 7], "version 4: mask, ticks and a five-byte step every call");
+        assert_eq!(v5[2..], [2, 2], "version 5: mask and ticks; the step repeats");
+        assert_eq!(v5[1], 7, "the step is written once, when it changes");
+    }
+
+    #[test]
     fn overlong_and_cut_varints_are_refused() {
-        let (mut prev, mut at) = (Slot::EMPTY, 0);
-        assert!(decode(&[0, 0x80, 0x80], &mut at, &mut prev).is_err(), "cut");
+        let (mut ctx, mut at) = (Context::new(5), 0);
+        assert!(decode(&[0, 0x80, 0x80], &mut at, &mut ctx).is_err(), "cut");
         let mut long = vec![0u8];
         long.extend([0xff; 10]);
         long.push(0);
         at = 0;
-        assert!(decode(&long, &mut at, &mut prev).is_err(), "more than 64 bits");
+        assert!(decode(&long, &mut at, &mut ctx).is_err(), "more than 64 bits");
         at = 0;
-        assert!(decode(&[2, 0, 0x80, 0x80, 0x80, 0x80, 0x10], &mut at, &mut prev).is_err(), "channel over u32");
+        assert!(decode(&[2, 0, 0x80, 0x80, 0x80, 0x80, 0x10], &mut at, &mut ctx).is_err(), "channel over u32");
     }
 }

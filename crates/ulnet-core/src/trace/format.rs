@@ -4,7 +4,7 @@
 //!
 //! ```text
 //!  file header (72 bytes)
-//!  0  magic "ULTRACE\0"                8  version u16 (4)     10 header_len u16 (72)
+//!  0  magic "ULTRACE\0"                8  version u16 (5)     10 header_len u16 (72)
 //!  12 record_len u16 (0: compact records of varying length; 64 in versions 2 and 3)
 //!  14 block_header_len u16 (48)
 //!  16 node_id u32                      20 pid u32
@@ -25,7 +25,7 @@
 //!     record_count × 64 bytes)
 //!
 //!  record, as the recorder keeps it in memory (64 bytes; in the file of versions 2 and 3
-//!  as it is, in version 4 compact: see below)
+//!  as it is, from version 4 on compact: see below)
 //!  0  ticks u64 (event time)   8 src_node u32   12 dst_node u32   16 channel u32
 //!  20 kind u8   21 flags u8   22 buffers u8 (0: not known; 1-4)   23 reserved u8 (0)
 //!  24 size u64  32 buffer_len [u32; 4] (the first `buffers`; the rest 0)
@@ -47,8 +47,8 @@
 //!              the message it received, + 1 (0: not measured). Decoded as the two
 //!              records the two messages would have had.
 //!
-//!  compact record (version 4): the fields above that differ from the block's previous
-//!  record (all zeros before its first)
+//!  compact record (versions 4 and 5): the fields above that differ from the block's
+//!  previous record (all zeros before its first)
 //!    mask u8, then ticks, then each group whose mask bit is set, in bit order
 //!    ticks            varint of zigzag(ticks - previous ticks)        (always)
 //!    bit 0 nodes      varint src_node, varint dst_node
@@ -57,11 +57,14 @@
 //!    bit 3 size       varint size
 //!    bit 4 buffers    varint buffer_len[0], [1], [2]
 //!    bit 5 last       varint buffer_len[3]
-//!    bit 6 request    varint of zigzag(request_id - previous request_id)
+//!    bit 6 request    varint of zigzag(d), d = request_id - previous request_id; clear:
+//!                     d is the previous record's d (0 before the block's first record)
+//!                     in version 5, d = 0 in version 4
 //!    bit 7 stages     varint stage_a, varint stage_b
 //!    varints are LEB128 (7 bits a byte, low bits first, at most 10 bytes); zigzag(d) =
 //!    (d << 1) ^ (d >> 63) of the 64-bit wrapping difference as a signed number.
-//!    A call on one channel (pair records) takes 5–7 bytes instead of 64.
+//!    A call on one channel (pair records) takes 2–3 bytes instead of 64 (7 in version 4,
+//!    where the message layer's request ids, stepping by 2^32, took five).
 //! ```
 //!
 //! Ticks become nanoseconds of CLOCK_MONOTONIC by interpolating between the clock
@@ -70,7 +73,8 @@
 //!
 //! Versions (append-only; discriminants are format): 1 — 96-byte records with absolute
 //! stage times (no longer read); 2 — 64-byte records without pair records (still read);
-//! 3 — 64-byte records (still read); 4 — compact records (this layout).
+//! 3 — 64-byte records (still read); 4 — compact records whose clear request bit means the
+//! same request id (still read); 5 — compact records (this layout).
 
 use super::compact;
 use super::slot::{Slot, FLAGS_KNOWN, FLAGS_KNOWN_V2, FLAG_PAIR, FLAG_RECEIVE, FLAG_RUN, PAIR_BUFFERS_MAX};
@@ -81,7 +85,7 @@ pub const FILE_MAGIC: [u8; 8] = *b"ULTRACE\0";
 /// The first bytes of every block.
 pub const BLOCK_MAGIC: [u8; 4] = *b"ULTB";
 /// Format version written.
-pub const VERSION: u16 = 4;
+pub const VERSION: u16 = 5;
 /// The last version with fixed-size records ([`RECORD_LEN`] bytes each, no body length).
 pub const VERSION_FIXED_MAX: u16 = 3;
 /// The oldest format version read (version 2 lacks pair records only).
@@ -92,7 +96,7 @@ pub const FILE_HEADER_LEN: usize = 72;
 pub const BLOCK_HEADER_LEN: usize = 48;
 /// Bytes of a record in memory, and in the file of versions 2 and 3.
 pub const RECORD_LEN: usize = 64;
-/// Most bytes of a compact (version 4) record.
+/// Most bytes of a compact (version 4 or 5) record.
 pub const COMPACT_RECORD_LEN_MAX: usize = compact::RECORD_LEN_MAX;
 /// Most records in one block: 4,096 records are at most 256 KiB in memory (a few tens of
 /// KiB compact), written in one go.
@@ -434,8 +438,8 @@ impl BlockHeader {
     }
 }
 
-/// Appends a block of `header.record_count` compact records (format version 4, encoded
-/// one after the other, the first against an all-zero record) to `out`.
+/// Appends a block of `header.record_count` compact records (format version 4 or 5,
+/// encoded one after the other, the first against an all-zero record) to `out`.
 pub fn encode_compact_block(header: &BlockHeader, body: &[u8], out: &mut Vec<u8>) {
     assert!(header.record_count as usize <= BLOCK_RECORDS_MAX, "a block holds at most {BLOCK_RECORDS_MAX} records");
     assert!(body.len() <= BLOCK_RECORDS_MAX * COMPACT_RECORD_LEN_MAX, "the body is compact records");
@@ -447,12 +451,12 @@ pub fn encode_compact_block(header: &BlockHeader, body: &[u8], out: &mut Vec<u8>
     out[start + 40..start + 44].copy_from_slice(&crc.to_le_bytes());
 }
 
-/// Appends `slots`, compact (format version 4), to `body`: the body of one block.
+/// Appends `slots`, compact (format `version`, 4 or 5), to `body`: the body of one block.
 #[cfg(test)]
-pub(crate) fn encode_compact_records<'a>(slots: impl IntoIterator<Item = &'a Slot>, body: &mut Vec<u8>) {
-    let mut prev = Slot::EMPTY;
+pub(crate) fn encode_compact_records<'a>(version: u16, slots: impl IntoIterator<Item = &'a Slot>, body: &mut Vec<u8>) {
+    let mut ctx = compact::Context::new(version);
     for s in slots {
-        compact::encode(&mut prev, s, body);
+        compact::encode(&mut ctx, s, body);
     }
 }
 
@@ -672,10 +676,10 @@ fn decode_block(
     }
     let mut slots = Vec::with_capacity(block.record_count as usize);
     if compact {
-        let (body, mut pos, mut prev) = (&bytes[start..end], 0, Slot::EMPTY);
+        let (body, mut pos, mut ctx) = (&bytes[start..end], 0, compact::Context::new(version));
         for _ in 0..block.record_count {
             let r_at = (start + pos) as u64;
-            let slot = compact::decode(body, &mut pos, &mut prev)
+            let slot = compact::decode(body, &mut pos, &mut ctx)
                 .map_err(|what| DecodeError::Corrupt { offset: r_at, what: what.into() })?;
             check_slot(&slot, r_at, version)?;
             slots.push(slot);
@@ -814,7 +818,7 @@ mod tests {
             };
             if version > VERSION_FIXED_MAX {
                 let mut body = Vec::new();
-                encode_compact_records(records, &mut body);
+                encode_compact_records(version, records, &mut body);
                 encode_compact_block(&h, &body, &mut out);
             } else {
                 encode_block(&h, &bytes_of(records), &mut out);
@@ -923,7 +927,7 @@ mod tests {
         let run_with_id = Slot { flags: FLAG_RUN, stage_a: 5, request_id: 9, ..Slot::EMPTY };
         let bytes = file(&[vec![good, run_with_id]]);
         let mut first = Vec::new();
-        encode_compact_records(&[good], &mut first);
+        encode_compact_records(VERSION, &[good], &mut first);
         let at = (FILE_HEADER_LEN + BLOCK_HEADER_LEN + first.len()) as u64;
         match decode_file(&bytes) {
             Err(DecodeError::Corrupt { offset, what }) => {
@@ -1053,19 +1057,36 @@ mod tests {
         ];
         let v3 = file_of(3, &[records.clone(), vec![]]);
         assert_eq!(u16_at(&v3, 12), 64, "version 3 declares 64-byte records");
-        let v4 = file(&[records, vec![]]);
-        assert_eq!(u16_at(&v4, 12), 0, "version 4 declares compact records");
-        assert!(v4.len() < v3.len());
-        let (a, b) = (decode_file(&v3).unwrap(), decode_file(&v4).unwrap());
+        let v5 = file(&[records.clone(), vec![]]);
+        assert_eq!(u16_at(&v5, 12), 0, "version 5 declares compact records");
+        assert!(v5.len() < v3.len());
+        let (a, b) = (decode_file(&v3).unwrap(), decode_file(&v5).unwrap());
         assert_eq!(a.records, b.records, "the same records in either version");
         assert_eq!(a.records.len(), 3, "a pair is two records");
+        // Version 4 (a clear request bit: the same id) is still read, and reads the same.
+        let calls: Vec<Slot> = (1..=5u64)
+            .map(|g| Slot {
+                ticks: g,
+                kind: 1,
+                flags: FLAG_PAIR,
+                size: 5,
+                buffer_len: [0, 0, 7, 1],
+                request_id: g << 32 | 2,
+                ..Slot::EMPTY
+            })
+            .chain([Slot { size: 10, kind: 1, ..Slot::EMPTY }; 2])
+            .collect();
+        let (v4, v5) = (file_of(4, &[calls.clone(), vec![]]), file(&[calls, vec![]]));
+        assert_eq!(u16_at(&v4, 8), 4);
+        assert!(v5.len() < v4.len(), "version 5 repeats the ids' step: {} against {} bytes", v5.len(), v4.len());
+        assert_eq!(decode_file(&v4).unwrap().records, decode_file(&v5).unwrap().records);
     }
 
     #[test]
     fn compact_blocks_with_bytes_left_over_or_cut_records_name_the_offset() {
         let r = Slot { size: 10, kind: 1, ..Slot::EMPTY };
         let mut body = Vec::new();
-        encode_compact_records(&[r, r], &mut body);
+        encode_compact_records(VERSION, &[r, r], &mut body);
         let block = |count: u32, body: &[u8]| {
             let mut out = header().encode().to_vec();
             let h = BlockHeader {
@@ -1084,7 +1105,7 @@ mod tests {
         match decode_file(&block(1, &body)) {
             Err(DecodeError::Corrupt { offset, what }) => {
                 let mut first = Vec::new();
-                encode_compact_records(&[r], &mut first);
+                encode_compact_records(VERSION, &[r], &mut first);
                 assert_eq!(offset as usize, body_at + first.len(), "{what}");
                 assert!(what.contains("after the block's last record"), "{what}");
             }

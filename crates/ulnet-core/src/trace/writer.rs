@@ -19,7 +19,7 @@ use super::clock;
 use super::compact;
 use super::format::{
     encode_compact_block, BlockHeader, FileHeader, BLOCK_FLAG_END, BLOCK_HEADER_LEN, BLOCK_RECORDS_MAX,
-    COMPACT_RECORD_LEN_MAX,
+    COMPACT_RECORD_LEN_MAX, VERSION,
 };
 use super::ring::RecordRing;
 use super::slot::Slot;
@@ -63,21 +63,22 @@ impl std::fmt::Debug for TracedRing {
 struct Block {
     records: Vec<u8>,
     count: u32,
-    /// The record before the next one in the block (compact records say what changed).
-    previous: Slot,
+    /// What the next record is encoded against (compact records say what changed since
+    /// the block's previous record).
+    previous: compact::Context,
     /// When its first record was added, in ticks.
     opened_at: u64,
 }
 
 impl Block {
     fn new() -> Self {
-        Block { records: Vec::new(), count: 0, previous: Slot::EMPTY, opened_at: 0 }
+        Block { records: Vec::new(), count: 0, previous: compact::Context::new(VERSION), opened_at: 0 }
     }
 
     fn clear(&mut self) {
         self.records.clear();
         self.count = 0;
-        self.previous = Slot::EMPTY;
+        self.previous = compact::Context::new(VERSION);
     }
 }
 
@@ -126,7 +127,7 @@ impl Session {
         let (ref_ticks, ref_mono_ns) = clock::reference();
         let ticks_per_sec = clock::ticks_per_sec(Duration::from_millis(2));
         let header = FileHeader {
-            version: super::format::VERSION,
+            version: VERSION,
             node_id: config.node_id.0,
             pid: std::process::id(),
             boot_id: clock::boot_id(),
