@@ -47,7 +47,8 @@
 //! allocated at its first record ([`TraceConfig::ring_records`]). The endpoint's own
 //! thread moves the records on, when its poll finds nothing to do or before it sleeps:
 //! encoded into the ring's block, which goes to the file when full or a
-//! [`TraceConfig::flush_interval`] old (`writer`). A thread named `ulnet-trace` does it for
+//! [`TraceConfig::flush_interval`] old, with other done blocks in one write of 64 KiB or
+//! less (`writer`). A thread named `ulnet-trace` does it for
 //! rings whose threads have not for a flush interval or that are half full (the free
 //! functions' rings, threads that never idle), and keeps the ticker when no recording
 //! thread does. A full ring drops the record and counts it: the data path never waits for
