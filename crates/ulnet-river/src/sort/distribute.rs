@@ -317,6 +317,9 @@ pub fn sort_groups<S: SpaceSink + ?Sized>(
     out: &mut S,
 ) -> Result<GroupReport, RiverError> {
     groups.flush()?;
+    // Nothing more is written: closed now, each file is freed (its page cache dropped, its
+    // blocks released) when the loader removes it after reading it, not all at the end.
+    groups.files.clear();
     let n = groups.len();
     let rs = groups.record_size;
     let (low, high) = memory.split_at_mut(memory.len() / 2);
