@@ -67,15 +67,18 @@ const SCATTER_PIECE_BYTES: usize = 256 << 10;
 
 /// Splits `buckets` into key-range groups so that a partition of `partition_bytes` puts
 /// at most [`GROUP_FILL`] of `half_bytes` in each: consecutive ranges of the same number
-/// of buckets (each bucket holds about as many sampled keys as the next; the last range
-/// may be shorter). At least two groups (one would be the whole partition, which does not
-/// fit), at most one per bucket.
-pub fn plan_groups(buckets: &KeyBuckets, partition_bytes: u64, half_bytes: usize) -> Vec<Range<usize>> {
+/// of buckets (each bucket holds about as many sampled keys as the next), those below
+/// bucket `split` (the resident ones) and those from it apart, so that a group ends there
+/// (the last range of each part may be shorter). At least two groups (one would be the
+/// whole partition, which does not fit), at most one per bucket.
+pub fn plan_groups(buckets: &KeyBuckets, partition_bytes: u64, half_bytes: usize, split: usize) -> Vec<Range<usize>> {
     let n = buckets.len();
     let wanted = ((partition_bytes as f64 / (half_bytes as f64 * GROUP_FILL)).ceil() as usize).max(2);
     // Whole buckets per group, rounded down: no group holds more than its share.
     let per_group = (n / wanted).max(1);
-    (0..n.div_ceil(per_group)).map(|i| i * per_group..((i + 1) * per_group).min(n)).collect()
+    let split = split.min(n);
+    let part = move |r: Range<usize>| r.clone().step_by(per_group).map(move |s| s..(s + per_group).min(r.end));
+    part(0..split).chain(part(split..n)).collect()
 }
 
 /// The group files of a node: each holds the records of its bucket range, in arrival
@@ -746,7 +749,7 @@ mod tests {
         let samples: Vec<u128> = (0..4000u128).map(|i| (i * 7919 % 4000) << 90).collect();
         let buckets = KeyBuckets::from_samples(0, u128::MAX, &samples, 4, 1 << 16);
         let n = buckets.len();
-        let g = plan_groups(&buckets, 1000, 100);
+        let g = plan_groups(&buckets, 1000, 100, 0);
         // 1000 bytes in halves of 100 filled to 80 %: 13 groups wanted, so at most
         // n / 13 buckets each.
         assert!(g.len() >= 13, "{}", g.len());
@@ -755,8 +758,16 @@ mod tests {
         assert!(g.windows(2).all(|w| w[0].end == w[1].start));
         assert!(g.iter().all(|r| !r.is_empty() && r.len() <= n / 13), "{g:?}");
         // Never fewer than two, never more than the buckets.
-        assert!((2..=3).contains(&plan_groups(&buckets, 1, 1 << 30).len()));
-        assert_eq!(plan_groups(&buckets, 1 << 40, 1).len(), n);
-        assert_eq!(plan_groups(&KeyBuckets::single(), 1 << 40, 1).len(), 1);
+        assert!((2..=3).contains(&plan_groups(&buckets, 1, 1 << 30, 0).len()));
+        assert_eq!(plan_groups(&buckets, 1 << 40, 1, 0).len(), n);
+        assert_eq!(plan_groups(&KeyBuckets::single(), 1 << 40, 1, 0).len(), 1);
+        // Split at a bucket (the resident groups' end): a group ends there, none is larger.
+        let split = n / 13 * 2 + 5;
+        let g = plan_groups(&buckets, 1000, 100, split);
+        assert!(g.iter().any(|r| r.end == split), "{g:?}");
+        assert_eq!(g.first().unwrap().start, 0);
+        assert_eq!(g.last().unwrap().end, n);
+        assert!(g.windows(2).all(|w| w[0].end == w[1].start));
+        assert!(g.iter().all(|r| !r.is_empty() && r.len() <= n / 13), "{g:?}");
     }
 }
