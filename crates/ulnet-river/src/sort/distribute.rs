@@ -495,17 +495,18 @@ fn counts_mismatch() -> RiverError {
 }
 
 /// Writes the records of `data` that the sorted `entries` point to into `out`, in order,
-/// as much as each lent space holds.
+/// as much as each lent space holds, gathered through `stage`.
 fn write_sorted<S: SpaceSink + ?Sized>(
     mut entries: &[u128],
     data: &[u8],
     rs: usize,
+    stage: &mut Vec<u8>,
     out: &mut S,
 ) -> Result<(), RiverError> {
     while !entries.is_empty() {
         let space = out.space()?;
         let n = (space.len() / rs).min(entries.len());
-        gather_records(&mut space[..n * rs], &entries[..n], data, rs);
+        gather_records(&mut space[..n * rs], &entries[..n], data, rs, stage);
         out.commit(n * rs)?;
         entries = &entries[n..];
     }
@@ -558,6 +559,8 @@ struct FlatSorter {
     starts: Vec<usize>,
     fill: Vec<usize>,
     counts: Vec<u64>,
+    /// Where records are gathered before they are copied out ([`gather_records`]).
+    stage: Vec<u8>,
 }
 
 impl FlatSorter {
@@ -578,7 +581,7 @@ impl FlatSorter {
             }
             self.by_bucket.clear();
             self.by_bucket.extend(records.chunks_exact(rs).enumerate().map(|(i, r)| entry(r, i as u64)));
-            write_sorted(sort_entries(&mut self.by_bucket, &mut self.scratch), records, rs, out)?;
+            write_sorted(sort_entries(&mut self.by_bucket, &mut self.scratch), records, rs, &mut self.stage, out)?;
         }
         Ok(())
     }
@@ -646,7 +649,7 @@ impl FlatSorter {
             if bucket_entries.is_empty() {
                 continue;
             }
-            write_sorted(sort_entries(bucket_entries, &mut self.scratch), data, rs, out)?;
+            write_sorted(sort_entries(bucket_entries, &mut self.scratch), data, rs, &mut self.stage, out)?;
         }
         Ok(())
     }

@@ -468,15 +468,16 @@ impl LoserTree {
     }
 }
 
-/// Sorts the arena bucket by bucket and writes the records in order straight into the
-/// space `out` lends (one copy per record).
+/// Sorts the arena bucket by bucket and writes the records in order into the space `out`
+/// lends (gathered through a stage in the cache).
 pub fn emit_sorted<S: SpaceSink + ?Sized>(arena: &BucketArena, out: &mut S) -> Result<(), RiverError> {
     let rs = arena.record_size();
+    let mut stage = Vec::new();
     arena.for_each_sorted(|a, mut entries| {
         while !entries.is_empty() {
             let space = out.space()?;
             let n = (space.len() / rs).min(entries.len());
-            a.gather(&entries[..n], &mut space[..n * rs]);
+            a.gather(&entries[..n], &mut space[..n * rs], &mut stage);
             out.commit(n * rs)?;
             entries = &entries[n..];
         }
