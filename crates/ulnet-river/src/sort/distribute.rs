@@ -91,8 +91,11 @@ pub struct GroupFiles {
     buckets: Arc<KeyBuckets>,
     /// The group of each bucket.
     group_of: Vec<u32>,
-    /// Records staged for each group, written as they came when `stage_bytes` is reached.
+    /// Records staged for each group (`stage_bytes` once in use), written as they came
+    /// when full …
     stages: Vec<Vec<u8>>,
+    /// … and the bytes staged in each.
+    staged: Vec<usize>,
     stage_bytes: usize,
     /// Records of each bucket in the files (the second pass places each bucket's entries
     /// from these without counting).
@@ -122,6 +125,7 @@ impl GroupFiles {
             paths: Vec::with_capacity(ranges.len()),
             files: Vec::with_capacity(ranges.len()),
             stages: vec![Vec::new(); ranges.len()],
+            staged: vec![0; ranges.len()],
             bucket_counts: vec![0; buckets.len()],
             records: vec![0; ranges.len()],
             ranges,
@@ -184,18 +188,20 @@ impl GroupFiles {
     #[inline(always)]
     pub fn push_in(&mut self, b: usize, record: &[u8]) -> Result<(), RiverError> {
         let g = self.group_of[b] as usize;
+        let rs = self.record_size;
         let stage = &mut self.stages[g];
-        if stage.capacity() == 0 {
-            stage.reserve_exact(self.stage_bytes);
+        if stage.is_empty() {
+            *stage = vec![0; self.stage_bytes];
         }
-        // A Sort Benchmark record is copied as a fixed-size move, not a call per record.
-        match <&[u8; ulnet_sortbench::RECORD_SIZE]>::try_from(record) {
-            Ok(r) => stage.extend_from_slice(r),
-            Err(_) => stage.extend_from_slice(record),
-        }
+        // Into the stage's place, a fixed-size move for a Sort Benchmark record: appended
+        // to a vector instead, the record was copied by a call to `memmove` on some paths
+        // (4 % of pass 1's samples).
+        let at = self.staged[g];
+        copy_record(&mut stage[at..at + rs], record);
+        self.staged[g] = at + rs;
         self.bucket_counts[b] += 1;
         self.records[g] += 1;
-        if stage.len() >= self.stage_bytes {
+        if at + rs == self.stage_bytes {
             self.write_stage(g)?;
         }
         Ok(())
@@ -204,16 +210,16 @@ impl GroupFiles {
     /// Writes group `g`'s staged records.
     fn write_stage(&mut self, g: usize) -> Result<(), RiverError> {
         self.files[g]
-            .write_all(&self.stages[g])
+            .write_all(&self.stages[g][..self.staged[g]])
             .map_err(|e| RiverError::io(format!("appending to group {}", self.paths[g].display()), e))?;
-        self.stages[g].clear();
+        self.staged[g] = 0;
         Ok(())
     }
 
     /// Writes what is staged and frees the staging buffers.
     pub fn flush(&mut self) -> Result<(), RiverError> {
         for g in 0..self.len() {
-            if !self.stages[g].is_empty() {
+            if self.staged[g] > 0 {
                 self.write_stage(g)?;
             }
             self.stages[g] = Vec::new();
