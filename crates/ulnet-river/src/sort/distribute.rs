@@ -60,6 +60,16 @@ const GROUP_FILL: f64 = 0.8;
 /// the sort with 1 MiB stages each written whole: 8.52 s against 6.94 s in 256 KiB
 /// pieces. See BENCHMARKS.md (issue 8).
 const STAGE_BYTES_MAX: usize = 64 << 10;
+/// Bytes of a group's file before the group goes on in a new one: 16 MiB.
+///
+/// Once dirty file data passes the kernel's background threshold (about 2.2 GB here, a
+/// tenth of the memory it may use for files), the flusher writes group files back while
+/// pass 1 still appends to them, and an append that adds a delayed block waits for the
+/// file's `i_data_sem` while the flusher allocates its blocks: in traces of the 4x10^7
+/// sort the node threads waited there 0.37–0.49 s per run, and the other node for them.
+/// The flusher takes the files dirtied first; in pieces of 16 MiB those are ones pass 1
+/// has finished with.
+const SEGMENT_BYTES: u64 = 16 << 20;
 /// Bytes of a group file read at a time in the second pass before its records move to
 /// their buckets' places: 256 KiB, which stays in the second-level cache between the
 /// read that fills it and the moves that empty it.
@@ -81,12 +91,20 @@ pub fn plan_groups(buckets: &KeyBuckets, partition_bytes: u64, half_bytes: usize
     part(0..split).chain(part(split..n)).collect()
 }
 
-/// The group files of a node: each holds the records of its bucket range, in arrival
-/// order. The files are removed when this is dropped.
+/// The group files of a node: each group's records of its bucket range, in arrival order,
+/// in files of [`SEGMENT_BYTES`] one after another. The files are removed when this is
+/// dropped.
 #[derive(Debug)]
 pub struct GroupFiles {
-    paths: Vec<PathBuf>,
+    prefix: PathBuf,
+    /// Each group's files, in order.
+    segments: Vec<Vec<PathBuf>>,
+    /// The file each group appends to (its last) …
     files: Vec<File>,
+    /// … and the bytes written to it …
+    segment_bytes: Vec<u64>,
+    /// … which goes on in a new file once it holds this many.
+    segment_max: u64,
     ranges: Vec<Range<usize>>,
     buckets: Arc<KeyBuckets>,
     /// The group of each bucket.
@@ -105,8 +123,9 @@ pub struct GroupFiles {
 }
 
 impl GroupFiles {
-    /// Creates one file per group (`prefix.gN`) and its staging buffer: at most 64 KiB, and
-    /// all of them together at most `stage_budget` bytes.
+    /// Creates the first file of each group (`prefix.gN.0`, the next ones `prefix.gN.1` …)
+    /// and its staging buffer: at most 64 KiB, and all of them together at most
+    /// `stage_budget` bytes.
     pub fn create(
         prefix: &Path,
         buckets: Arc<KeyBuckets>,
@@ -122,8 +141,11 @@ impl GroupFiles {
             / record_size
             * record_size;
         let mut g = GroupFiles {
-            paths: Vec::with_capacity(ranges.len()),
+            prefix: prefix.to_path_buf(),
+            segments: vec![Vec::new(); ranges.len()],
             files: Vec::with_capacity(ranges.len()),
+            segment_bytes: vec![0; ranges.len()],
+            segment_max: SEGMENT_BYTES,
             stages: vec![Vec::new(); ranges.len()],
             staged: vec![0; ranges.len()],
             bucket_counts: vec![0; buckets.len()],
@@ -135,14 +157,19 @@ impl GroupFiles {
             record_size,
         };
         for i in 0..g.ranges.len() {
-            let path = PathBuf::from(format!("{}.g{i}", prefix.display()));
-            let file =
-                File::create(&path).map_err(|e| RiverError::io(format!("creating group {}", path.display()), e))?;
-            // Registered before anything is written, so that a failure still removes it.
-            g.paths.push(path);
+            let file = g.new_segment(i)?;
             g.files.push(file);
         }
         Ok(g)
+    }
+
+    /// Creates the next file of group `g`.
+    fn new_segment(&mut self, g: usize) -> Result<File, RiverError> {
+        let path = PathBuf::from(format!("{}.g{g}.{}", self.prefix.display(), self.segments[g].len()));
+        let file = File::create(&path).map_err(|e| RiverError::io(format!("creating group {}", path.display()), e))?;
+        // Registered before anything is written, so that a failure still removes it.
+        self.segments[g].push(path);
+        Ok(file)
     }
 
     /// Number of groups.
@@ -207,11 +234,17 @@ impl GroupFiles {
         Ok(())
     }
 
-    /// Writes group `g`'s staged records.
+    /// Writes group `g`'s staged records (to a new file if its last is full).
     fn write_stage(&mut self, g: usize) -> Result<(), RiverError> {
+        if self.segment_bytes[g] >= self.segment_max {
+            self.files[g] = self.new_segment(g)?;
+            self.segment_bytes[g] = 0;
+        }
+        let path = self.segments[g].last().expect("a group has a file");
         self.files[g]
             .write_all(&self.stages[g][..self.staged[g]])
-            .map_err(|e| RiverError::io(format!("appending to group {}", self.paths[g].display()), e))?;
+            .map_err(|e| RiverError::io(format!("appending to group {}", path.display()), e))?;
+        self.segment_bytes[g] += self.staged[g] as u64;
         self.staged[g] = 0;
         Ok(())
     }
@@ -234,19 +267,18 @@ impl GroupFiles {
         &self.bucket_counts[self.ranges[g].clone()]
     }
 
-    /// Reads group `g`'s file (once flushed) through `buffer` (whole records), handing
-    /// each piece to `take`, and removes it; its records stay counted in
+    /// Reads group `g`'s files (once flushed) through `buffer` (whole records), handing
+    /// each piece to `take`, and removes them; its records stay counted in
     /// [`GroupFiles::bytes`].
     pub fn drain(
-        &mut self,
+        &self,
         g: usize,
         buffer: &mut [u8],
         mut take: impl FnMut(&[u8]) -> Result<(), RiverError>,
     ) -> Result<(), RiverError> {
         let rs = self.record_size;
-        let path = self.paths[g].clone();
-        let read_err = |e| RiverError::io(format!("reading group {}", path.display()), e);
-        let mut file = File::open(&path).map_err(read_err)?;
+        let read_err = |e| self.read_error(g, e);
+        let mut file = GroupReader::new(&self.segments[g]);
         let bytes = self.records[g] as usize * rs;
         let room = (buffer.len() / rs).max(1) * rs;
         assert!(buffer.len() >= rs, "a buffer holds a record");
@@ -263,16 +295,53 @@ impl GroupFiles {
         if read_full(&mut file, &mut [0u8; 1]).map_err(read_err)? != 0 {
             return Err(read_err(std::io::Error::other(format!("more than the {bytes} bytes written"))));
         }
-        drop(file);
-        let _ = std::fs::remove_file(&path);
         Ok(())
+    }
+
+    fn read_error(&self, g: usize, e: std::io::Error) -> RiverError {
+        RiverError::io(format!("reading group {}.g{g}", self.prefix.display()), e)
     }
 }
 
 impl Drop for GroupFiles {
     fn drop(&mut self) {
-        for p in &self.paths {
+        for p in self.segments.iter().flatten() {
             let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Reads a group's files one after another as one stream, removing each once read to its
+/// end (so that its page cache is freed then).
+struct GroupReader<'a> {
+    paths: &'a [PathBuf],
+    next: usize,
+    file: Option<File>,
+}
+
+impl<'a> GroupReader<'a> {
+    fn new(paths: &'a [PathBuf]) -> Self {
+        GroupReader { paths, next: 0, file: None }
+    }
+}
+
+impl Read for GroupReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            let file = match &mut self.file {
+                Some(f) => f,
+                None => match self.paths.get(self.next) {
+                    Some(p) => self.file.insert(File::open(p)?),
+                    None => return Ok(0),
+                },
+            };
+            let n = file.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            self.file = None;
+            let _ = std::fs::remove_file(&self.paths[self.next]);
+            self.next += 1;
         }
     }
 }
@@ -396,9 +465,8 @@ fn load_groups<'m>(
     for g in first..groups.len() {
         // The node thread stopped (it failed, and reports why): nothing more to do.
         let Ok(half) = free.recv() else { return Ok(()) };
-        let path = groups.paths[g].clone();
-        let read_err = |e| RiverError::io(format!("reading group {}", path.display()), e);
-        let mut file = File::open(&path).map_err(read_err)?;
+        let read_err = |e| groups.read_error(g, e);
+        let mut file = GroupReader::new(&groups.segments[g]);
         let bytes = groups.records[g] as usize * rs;
         let msg = if bytes <= half.len() {
             let starts = read_bucketed(&mut file, &groups, g, half, &mut piece, read_err)?;
@@ -411,14 +479,12 @@ fn load_groups<'m>(
         if read_full(&mut file, &mut [0u8; 1]).map_err(read_err)? != 0 {
             return Err(read_err(std::io::Error::other(format!("more than the {bytes} bytes written"))));
         }
-        drop(file);
-        let _ = std::fs::remove_file(&path);
         if loaded.send(msg).is_err() {
             return Ok(());
         }
     }
     // Every file is read and removed; dropping `groups` removes nothing more.
-    groups.paths.clear();
+    groups.segments.clear();
     Ok(())
 }
 
@@ -430,7 +496,7 @@ fn load_groups<'m>(
 /// missed the caches on almost every record. Records that disagree with the counts (a
 /// group file changed behind our back) are an error.
 fn read_bucketed(
-    file: &mut File,
+    file: &mut impl Read,
     groups: &GroupFiles,
     g: usize,
     half: &mut [u8],
@@ -471,7 +537,7 @@ fn read_bucketed(
 /// Reads group `g` (larger than `half`) from `file` half by half, each part sorted into a
 /// run file.
 fn sort_into_runs(
-    file: &mut File,
+    file: &mut impl Read,
     groups: &GroupFiles,
     g: usize,
     half: &mut [u8],
@@ -519,7 +585,7 @@ fn write_sorted<S: SpaceSink + ?Sized>(
     Ok(())
 }
 
-fn read_full(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+fn read_full(file: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut at = 0;
     while at < buf.len() {
         match file.read(&mut buf[at..]) {
@@ -682,18 +748,26 @@ mod tests {
         let n = buckets.len();
         let ranges = vec![0..n / 3, n / 3..n];
         let dir = tempfile::tempdir().unwrap();
-        // Stages of 7 records: the files are written in many appends.
-        let mut groups =
-            GroupFiles::create(&dir.path().join("spill"), buckets.clone(), ranges.clone(), 100, 1400).unwrap();
-        for r in data.chunks(100) {
-            groups.push(r).unwrap();
-        }
-        groups.flush().unwrap();
+        // Stages of 7 records, files of at least 5,000 bytes: each group is written in
+        // many appends to many files.
+        let write = || {
+            let mut groups =
+                GroupFiles::create(&dir.path().join("spill"), buckets.clone(), ranges.clone(), 100, 1400).unwrap();
+            groups.segment_max = 5000;
+            for r in data.chunks(100) {
+                groups.push(r).unwrap();
+            }
+            groups.flush().unwrap();
+            groups
+        };
+        let files_left = || std::fs::read_dir(dir.path()).unwrap().count();
+        let groups = write();
+        assert!(groups.segments.iter().all(|s| s.len() > 10), "{:?}", groups.segments);
         // A piece smaller than the group, not a whole number of pieces per group.
         let mut piece = vec![0u8; 3 * 100];
         for (g, range) in ranges.iter().enumerate() {
             let mut half = vec![0u8; groups.records()[g] as usize * 100];
-            let mut file = File::open(&groups.paths[g]).unwrap();
+            let mut file = GroupReader::new(&groups.segments[g]);
             let starts =
                 read_bucketed(&mut file, &groups, g, &mut half, &mut piece, |e| RiverError::io("test", e)).unwrap();
             assert_eq!(starts.len(), range.len() + 1);
@@ -702,17 +776,25 @@ mod tests {
                     data.chunks(100).filter(|r| buckets.bucket_of(key(r)) == b).flatten().copied().collect();
                 assert_eq!(&half[starts[i] * 100..starts[i + 1] * 100], &want[..], "bucket {b}");
             }
+            // Each file is removed once read to its end.
+            assert_eq!(read_full(&mut file, &mut [0u8; 1]).unwrap(), 0);
+            let later: usize = groups.segments[g + 1..].iter().map(Vec::len).sum();
+            assert_eq!(files_left(), later, "group {g}'s files are removed");
         }
+        drop(groups);
 
         // Counts that disagree with the file (same total, one record moved to the
         // neighbouring bucket) are an error, not a misplaced record.
+        let mut groups = write();
         let full = (0..n / 3).find(|&b| groups.bucket_counts[b] > 0).unwrap();
         groups.bucket_counts[full] -= 1;
         groups.bucket_counts[(full + 1) % (n / 3)] += 1;
         let mut half = vec![0u8; groups.records()[0] as usize * 100];
-        let mut file = File::open(&groups.paths[0]).unwrap();
+        let mut file = GroupReader::new(&groups.segments[0]);
         let r = read_bucketed(&mut file, &groups, 0, &mut half, &mut piece, |e| RiverError::io("test", e));
         assert!(matches!(r, Err(RiverError::Io { .. })), "{r:?}");
+        drop(groups);
+        assert_eq!(files_left(), 0, "dropping the groups removes their files");
     }
 
     #[test]
