@@ -60,6 +60,16 @@ const GROUP_FILL: f64 = 0.8;
 /// the sort with 1 MiB stages each written whole: 8.52 s against 6.94 s in 256 KiB
 /// pieces. See BENCHMARKS.md (issue 8).
 const STAGE_BYTES_MAX: usize = 64 << 10;
+/// Bytes of a group's file before the group goes on in a new one: 16 MiB.
+///
+/// Once dirty file data passes the kernel's background threshold (about 2.2 GB here, a
+/// tenth of the memory it may use for files), the flusher writes group files back while
+/// pass 1 still appends to them, and an append that adds a delayed block waits for the
+/// file's `i_data_sem` while the flusher allocates its blocks: in traces of the 4x10^7
+/// sort the node threads waited there 0.37–0.49 s per run, and the other node for them.
+/// The flusher takes the files dirtied first; in pieces of 16 MiB those are ones pass 1
+/// has finished with.
+const SEGMENT_BYTES: u64 = 16 << 20;
 /// Bytes of a group file read at a time in the second pass before its records move to
 /// their buckets' places: 256 KiB, which stays in the second-level cache between the
 /// read that fills it and the moves that empty it.
@@ -67,29 +77,43 @@ const SCATTER_PIECE_BYTES: usize = 256 << 10;
 
 /// Splits `buckets` into key-range groups so that a partition of `partition_bytes` puts
 /// at most [`GROUP_FILL`] of `half_bytes` in each: consecutive ranges of the same number
-/// of buckets (each bucket holds about as many sampled keys as the next; the last range
-/// may be shorter). At least two groups (one would be the whole partition, which does not
-/// fit), at most one per bucket.
-pub fn plan_groups(buckets: &KeyBuckets, partition_bytes: u64, half_bytes: usize) -> Vec<Range<usize>> {
+/// of buckets (each bucket holds about as many sampled keys as the next), those below
+/// bucket `split` (the resident ones) and those from it apart, so that a group ends there
+/// (the last range of each part may be shorter). At least two groups (one would be the
+/// whole partition, which does not fit), at most one per bucket.
+pub fn plan_groups(buckets: &KeyBuckets, partition_bytes: u64, half_bytes: usize, split: usize) -> Vec<Range<usize>> {
     let n = buckets.len();
     let wanted = ((partition_bytes as f64 / (half_bytes as f64 * GROUP_FILL)).ceil() as usize).max(2);
     // Whole buckets per group, rounded down: no group holds more than its share.
     let per_group = (n / wanted).max(1);
-    (0..n.div_ceil(per_group)).map(|i| i * per_group..((i + 1) * per_group).min(n)).collect()
+    let split = split.min(n);
+    let part = move |r: Range<usize>| r.clone().step_by(per_group).map(move |s| s..(s + per_group).min(r.end));
+    part(0..split).chain(part(split..n)).collect()
 }
 
-/// The group files of a node: each holds the records of its bucket range, in arrival
-/// order. The files are removed when this is dropped.
+/// The group files of a node: each group's records of its bucket range, in arrival order,
+/// in files of [`SEGMENT_BYTES`] one after another. The files are removed when this is
+/// dropped.
 #[derive(Debug)]
 pub struct GroupFiles {
-    paths: Vec<PathBuf>,
+    prefix: PathBuf,
+    /// Each group's files, in order.
+    segments: Vec<Vec<PathBuf>>,
+    /// The file each group appends to (its last) …
     files: Vec<File>,
+    /// … and the bytes written to it …
+    segment_bytes: Vec<u64>,
+    /// … which goes on in a new file once it holds this many.
+    segment_max: u64,
     ranges: Vec<Range<usize>>,
     buckets: Arc<KeyBuckets>,
     /// The group of each bucket.
     group_of: Vec<u32>,
-    /// Records staged for each group, written as they came when `stage_bytes` is reached.
+    /// Records staged for each group (`stage_bytes` once in use), written as they came
+    /// when full …
     stages: Vec<Vec<u8>>,
+    /// … and the bytes staged in each.
+    staged: Vec<usize>,
     stage_bytes: usize,
     /// Records of each bucket in the files (the second pass places each bucket's entries
     /// from these without counting).
@@ -99,8 +123,9 @@ pub struct GroupFiles {
 }
 
 impl GroupFiles {
-    /// Creates one file per group (`prefix.gN`) and its staging buffer: at most 64 KiB, and
-    /// all of them together at most `stage_budget` bytes.
+    /// Creates the first file of each group (`prefix.gN.0`, the next ones `prefix.gN.1` …)
+    /// and its staging buffer: at most 64 KiB, and all of them together at most
+    /// `stage_budget` bytes.
     pub fn create(
         prefix: &Path,
         buckets: Arc<KeyBuckets>,
@@ -116,9 +141,13 @@ impl GroupFiles {
             / record_size
             * record_size;
         let mut g = GroupFiles {
-            paths: Vec::with_capacity(ranges.len()),
+            prefix: prefix.to_path_buf(),
+            segments: vec![Vec::new(); ranges.len()],
             files: Vec::with_capacity(ranges.len()),
+            segment_bytes: vec![0; ranges.len()],
+            segment_max: SEGMENT_BYTES,
             stages: vec![Vec::new(); ranges.len()],
+            staged: vec![0; ranges.len()],
             bucket_counts: vec![0; buckets.len()],
             records: vec![0; ranges.len()],
             ranges,
@@ -128,14 +157,19 @@ impl GroupFiles {
             record_size,
         };
         for i in 0..g.ranges.len() {
-            let path = PathBuf::from(format!("{}.g{i}", prefix.display()));
-            let file =
-                File::create(&path).map_err(|e| RiverError::io(format!("creating group {}", path.display()), e))?;
-            // Registered before anything is written, so that a failure still removes it.
-            g.paths.push(path);
+            let file = g.new_segment(i)?;
             g.files.push(file);
         }
         Ok(g)
+    }
+
+    /// Creates the next file of group `g`.
+    fn new_segment(&mut self, g: usize) -> Result<File, RiverError> {
+        let path = PathBuf::from(format!("{}.g{g}.{}", self.prefix.display(), self.segments[g].len()));
+        let file = File::create(&path).map_err(|e| RiverError::io(format!("creating group {}", path.display()), e))?;
+        // Registered before anything is written, so that a failure still removes it.
+        self.segments[g].push(path);
+        Ok(file)
     }
 
     /// Number of groups.
@@ -181,36 +215,44 @@ impl GroupFiles {
     #[inline(always)]
     pub fn push_in(&mut self, b: usize, record: &[u8]) -> Result<(), RiverError> {
         let g = self.group_of[b] as usize;
+        let rs = self.record_size;
         let stage = &mut self.stages[g];
-        if stage.capacity() == 0 {
-            stage.reserve_exact(self.stage_bytes);
+        if stage.is_empty() {
+            *stage = vec![0; self.stage_bytes];
         }
-        // A Sort Benchmark record is copied as a fixed-size move, not a call per record.
-        match <&[u8; ulnet_sortbench::RECORD_SIZE]>::try_from(record) {
-            Ok(r) => stage.extend_from_slice(r),
-            Err(_) => stage.extend_from_slice(record),
-        }
+        // Into the stage's place, a fixed-size move for a Sort Benchmark record: appended
+        // to a vector instead, the record was copied by a call to `memmove` on some paths
+        // (4 % of pass 1's samples).
+        let at = self.staged[g];
+        copy_record(&mut stage[at..at + rs], record);
+        self.staged[g] = at + rs;
         self.bucket_counts[b] += 1;
         self.records[g] += 1;
-        if stage.len() >= self.stage_bytes {
+        if at + rs == self.stage_bytes {
             self.write_stage(g)?;
         }
         Ok(())
     }
 
-    /// Writes group `g`'s staged records.
+    /// Writes group `g`'s staged records (to a new file if its last is full).
     fn write_stage(&mut self, g: usize) -> Result<(), RiverError> {
+        if self.segment_bytes[g] >= self.segment_max {
+            self.files[g] = self.new_segment(g)?;
+            self.segment_bytes[g] = 0;
+        }
+        let path = self.segments[g].last().expect("a group has a file");
         self.files[g]
-            .write_all(&self.stages[g])
-            .map_err(|e| RiverError::io(format!("appending to group {}", self.paths[g].display()), e))?;
-        self.stages[g].clear();
+            .write_all(&self.stages[g][..self.staged[g]])
+            .map_err(|e| RiverError::io(format!("appending to group {}", path.display()), e))?;
+        self.segment_bytes[g] += self.staged[g] as u64;
+        self.staged[g] = 0;
         Ok(())
     }
 
     /// Writes what is staged and frees the staging buffers.
     pub fn flush(&mut self) -> Result<(), RiverError> {
         for g in 0..self.len() {
-            if !self.stages[g].is_empty() {
+            if self.staged[g] > 0 {
                 self.write_stage(g)?;
             }
             self.stages[g] = Vec::new();
@@ -225,19 +267,18 @@ impl GroupFiles {
         &self.bucket_counts[self.ranges[g].clone()]
     }
 
-    /// Reads group `g`'s file (once flushed) through `buffer` (whole records), handing
-    /// each piece to `take`, and removes it; its records stay counted in
+    /// Reads group `g`'s files (once flushed) through `buffer` (whole records), handing
+    /// each piece to `take`, and removes them; its records stay counted in
     /// [`GroupFiles::bytes`].
     pub fn drain(
-        &mut self,
+        &self,
         g: usize,
         buffer: &mut [u8],
         mut take: impl FnMut(&[u8]) -> Result<(), RiverError>,
     ) -> Result<(), RiverError> {
         let rs = self.record_size;
-        let path = self.paths[g].clone();
-        let read_err = |e| RiverError::io(format!("reading group {}", path.display()), e);
-        let mut file = File::open(&path).map_err(read_err)?;
+        let read_err = |e| self.read_error(g, e);
+        let mut file = GroupReader::new(&self.segments[g]);
         let bytes = self.records[g] as usize * rs;
         let room = (buffer.len() / rs).max(1) * rs;
         assert!(buffer.len() >= rs, "a buffer holds a record");
@@ -254,16 +295,53 @@ impl GroupFiles {
         if read_full(&mut file, &mut [0u8; 1]).map_err(read_err)? != 0 {
             return Err(read_err(std::io::Error::other(format!("more than the {bytes} bytes written"))));
         }
-        drop(file);
-        let _ = std::fs::remove_file(&path);
         Ok(())
+    }
+
+    fn read_error(&self, g: usize, e: std::io::Error) -> RiverError {
+        RiverError::io(format!("reading group {}.g{g}", self.prefix.display()), e)
     }
 }
 
 impl Drop for GroupFiles {
     fn drop(&mut self) {
-        for p in &self.paths {
+        for p in self.segments.iter().flatten() {
             let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Reads a group's files one after another as one stream, removing each once read to its
+/// end (so that its page cache is freed then).
+struct GroupReader<'a> {
+    paths: &'a [PathBuf],
+    next: usize,
+    file: Option<File>,
+}
+
+impl<'a> GroupReader<'a> {
+    fn new(paths: &'a [PathBuf]) -> Self {
+        GroupReader { paths, next: 0, file: None }
+    }
+}
+
+impl Read for GroupReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            let file = match &mut self.file {
+                Some(f) => f,
+                None => match self.paths.get(self.next) {
+                    Some(p) => self.file.insert(File::open(p)?),
+                    None => return Ok(0),
+                },
+            };
+            let n = file.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            self.file = None;
+            let _ = std::fs::remove_file(&self.paths[self.next]);
+            self.next += 1;
         }
     }
 }
@@ -317,6 +395,9 @@ pub fn sort_groups<S: SpaceSink + ?Sized>(
     out: &mut S,
 ) -> Result<GroupReport, RiverError> {
     groups.flush()?;
+    // Nothing more is written: closed now, each file is freed (its page cache dropped, its
+    // blocks released) when the loader removes it after reading it, not all at the end.
+    groups.files.clear();
     let n = groups.len();
     let rs = groups.record_size;
     let (low, high) = memory.split_at_mut(memory.len() / 2);
@@ -384,9 +465,8 @@ fn load_groups<'m>(
     for g in first..groups.len() {
         // The node thread stopped (it failed, and reports why): nothing more to do.
         let Ok(half) = free.recv() else { return Ok(()) };
-        let path = groups.paths[g].clone();
-        let read_err = |e| RiverError::io(format!("reading group {}", path.display()), e);
-        let mut file = File::open(&path).map_err(read_err)?;
+        let read_err = |e| groups.read_error(g, e);
+        let mut file = GroupReader::new(&groups.segments[g]);
         let bytes = groups.records[g] as usize * rs;
         let msg = if bytes <= half.len() {
             let starts = read_bucketed(&mut file, &groups, g, half, &mut piece, read_err)?;
@@ -399,14 +479,12 @@ fn load_groups<'m>(
         if read_full(&mut file, &mut [0u8; 1]).map_err(read_err)? != 0 {
             return Err(read_err(std::io::Error::other(format!("more than the {bytes} bytes written"))));
         }
-        drop(file);
-        let _ = std::fs::remove_file(&path);
         if loaded.send(msg).is_err() {
             return Ok(());
         }
     }
     // Every file is read and removed; dropping `groups` removes nothing more.
-    groups.paths.clear();
+    groups.segments.clear();
     Ok(())
 }
 
@@ -418,7 +496,7 @@ fn load_groups<'m>(
 /// missed the caches on almost every record. Records that disagree with the counts (a
 /// group file changed behind our back) are an error.
 fn read_bucketed(
-    file: &mut File,
+    file: &mut impl Read,
     groups: &GroupFiles,
     g: usize,
     half: &mut [u8],
@@ -459,7 +537,7 @@ fn read_bucketed(
 /// Reads group `g` (larger than `half`) from `file` half by half, each part sorted into a
 /// run file.
 fn sort_into_runs(
-    file: &mut File,
+    file: &mut impl Read,
     groups: &GroupFiles,
     g: usize,
     half: &mut [u8],
@@ -489,24 +567,25 @@ fn counts_mismatch() -> RiverError {
 }
 
 /// Writes the records of `data` that the sorted `entries` point to into `out`, in order,
-/// as much as each lent space holds.
+/// as much as each lent space holds, gathered through `stage`.
 fn write_sorted<S: SpaceSink + ?Sized>(
     mut entries: &[u128],
     data: &[u8],
     rs: usize,
+    stage: &mut Vec<u8>,
     out: &mut S,
 ) -> Result<(), RiverError> {
     while !entries.is_empty() {
         let space = out.space()?;
         let n = (space.len() / rs).min(entries.len());
-        gather_records(&mut space[..n * rs], &entries[..n], data, rs);
+        gather_records(&mut space[..n * rs], &entries[..n], data, rs, stage);
         out.commit(n * rs)?;
         entries = &entries[n..];
     }
     Ok(())
 }
 
-fn read_full(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+fn read_full(file: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut at = 0;
     while at < buf.len() {
         match file.read(&mut buf[at..]) {
@@ -552,6 +631,8 @@ struct FlatSorter {
     starts: Vec<usize>,
     fill: Vec<usize>,
     counts: Vec<u64>,
+    /// Where records are gathered before they are copied out ([`gather_records`]).
+    stage: Vec<u8>,
 }
 
 impl FlatSorter {
@@ -572,7 +653,7 @@ impl FlatSorter {
             }
             self.by_bucket.clear();
             self.by_bucket.extend(records.chunks_exact(rs).enumerate().map(|(i, r)| entry(r, i as u64)));
-            write_sorted(sort_entries(&mut self.by_bucket, &mut self.scratch), records, rs, out)?;
+            write_sorted(sort_entries(&mut self.by_bucket, &mut self.scratch), records, rs, &mut self.stage, out)?;
         }
         Ok(())
     }
@@ -640,7 +721,7 @@ impl FlatSorter {
             if bucket_entries.is_empty() {
                 continue;
             }
-            write_sorted(sort_entries(bucket_entries, &mut self.scratch), data, rs, out)?;
+            write_sorted(sort_entries(bucket_entries, &mut self.scratch), data, rs, &mut self.stage, out)?;
         }
         Ok(())
     }
@@ -667,18 +748,26 @@ mod tests {
         let n = buckets.len();
         let ranges = vec![0..n / 3, n / 3..n];
         let dir = tempfile::tempdir().unwrap();
-        // Stages of 7 records: the files are written in many appends.
-        let mut groups =
-            GroupFiles::create(&dir.path().join("spill"), buckets.clone(), ranges.clone(), 100, 1400).unwrap();
-        for r in data.chunks(100) {
-            groups.push(r).unwrap();
-        }
-        groups.flush().unwrap();
+        // Stages of 7 records, files of at least 5,000 bytes: each group is written in
+        // many appends to many files.
+        let write = || {
+            let mut groups =
+                GroupFiles::create(&dir.path().join("spill"), buckets.clone(), ranges.clone(), 100, 1400).unwrap();
+            groups.segment_max = 5000;
+            for r in data.chunks(100) {
+                groups.push(r).unwrap();
+            }
+            groups.flush().unwrap();
+            groups
+        };
+        let files_left = || std::fs::read_dir(dir.path()).unwrap().count();
+        let groups = write();
+        assert!(groups.segments.iter().all(|s| s.len() > 10), "{:?}", groups.segments);
         // A piece smaller than the group, not a whole number of pieces per group.
         let mut piece = vec![0u8; 3 * 100];
         for (g, range) in ranges.iter().enumerate() {
             let mut half = vec![0u8; groups.records()[g] as usize * 100];
-            let mut file = File::open(&groups.paths[g]).unwrap();
+            let mut file = GroupReader::new(&groups.segments[g]);
             let starts =
                 read_bucketed(&mut file, &groups, g, &mut half, &mut piece, |e| RiverError::io("test", e)).unwrap();
             assert_eq!(starts.len(), range.len() + 1);
@@ -687,17 +776,25 @@ mod tests {
                     data.chunks(100).filter(|r| buckets.bucket_of(key(r)) == b).flatten().copied().collect();
                 assert_eq!(&half[starts[i] * 100..starts[i + 1] * 100], &want[..], "bucket {b}");
             }
+            // Each file is removed once read to its end.
+            assert_eq!(read_full(&mut file, &mut [0u8; 1]).unwrap(), 0);
+            let later: usize = groups.segments[g + 1..].iter().map(Vec::len).sum();
+            assert_eq!(files_left(), later, "group {g}'s files are removed");
         }
+        drop(groups);
 
         // Counts that disagree with the file (same total, one record moved to the
         // neighbouring bucket) are an error, not a misplaced record.
+        let mut groups = write();
         let full = (0..n / 3).find(|&b| groups.bucket_counts[b] > 0).unwrap();
         groups.bucket_counts[full] -= 1;
         groups.bucket_counts[(full + 1) % (n / 3)] += 1;
         let mut half = vec![0u8; groups.records()[0] as usize * 100];
-        let mut file = File::open(&groups.paths[0]).unwrap();
+        let mut file = GroupReader::new(&groups.segments[0]);
         let r = read_bucketed(&mut file, &groups, 0, &mut half, &mut piece, |e| RiverError::io("test", e));
         assert!(matches!(r, Err(RiverError::Io { .. })), "{r:?}");
+        drop(groups);
+        assert_eq!(files_left(), 0, "dropping the groups removes their files");
     }
 
     #[test]
@@ -743,7 +840,7 @@ mod tests {
         let samples: Vec<u128> = (0..4000u128).map(|i| (i * 7919 % 4000) << 90).collect();
         let buckets = KeyBuckets::from_samples(0, u128::MAX, &samples, 4, 1 << 16);
         let n = buckets.len();
-        let g = plan_groups(&buckets, 1000, 100);
+        let g = plan_groups(&buckets, 1000, 100, 0);
         // 1000 bytes in halves of 100 filled to 80 %: 13 groups wanted, so at most
         // n / 13 buckets each.
         assert!(g.len() >= 13, "{}", g.len());
@@ -752,8 +849,16 @@ mod tests {
         assert!(g.windows(2).all(|w| w[0].end == w[1].start));
         assert!(g.iter().all(|r| !r.is_empty() && r.len() <= n / 13), "{g:?}");
         // Never fewer than two, never more than the buckets.
-        assert!((2..=3).contains(&plan_groups(&buckets, 1, 1 << 30).len()));
-        assert_eq!(plan_groups(&buckets, 1 << 40, 1).len(), n);
-        assert_eq!(plan_groups(&KeyBuckets::single(), 1 << 40, 1).len(), 1);
+        assert!((2..=3).contains(&plan_groups(&buckets, 1, 1 << 30, 0).len()));
+        assert_eq!(plan_groups(&buckets, 1 << 40, 1, 0).len(), n);
+        assert_eq!(plan_groups(&KeyBuckets::single(), 1 << 40, 1, 0).len(), 1);
+        // Split at a bucket (the resident groups' end): a group ends there, none is larger.
+        let split = n / 13 * 2 + 5;
+        let g = plan_groups(&buckets, 1000, 100, split);
+        assert!(g.iter().any(|r| r.end == split), "{g:?}");
+        assert_eq!(g.first().unwrap().start, 0);
+        assert_eq!(g.last().unwrap().end, n);
+        assert!(g.windows(2).all(|w| w[0].end == w[1].start));
+        assert!(g.iter().all(|r| !r.is_empty() && r.len() <= n / 13), "{g:?}");
     }
 }

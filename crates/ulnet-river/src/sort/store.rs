@@ -49,6 +49,8 @@ pub struct RecordStore {
     buckets: Option<Arc<KeyBuckets>>,
     /// … and the groups' bucket ranges …
     group_ranges: Vec<Range<usize>>,
+    /// … the first of which stay in the arena once the partition is known not to fit …
+    resident_planned: usize,
     /// … and, once the arena filled, the group files every record goes to …
     groups: Option<GroupFiles>,
     /// … named after this; the first groups' records that arrive after the spill stay in
@@ -70,8 +72,30 @@ enum Sizing {
     Bounded { arena_bytes: usize, partition_bytes: u64 },
 }
 
-/// Share of the arena kept for the groups' staging buffers: 1/16.
-const STAGE_SHARE: usize = 16;
+/// Memory kept from the arena for the groups' staging buffers: a sixteenth of it, at most
+/// 2 MiB (32 stages of 64 KiB; more groups share it in smaller stages).
+fn stage_budget(arena_bytes: usize) -> usize {
+    (arena_bytes / 16).min(2 << 20)
+}
+
+/// Share of the arena the resident groups are planned to fill: the rest is kept for a
+/// partition larger than sampled and each bucket's partly filled last block.
+const RESIDENT_FILL: f64 = 0.9;
+
+/// Plans the groups of a partition of about `partition_bytes` in `buckets` for `arena`:
+/// the bucket ranges (each at most [`super::distribute::plan_groups`]'s share of a half of
+/// the arena), and how many of the first ones stay in the arena (resident) once the
+/// partition is known not to fit. The resident groups end at the bucket where the arena is
+/// expected to be [`RESIDENT_FILL`] full, so that they fill it whatever the groups' size;
+/// never all of them (that partition would have fitted).
+fn plan_resident(buckets: &KeyBuckets, partition_bytes: u64, arena: &BucketArena) -> (Vec<Range<usize>>, usize) {
+    let n = buckets.len();
+    let per_bucket = partition_bytes as f64 / n as f64 + BLOCK_BYTES as f64;
+    let resident_buckets = ((arena.capacity() as f64 * RESIDENT_FILL / per_bucket) as usize).min(n - 1);
+    let ranges = plan_groups(buckets, partition_bytes, arena.capacity() / 2, resident_buckets);
+    let resident = ranges.iter().take_while(|r| r.end <= resident_buckets).count();
+    (ranges, resident)
+}
 
 impl RecordStore {
     /// An in-memory store with room for `records` records (address space only, until
@@ -96,6 +120,7 @@ impl RecordStore {
             early: Vec::new(),
             buckets: None,
             group_ranges: Vec::new(),
+            resident_planned: 0,
             groups: None,
             resident: 0,
             spill_prefix,
@@ -114,10 +139,9 @@ impl RecordStore {
         match self.sizing {
             Sizing::Records(n) => self.arena = Some(BucketArena::new(buckets, rs, n).map_err(reserve)?),
             Sizing::Bounded { arena_bytes, partition_bytes } => {
-                let stages = arena_bytes / STAGE_SHARE;
+                let stages = stage_budget(arena_bytes);
                 let arena = BucketArena::bounded(buckets.clone(), rs, arena_bytes - stages).map_err(reserve)?;
-                // The second pass sorts in two halves of the arena's memory.
-                self.group_ranges = plan_groups(&buckets, partition_bytes, arena.capacity() / 2);
+                (self.group_ranges, self.resident_planned) = plan_resident(&buckets, partition_bytes, &arena);
                 if partition_bytes > arena.capacity() as u64 {
                     // Expected not to fit: records go to the groups from the first one on,
                     // the resident groups' to the arena. Filling the arena with records of
@@ -130,7 +154,7 @@ impl RecordStore {
                         rs,
                         stages,
                     )?);
-                    self.resident = self.resident_groups(&arena, partition_bytes);
+                    self.resident = self.resident_planned;
                     // All of the arena is used (by the resident groups, then as the second
                     // pass's halves): fault it in at once, while the memory the kernel
                     // hands out is likely still what was freed just before (on a virtual
@@ -164,31 +188,19 @@ impl RecordStore {
         self.spill_time
     }
 
-    /// Records that stay in memory once the partition is known not to fit (from the start,
-    /// or after the first spill): those of the groups the second pass sorts first, as many
-    /// groups as the arena is expected to hold (a tenth of it kept for misjudged sizes and
-    /// each bucket's partly filled last block), never all of them (that partition would
-    /// have fitted).
-    fn resident_groups(&self, arena: &BucketArena, partition_bytes: u64) -> usize {
-        let n = self.group_ranges.len();
-        let group_bytes = partition_bytes as f64 / n.max(1) as f64;
-        let per_group = group_bytes + (arena.buckets().len() / n.max(1) * BLOCK_BYTES) as f64;
-        ((arena.capacity() as f64 * 0.9 / per_group.max(1.0)) as usize).min(n.saturating_sub(1))
-    }
-
     /// The arena is full: its records go to the group files. After the first spill (or
     /// from the start, when planned so), so does every later record but those of the
     /// resident groups, which keep filling the arena; should they fill it, they go to the
     /// files too, and so do all later records (an in-memory store has nowhere to go: more
     /// records than it was sized for is an error).
     fn spill(&mut self) -> Result<(), RiverError> {
-        let (arena_bytes, partition_bytes) = match self.sizing {
+        let arena_bytes = match self.sizing {
             Sizing::Records(n) => {
                 return Err(RiverError::Input(format!(
                     "a partition of more than the {n} records it was sized for arrived"
                 )))
             }
-            Sizing::Bounded { arena_bytes, partition_bytes } => (arena_bytes, partition_bytes),
+            Sizing::Bounded { arena_bytes, .. } => arena_bytes,
         };
         let started = Instant::now();
         let mut arena = self.arena.take().expect("a full arena");
@@ -201,14 +213,14 @@ impl RecordStore {
                 buckets.clone(),
                 self.group_ranges.clone(),
                 self.record_size,
-                arena_bytes / STAGE_SHARE,
+                stage_budget(arena_bytes),
             )?,
         };
         let moved = move_to_files(&arena, &mut groups);
         self.groups = Some(groups);
         moved?;
         arena.clear();
-        self.resident = if first_spill { self.resident_groups(&arena, partition_bytes) } else { 0 };
+        self.resident = if first_spill { self.resident_planned } else { 0 };
         self.arena = Some(arena);
         self.spills += 1;
         self.spill_time += started.elapsed();
@@ -456,15 +468,16 @@ impl LoserTree {
     }
 }
 
-/// Sorts the arena bucket by bucket and writes the records in order straight into the
-/// space `out` lends (one copy per record).
+/// Sorts the arena bucket by bucket and writes the records in order into the space `out`
+/// lends (gathered through a stage in the cache).
 pub fn emit_sorted<S: SpaceSink + ?Sized>(arena: &BucketArena, out: &mut S) -> Result<(), RiverError> {
     let rs = arena.record_size();
+    let mut stage = Vec::new();
     arena.for_each_sorted(|a, mut entries| {
         while !entries.is_empty() {
             let space = out.space()?;
             let n = (space.len() / rs).min(entries.len());
-            a.gather(&entries[..n], &mut space[..n * rs]);
+            a.gather(&entries[..n], &mut space[..n * rs], &mut stage);
             out.commit(n * rs)?;
             entries = &entries[n..];
         }
@@ -619,15 +632,15 @@ mod tests {
     /// Bytes of records the arena of a store of `arena_bytes` holds: a partition expected
     /// to be this large is expected to fit, and the groups are not made until it fills.
     fn arena_capacity(arena_bytes: usize) -> u64 {
-        let arena = BucketArena::bounded(Arc::new(KeyBuckets::single()), 100, arena_bytes - arena_bytes / STAGE_SHARE);
+        let arena = BucketArena::bounded(Arc::new(KeyBuckets::single()), 100, arena_bytes - stage_budget(arena_bytes));
         arena.unwrap().capacity() as u64
     }
 
     /// Bytes of `data` in the first `groups` groups of the store [`distribute`] makes.
     fn bytes_of_first_groups(data: &[u8], arena_bytes: usize, groups: usize) -> u64 {
         let buckets = bounded_buckets_of(data, arena_bytes / 2 / BLOCK_BYTES / 8);
-        let arena = BucketArena::bounded(buckets.clone(), 100, arena_bytes - arena_bytes / STAGE_SHARE).unwrap();
-        let ranges = plan_groups(&buckets, data.len() as u64, arena.capacity() / 2);
+        let arena = BucketArena::bounded(buckets.clone(), 100, arena_bytes - stage_budget(arena_bytes)).unwrap();
+        let (ranges, _) = plan_resident(&buckets, data.len() as u64, &arena);
         let resident_buckets = ranges[..groups].iter().map(|r| r.end).max().unwrap_or(0);
         100 * data.chunks(100).filter(|r| buckets.bucket_of(key(r)) < resident_buckets).count() as u64
     }
