@@ -3,7 +3,10 @@
 
 Each case runs the peer command and the ulnet commands alternately, ROUNDS times, on the
 same input file, timing each from the outside (command start to exit, the output in the
-page cache, as GNU sort leaves it), and compares medians. ulnet's per-phase times come from
+page cache, as GNU sort leaves it), and compares medians. Before each timed command the
+dirty pages the one before left are written back (`sync`, not timed): the peer's output
+(4 GB for `cp` in the external case) was otherwise still being written to the disk during
+the next command, whichever it was. ulnet's per-phase times come from
 its --json report (medians over the rounds). Every ulnet output is checked with
 `ulnet valsort` once (not timed).
 
@@ -47,6 +50,11 @@ def gensort(path, n, args):
 BASELINE = os.environ.get("ULNET_BASELINE")
 
 
+def settled():
+    """Writes back what the previous command left dirty, so it does not slow the next."""
+    os.sync()
+
+
 def run_case(name, peer_name, peer_cmd, ours, rounds, records, outputs, goal):
     """ours: list of (label, argv); peer_cmd: argv. Returns rows for the report."""
     if BASELINE:
@@ -55,15 +63,18 @@ def run_case(name, peer_name, peer_cmd, ours, rounds, records, outputs, goal):
     for r in range(rounds):
         for o in outputs:
             drop_file(o)
+        settled()
         t, _ = timed(peer_cmd, env={**os.environ, "LC_ALL": "C"})
         peer_t.append(t)
         # With a baseline build, the two builds swap places every round: the run right
-        # after the peer pays for the peer's output still being written back (seen: 10^7
-        # records, 2 nodes, 1.2 s in that place against 0.8 s in the next, either build).
+        # after the peer paid for the peer's output still being written back (seen: 10^7
+        # records, 2 nodes, 1.2 s in that place against 0.8 s in the next, either build,
+        # before the `sync` between commands), and may still pay for its pages' eviction.
         order = ours if r % 2 == 0 or not BASELINE else ours[len(ours) // 2:] + ours[:len(ours) // 2]
         for label, argv in order:
             for o in outputs:
                 drop_file(o)
+            settled()
             t, out = timed(argv)
             our_t[label].append(t)
             rep = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
