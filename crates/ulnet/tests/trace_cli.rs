@@ -114,14 +114,18 @@ fn trace_ab_compares_blocks_of_one_run() {
         let a = json(&ulnet(&["trace", "analyze", file.to_str().unwrap(), "--json"]));
         a["messages"].as_u64().unwrap()
     };
-    for (test, metrics) in
-        [("rpc-lat", &["p50_us", "trimmed_mean_us", "mean_us"][..]), ("msg-rate", &["msgs_per_s"][..])]
-    {
+    // am-bw's large messages: a clock reading per message, not per 64.
+    let cases = [
+        ("rpc-lat", &["p50_us", "trimmed_mean_us", "mean_us"][..], "128"),
+        ("msg-rate", &["msgs_per_s"][..], "8"),
+        ("am-bw", &["msgs_per_s"][..], "1048576"),
+    ];
+    for (test, metrics, size) in cases {
         for mode in ["traced", "control"] {
             let file = dir.join(format!("{test}-{mode}.ultrace"));
             let f = file.to_str().unwrap();
-            let args = ["bench", test, "--trace", f, "--trace-ab", mode, "--duration-ms", "600", "--warmup", "1000"];
-            let bench = json(&ulnet(&[&args[..], &["--json"]].concat()));
+            let args = ["bench", test, "--size", size, "--trace", f, "--trace-ab", mode, "--duration-ms", "600"];
+            let bench = json(&ulnet(&[&args[..], &["--warmup", "1000", "--json"]].concat()));
             let figures = bench["trace_ab"].as_array().expect("trace_ab figures");
             let names: Vec<&str> = figures.iter().map(|f| f["metric"].as_str().unwrap()).collect();
             assert_eq!(names, metrics, "{test} {mode}");
@@ -133,6 +137,7 @@ fn trace_ab_compares_blocks_of_one_run() {
                 assert!(ratio > 0.2 && ratio < 5.0, "{test} {mode}: {fig}");
             }
             assert!(bench["iters"].as_u64().unwrap() > 1000, "{bench}");
+            assert!(figures.iter().all(|f| f["ratio"].is_number()), "{test} {mode}: {bench}");
             let (own, peer) = (messages(&file), messages(&dir.join(format!("{test}-{mode}.ultrace.peer"))));
             if mode == "traced" {
                 assert!(own > 0 && peer > 0, "{test}: traced blocks recorded ({own}, {peer})");

@@ -33,8 +33,9 @@ pub fn switch(mode: Option<AbMode>) -> Option<alternate::Switch> {
 /// it) is left out.
 const BLOCK_ROUND_TRIPS_MIN: usize = 100;
 
-/// A stream block with fewer messages than this is left out.
-const BLOCK_MESSAGES_MIN: u64 = 1_000;
+/// A stream block whose counted window (first to last clock reading in it) is shorter
+/// than this many ticks is left out: half a block.
+const BLOCK_WINDOW_MIN: u64 = alternate::BLOCK_TICKS / 2;
 
 /// One figure of the comparison.
 #[derive(Serialize, Debug, Clone, PartialEq)]
@@ -162,7 +163,7 @@ impl RateBlocks {
         let rates: Vec<(u64, f64)> = self
             .blocks
             .iter()
-            .filter(|&&(_, from, to, count)| count >= BLOCK_MESSAGES_MIN && to > from)
+            .filter(|&&(_, from, to, count)| count > 0 && to - from >= BLOCK_WINDOW_MIN)
             .map(|&(b, from, to, count)| (b, count as f64 * 1e9 / ((to - from) as f64 * ns_per_tick)))
             .collect();
         compare("msgs_per_s", &rates)
