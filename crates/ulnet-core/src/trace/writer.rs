@@ -74,20 +74,20 @@ struct Block {
     count: u32,
     /// What the next record is encoded against (compact records say what changed since
     /// the block's previous record).
-    previous: compact::Context,
+    context: compact::Context,
     /// When its first record was added, in ticks.
     opened_at: u64,
 }
 
 impl Block {
     fn new() -> Self {
-        Block { records: Vec::new(), count: 0, previous: compact::Context::new(VERSION), opened_at: 0 }
+        Block { records: Vec::new(), count: 0, context: compact::Context::new(VERSION), opened_at: 0 }
     }
 
     fn clear(&mut self) {
         self.records.clear();
         self.count = 0;
-        self.previous = compact::Context::new(VERSION);
+        self.context = compact::Context::new(VERSION);
     }
 }
 
@@ -304,7 +304,7 @@ impl Session {
         if block.count == 0 {
             block.opened_at = now;
         }
-        compact::encode(&mut block.previous, slot, &mut block.records);
+        compact::encode(&mut block.context, slot, &mut block.records);
         block.count += 1;
         if block.count as usize == BLOCK_RECORDS_MAX {
             self.write(block, 0);

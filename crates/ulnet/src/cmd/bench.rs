@@ -14,7 +14,7 @@ use clap::{Args, ValueEnum};
 use serde::Serialize;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use trace_ab::{AbFigure, AbMode, LatencyBlocks, RateBlocks};
+use trace_ab::{AbFigure, AbMode, LatencyBlocks, PollSwitch, RateBlocks};
 use ulnet_core::trace::alternate::Switch;
 use ulnet_core::{trace, ChannelId, Endpoint, EndpointConfig, Event, SendOutcome};
 use ulnet_msg::rpc::{CallOutcome, Rpc, RpcConfig, RpcEvent};
@@ -170,8 +170,9 @@ pub struct BenchArgs {
     /// With --trace: both processes switch tracing on and off every 2^24 ticks of the
     /// time-stamp counter (about 6 ms), and the report compares each traced block with the
     /// untraced one before it (`trace_ab` in the JSON; latency by each block's median,
-    /// trimmed mean and mean): the cost of tracing measured in one run. The measured phase lasts --duration-ms. `control` keeps every block untraced,
-    /// to show the comparison's own spread. For am-lat, rpc-lat, msg-rate and am-bw.
+    /// trimmed mean and mean): the cost of tracing measured in one run. The measured phase
+    /// lasts --duration-ms. `control` keeps every block untraced, to show the comparison's
+    /// own spread. For am-lat, rpc-lat, msg-rate and am-bw.
     #[arg(long, value_enum, requires = "trace", num_args = 0..=1, default_missing_value = "traced")]
     trace_ab: Option<AbMode>,
     /// RMA tests over shm: send every operation through the target's engine over a
@@ -547,18 +548,23 @@ fn receive_messages(ep: &mut Endpoint, count: u64, batch: usize) -> Result<()> {
 
 fn latency(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<Report> {
     let msg = vec![0xa5u8; p.size];
+    ping_pong(p, || {
+        send_blocking(ep, ch, &msg)?;
+        receive_messages(ep, 1, 1)
+    })
+}
+
+/// A latency test of `round_trip` (one whole round trip): `p.warmup` unmeasured, then
+/// `p.iters` timed one by one (with --trace-ab, [`latency_ab`]).
+fn ping_pong(p: &Params, mut round_trip: impl FnMut() -> Result<()>) -> Result<Report> {
     if let Some(mut switch) = trace_ab::switch(p.trace_ab) {
-        return latency_ab(p, &mut switch, || {
-            send_blocking(ep, ch, &msg)?;
-            receive_messages(ep, 1, 1)
-        });
+        return latency_ab(p, &mut switch, round_trip);
     }
     let clock = CycleClock::calibrate(Duration::from_millis(50));
     let mut samples = Vec::with_capacity(p.iters as usize);
     for i in 0..p.warmup + p.iters {
         let t0 = ticks();
-        send_blocking(ep, ch, &msg)?;
-        receive_messages(ep, 1, 1)?;
+        round_trip()?;
         if i >= p.warmup {
             samples.push(ticks() - t0);
         }
@@ -655,13 +661,9 @@ fn serve(ep: &mut Endpoint, ch: ChannelId, p: &Params) -> Result<()> {
     let mut answered = 0u64;
     // Latency: hand each message over as soon as it is in; streams: drain in batches.
     let batch = if p.test == Test::AmLat { 1 } else { 256 };
-    let mut switch = trace_ab::switch(p.trace_ab);
-    let mut polls = 0u32;
+    let mut switch = PollSwitch::new(p.trace_ab);
     loop {
-        polls = polls.wrapping_add(1);
-        if let Some(s) = switch.as_mut().filter(|_| polls.is_multiple_of(64)) {
-            s.follow(trace::now());
-        }
+        switch.poll();
         let mut closed = None;
         let polled = ep.poll(batch, |e| match e {
             Event::Message { data, message_len, offset, mut reply, .. } => {
@@ -732,13 +734,9 @@ fn serve_rpc(ep: Endpoint, p: &Params) {
     let echo = vec![0x3cu8; p.size];
     rpc.register_inline(RPC_ECHO, move |req, replier| replier.reply(&[&echo[..req.payload.len().min(echo.len())]]));
     let mut down = false;
-    let mut switch = trace_ab::switch(p.trace_ab);
-    let mut polls = 0u32;
+    let mut switch = PollSwitch::new(p.trace_ab);
     while !down {
-        polls = polls.wrapping_add(1);
-        if let Some(s) = switch.as_mut().filter(|_| polls.is_multiple_of(64)) {
-            s.follow(trace::now());
-        }
+        switch.poll();
         if rpc.poll(256, |e| down |= matches!(e, RpcEvent::ChannelDown { .. })) == 0 && idle(rpc.endpoint()).is_err() {
             return;
         }
@@ -774,7 +772,7 @@ fn rpc_client(rpc: &mut Rpc, ch: ChannelId, p: &Params) -> Result<Report> {
     let mut report = Report::of(p);
     let mut tally = Tally::default();
     if p.test == Test::RpcLat {
-        let mut one_call = || {
+        return ping_pong(p, || {
             while rpc.call(ch, RPC_ECHO, &[&request], None)? == CallOutcome::NoResource {
                 rpc.poll(1, |e| tally.count(e));
             }
@@ -783,22 +781,7 @@ fn rpc_client(rpc: &mut Rpc, ch: ChannelId, p: &Params) -> Result<Report> {
                 rpc.poll(1, |e| tally.count(e));
             }
             tally.check()
-        };
-        if let Some(mut switch) = trace_ab::switch(p.trace_ab) {
-            return latency_ab(p, &mut switch, one_call);
-        }
-        let clock = CycleClock::calibrate(Duration::from_millis(50));
-        let mut samples = Vec::with_capacity(p.iters as usize);
-        for i in 0..p.warmup + p.iters {
-            let t0 = ticks();
-            one_call()?;
-            if i >= p.warmup {
-                samples.push(ticks() - t0);
-            }
-        }
-        let s = stats::one_way(samples.into_iter().map(|t| clock.ns(t)).collect());
-        (report.p50_us, report.p99_us, report.avg_us) = (Some(s.p50_us), Some(s.p99_us), Some(s.avg_us));
-        return Ok(report);
+        });
     }
     let total = p.warmup + p.iters;
     let mut sent = 0u64;

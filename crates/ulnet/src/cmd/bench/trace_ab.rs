@@ -11,6 +11,7 @@
 
 use clap::ValueEnum;
 use serde::Serialize;
+use std::ops::Range;
 use std::time::Instant;
 use ulnet_core::trace::{self, alternate};
 
@@ -27,6 +28,30 @@ pub enum AbMode {
 /// The follower of the schedule for a process of a run with `--trace-ab`.
 pub fn switch(mode: Option<AbMode>) -> Option<alternate::Switch> {
     mode.map(|m| alternate::Switch::new(m == AbMode::Control))
+}
+
+/// The passive side's follower: checks the schedule every 64 polls (a clock read costs
+/// more than an empty poll; 64 polls take microseconds, well inside a block's guard).
+pub struct PollSwitch {
+    switch: Option<alternate::Switch>,
+    polls: u32,
+}
+
+impl PollSwitch {
+    pub fn new(mode: Option<AbMode>) -> Self {
+        Self { switch: switch(mode), polls: 0 }
+    }
+
+    /// Called before each poll.
+    #[inline]
+    pub fn poll(&mut self) {
+        if let Some(s) = &mut self.switch {
+            self.polls = self.polls.wrapping_add(1);
+            if self.polls.is_multiple_of(64) {
+                s.follow(trace::now());
+            }
+        }
+    }
 }
 
 /// A latency block with fewer round trips than this (its process lost the CPU for most of
@@ -77,18 +102,21 @@ impl ClockRate {
 /// The round trips of a latency test, by block.
 pub struct LatencyBlocks {
     clock: ClockRate,
-    blocks: Vec<(u64, Vec<u64>)>,
-    /// Every measured round trip, in ticks.
+    /// Every measured round trip, in ticks …
     all: Vec<u64>,
+    /// … and those that belong to each block (a block's lie together in `all`: the ones
+    /// before them in its guard, the one after them running into the next block).
+    blocks: Vec<(u64, Range<usize>)>,
 }
 
 impl LatencyBlocks {
     pub fn new() -> Self {
-        Self { clock: ClockRate::start(), blocks: Vec::new(), all: Vec::new() }
+        Self { clock: ClockRate::start(), all: Vec::new(), blocks: Vec::new() }
     }
 
     /// A round trip from clock reading `t0` to `t1`, begun with the switch following `t0`.
     pub fn add(&mut self, t0: u64, t1: u64) {
+        let at = self.all.len();
         self.all.push(t1 - t0);
         let b = alternate::block(t1);
         // Only a round trip wholly inside one block, past the guard in which the peer
@@ -97,8 +125,11 @@ impl LatencyBlocks {
             return;
         }
         match self.blocks.last_mut() {
-            Some((last, v)) if *last == b => v.push(t1 - t0),
-            _ => self.blocks.push((b, vec![t1 - t0])),
+            Some((last, r)) if *last == b => {
+                debug_assert_eq!(r.end, at, "a block's round trips follow one another");
+                r.end = at + 1;
+            }
+            _ => self.blocks.push((b, at..at + 1)),
         }
     }
 
@@ -106,13 +137,15 @@ impl LatencyBlocks {
     /// mean and by mean, one-way.
     pub fn finish(self) -> (Vec<u64>, Vec<AbFigure>) {
         let ns_per_tick = self.clock.ns_per_tick();
-        let all = self.all.iter().map(|&t| (t as f64 * ns_per_tick) as u64).collect();
         let one_way_us = |ticks: f64| ticks * ns_per_tick / 2000.0;
         let mut summed: Vec<(u64, [f64; 3])> = Vec::new();
-        for (b, mut v) in self.blocks {
-            if v.len() < BLOCK_ROUND_TRIPS_MIN {
+        let mut v = Vec::new();
+        for (b, r) in self.blocks {
+            if r.len() < BLOCK_ROUND_TRIPS_MIN {
                 continue;
             }
+            v.clear();
+            v.extend_from_slice(&self.all[r]);
             v.sort_unstable();
             let kept = &v[v.len() / 10..v.len() - v.len() / 10];
             let trimmed = kept.iter().sum::<u64>() as f64 / kept.len() as f64;
@@ -124,6 +157,7 @@ impl LatencyBlocks {
             .enumerate()
             .map(|(i, metric)| compare(metric, &summed.iter().map(|(b, s)| (*b, s[i])).collect::<Vec<_>>()))
             .collect();
+        let all = self.all.into_iter().map(|t| (t as f64 * ns_per_tick) as u64).collect();
         (all, figures)
     }
 }
