@@ -3,7 +3,8 @@
 
 Each case runs the peer command and the ulnet commands alternately, ROUNDS times, on the
 same input file, timing each from the outside (command start to exit, the output in the
-page cache, as GNU sort leaves it), and compares medians. Before each timed command the
+page cache, as GNU sort leaves it), and compares medians and the fastest runs (a case is met
+when both ratios are within its goal). Before each timed command the
 dirty pages the one before left are written back (`sync`, not timed): the peer's output
 (4 GB for `cp` in the external case) was otherwise still being written to the disk during
 the next command, whichever it was. ulnet's per-phase times come from
@@ -90,8 +91,15 @@ def run_case(name, peer_name, peer_cmd, ours, rounds, records, outputs, goal):
         ph = {k: statistics.median([p[k] for p in phases[label]])
               for k in ["startup_s", "read_distribute_s", "sort_s", "write_s", "total_s"]}
         ratio = mo / mp
+        # The host slows some rounds, and not both commands alike (`cp` of 4 GB took 1.25-5.3 s
+        # on the development VM, the sort 4.2-6 s): a ratio of medians can pass on rounds where
+        # only the peer was slowed. So the goal is met only when the ratio of the fastest runs
+        # (each command at its quietest) meets it too.
+        best = min(our_t[label]) / min(peer_t)
+        paired = statistics.median(o / p for o, p in zip(our_t[label], peer_t))
         rows.append(dict(case=name, label=label, ours=mo, peer=mp, peer_name=peer_name, ratio=ratio, goal=goal,
-                         ok=ratio <= goal, phases=ph, our_runs=our_t[label], peer_runs=peer_t,
+                         best=best, paired=paired,
+                         ok=ratio <= goal and best <= goal, phases=ph, our_runs=our_t[label], peer_runs=peer_t,
                          cmd=" ".join(a if a not in (ULNET, BASELINE) else "ulnet" for a in argv), peer_cmd=" ".join(peer_cmd),
                          mode=phases[label][0]["mode"], imbalance=phases[label][0]["imbalance"],
                          rss_mib=max(n.get("usage", {}).get("max_rss_kib", 0) / 1024
@@ -109,7 +117,7 @@ def run_case(name, peer_name, peer_cmd, ours, rounds, records, outputs, goal):
                          output_io="/".join(sorted({n.get("output_io") or "n/a" for p in phases[label]
                                                     for n in p["per_node"]}))))
         print(f"{name:12} {label:28} ulnet {mo:8.3f} s  {peer_name} {mp:8.3f} s  ratio {ratio:6.3f}  "
-              f"goal <={goal}  {'PASS' if ratio <= goal else 'MISS'}", flush=True)
+              f"fastest/fastest {best:6.3f}  goal <={goal}  {'PASS' if rows[-1]['ok'] else 'MISS'}", flush=True)
     return rows
 
 
@@ -160,11 +168,14 @@ def main():
             shutil.rmtree(d, ignore_errors=True)
     if a.markdown:
         with open(a.markdown, "w") as f:
-            f.write("| case | ulnet | ulnet (median s) | peer | peer (median s) | ratio | goal | met |\n"
-                    "|---|---|---|---|---|---|---|---|\n")
+            f.write("| case | ulnet | ulnet (median s) | peer | peer (median s) | ratio of medians "
+                    "| fastest / fastest | median of each round's ratio | goal | met |\n"
+                    "|---|---|---|---|---|---|---|---|---|---|\n")
             for r in rows:
                 f.write(f"| {r['case']} | {r['label']} ({r['mode']}) | {r['ours']:.3f} | {r['peer_name']} | "
-                        f"{r['peer']:.3f} | {r['ratio']:.3f} | <={r['goal']} | {'yes' if r['ok'] else 'no'} |\n")
+                        f"{r['peer']:.3f} | {r['ratio']:.3f} | {r['best']:.3f} | {r['paired']:.3f} | <={r['goal']} | "
+                        f"{'yes' if r['ok'] else 'no'} |\n")
+            f.write("\nMet: the ratio of medians and the ratio of the fastest runs both within the goal.\n")
             f.write("\nPer-phase times of ulnet (medians over the rounds, slowest node, seconds; total is node 0's "
                     "command start to commit, the wall time above includes process exit):\n\n"
                     "| case | ulnet | startup | read+distribute | sort | write | total | largest partition / mean "
