@@ -51,9 +51,19 @@ def gensort(path, n, args):
 BASELINE = os.environ.get("ULNET_BASELINE")
 
 
+# Seconds to wait after each `sync` before a timed command (SETTLE_S, default 0). A virtual
+# machine that reports freed memory to its host does so a couple of seconds after it is freed,
+# and memory it has handed back costs a host fault per page: with no wait, a command that
+# follows one which freed a lot of memory (GNU sort's 2 GB buffer, the sort's arena, the group
+# files' page cache) gets cheap memory, and one that follows a `sync` of a few seconds does
+# not. A wait of 3 s or more starts every command from returned memory (see BENCHMARKS.md).
+SETTLE_S = float(os.environ.get("SETTLE_S", "0"))
+
+
 def settled():
     """Writes back what the previous command left dirty, so it does not slow the next."""
     os.sync()
+    time.sleep(SETTLE_S)
 
 
 def run_case(name, peer_name, peer_cmd, ours, rounds, records, outputs, goal):

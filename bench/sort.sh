@@ -6,7 +6,8 @@
 # Writes bench/results/sort.md (SORT_OUT to write elsewhere). ROUNDS (default 5) and
 # SORT_BENCH_DIR (default target/sort-bench; about 12 GB free needed for the external case:
 # input, output and the key-range group files) may be set; CASES picks a subset (e.g.
-# CASES=datamation). Inputs are deleted at the end.
+# CASES=datamation). SETTLE_S waits that many seconds after each `sync` (bench/sort.py). Inputs
+# are deleted at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --locked -p ulnet >/dev/null 2>&1
@@ -20,6 +21,7 @@ python3 bench/sort.py --rounds "${ROUNDS:-5}" --dir "${SORT_BENCH_DIR:-target/so
   echo
   echo "Run: \`bench/sort.sh\` on $(date -u +%Y-%m-%d), $(nproc) vCPU, $(free -g | awk '/Mem:/{print $2}') GiB,"
   echo "load average before the run: $(cut -d' ' -f1-3 /proc/loadavg) (a shared machine: other work ran meanwhile)."
+  echo "Wait after each \`sync\`: ${SETTLE_S:-0} s (SETTLE_S)."
   echo
   cat "$TMP"
 } > "$OUT"

@@ -108,8 +108,7 @@ fn key_part(e: u128) -> u128 {
 pub const BLOCK_BYTES: usize = 32 << 10;
 
 /// Records in key-range buckets, in blocks of one mapping reserved up front (address
-/// space only until written; without a memory bound, backed by huge pages where the
-/// kernel allows).
+/// space only until written, in pages of 4 KiB).
 pub struct BucketArena {
     map: MmapMut,
     record_size: usize,
@@ -138,12 +137,17 @@ impl std::fmt::Debug for BucketArena {
 impl BucketArena {
     /// Room for at least `records` records in `buckets` (each bucket's partly filled last
     /// block is provided for on top).
+    ///
+    /// In pages of 4 KiB, not huge pages (as [`BucketArena::bounded`]). On the development
+    /// VM huge pages made the in-memory sort of 10^7 records depend on the state of the
+    /// host's memory: 2 nodes took 2.13–2.71 s with huge pages and 1.03–1.44 s without,
+    /// alternating in one run of `bench/sort.sh`. 4 nodes took 0.86–1.16 s with them and
+    /// 1.21–1.58 s without. Starting every run from memory the VM had handed back (`sync`
+    /// and 4 s), 4 KiB pages were faster in 5 of 6 pairs (BENCHMARKS.md, issue 8).
     pub fn new(buckets: Arc<KeyBuckets>, record_size: usize, records: usize) -> std::io::Result<Self> {
         let block_records = (BLOCK_BYTES / record_size).max(1);
         let blocks_total = records.div_ceil(block_records) + buckets.len();
-        let arena = Self::with_blocks(buckets, record_size, blocks_total)?;
-        let _ = arena.map.advise(Advice::HugePage);
-        Ok(arena)
+        Self::with_blocks(buckets, record_size, blocks_total)
     }
 
     /// At most `bytes` of blocks (a memory bound): how many records fit depends on how
