@@ -60,10 +60,10 @@ BASELINE = os.environ.get("ULNET_BASELINE")
 SETTLE_S = float(os.environ.get("SETTLE_S", "0"))
 
 
-# Most the peer's median run may exceed its fastest for a verdict: 1.25 (GNU sort's medians
-# are 1.05-1.1 x its fastest runs, `cp`'s 1.03-1.13 x on a quiet host, and 1.48-1.55 x
-# when the host slowed it in most rounds).
-PEER_SPREAD_MAX = 1.25
+# Most the peer's median run may exceed its fastest for a verdict: 1.3 (GNU sort's medians
+# were 1.04-1.22 x its fastest runs in every run on the development VM, `cp`'s 1.03-1.13 x
+# on a quiet host, and 1.37-1.55 x when the host slowed it in most rounds).
+PEER_SPREAD_MAX = 1.3
 
 
 def settled():
