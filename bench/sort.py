@@ -56,7 +56,7 @@ BASELINE = os.environ.get("ULNET_BASELINE")
 # and memory it has handed back costs a host fault per page: with no wait, a command that
 # follows one which freed a lot of memory (GNU sort's 2 GB buffer, the sort's arena, the group
 # files' page cache) gets cheap memory, and one that follows a `sync` of a few seconds does
-# not. A wait of 3 s or more starts every command from returned memory (see BENCHMARKS.md).
+# not. A wait of 4 s (measured) starts every command from returned memory (see BENCHMARKS.md).
 SETTLE_S = float(os.environ.get("SETTLE_S", "0"))
 
 

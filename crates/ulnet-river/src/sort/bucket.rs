@@ -11,6 +11,8 @@
 //!   the buckets one at a time and hands each, in key order, to the caller.
 
 use super::radix::{entry, index_of, key, sort_entries};
+use crate::error::RiverError;
+use crate::flow::SpaceSink;
 use memmap2::{Advice, MmapMut, MmapOptions};
 use std::sync::Arc;
 
@@ -346,11 +348,11 @@ impl BucketArena {
         Ok(())
     }
 
-    /// Copies the records of sorted `entries` (from [`BucketArena::for_each_sorted`]) into
-    /// `dst`, which holds exactly that many, through `stage` ([`gather_records`]).
+    /// The records' memory, which the indexes of [`BucketArena::for_each_sorted`]'s entries
+    /// point into (for [`write_gathered`]).
     #[inline]
-    pub fn gather(&self, entries: &[u128], dst: &mut [u8], stage: &mut Vec<u8>) {
-        gather_records(dst, entries, &self.map, self.record_size, stage);
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
     }
 
     /// Empties it; the blocks' pages stay for the next fill.
@@ -391,6 +393,25 @@ pub(crate) fn gather_records(dst: &mut [u8], entries: &[u128], src: &[u8], rs: u
         }
         d.copy_from_slice(piece);
     }
+}
+
+/// Writes the records of `data` that the sorted `entries` point to into `out`, in order,
+/// as much as each lent space holds, gathered through `stage` ([`gather_records`]).
+pub(crate) fn write_gathered<S: SpaceSink + ?Sized>(
+    mut entries: &[u128],
+    data: &[u8],
+    rs: usize,
+    stage: &mut Vec<u8>,
+    out: &mut S,
+) -> Result<(), RiverError> {
+    while !entries.is_empty() {
+        let space = out.space()?;
+        let n = (space.len() / rs).min(entries.len());
+        gather_records(&mut space[..n * rs], &entries[..n], data, rs, stage);
+        out.commit(n * rs)?;
+        entries = &entries[n..];
+    }
+    Ok(())
 }
 
 /// Copies one record; the Sort Benchmark's 100 bytes with a fixed-size move the compiler
@@ -461,7 +482,7 @@ pub(crate) mod tests {
         arena
             .for_each_sorted(|a, entries| {
                 let mut dst = vec![0u8; entries.len() * 100];
-                a.gather(entries, &mut dst, &mut stage);
+                gather_records(&mut dst, entries, a.bytes(), 100, &mut stage);
                 out.extend_from_slice(&dst);
                 Ok::<(), ()>(())
             })

@@ -28,7 +28,7 @@
 //! machine that returns freed memory to its host, new memory costs a host fault per page,
 //! reused memory does not.
 
-use super::bucket::{copy_record, gather_records, KeyBuckets};
+use super::bucket::{copy_record, write_gathered, KeyBuckets};
 use super::radix::{entry, key, sort_entries};
 use super::store::{merge_runs, Run};
 use crate::error::RiverError;
@@ -566,25 +566,6 @@ fn counts_mismatch() -> RiverError {
     RiverError::io("sorting a group", std::io::Error::other("its records disagree with their bucket counts"))
 }
 
-/// Writes the records of `data` that the sorted `entries` point to into `out`, in order,
-/// as much as each lent space holds, gathered through `stage`.
-fn write_sorted<S: SpaceSink + ?Sized>(
-    mut entries: &[u128],
-    data: &[u8],
-    rs: usize,
-    stage: &mut Vec<u8>,
-    out: &mut S,
-) -> Result<(), RiverError> {
-    while !entries.is_empty() {
-        let space = out.space()?;
-        let n = (space.len() / rs).min(entries.len());
-        gather_records(&mut space[..n * rs], &entries[..n], data, rs, stage);
-        out.commit(n * rs)?;
-        entries = &entries[n..];
-    }
-    Ok(())
-}
-
 fn read_full(file: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut at = 0;
     while at < buf.len() {
@@ -653,7 +634,7 @@ impl FlatSorter {
             }
             self.by_bucket.clear();
             self.by_bucket.extend(records.chunks_exact(rs).enumerate().map(|(i, r)| entry(r, i as u64)));
-            write_sorted(sort_entries(&mut self.by_bucket, &mut self.scratch), records, rs, &mut self.stage, out)?;
+            write_gathered(sort_entries(&mut self.by_bucket, &mut self.scratch), records, rs, &mut self.stage, out)?;
         }
         Ok(())
     }
@@ -721,7 +702,7 @@ impl FlatSorter {
             if bucket_entries.is_empty() {
                 continue;
             }
-            write_sorted(sort_entries(bucket_entries, &mut self.scratch), data, rs, &mut self.stage, out)?;
+            write_gathered(sort_entries(bucket_entries, &mut self.scratch), data, rs, &mut self.stage, out)?;
         }
         Ok(())
     }

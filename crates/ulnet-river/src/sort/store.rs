@@ -8,7 +8,7 @@
 //! group by group (the resident ones from the arena, the others from the group files),
 //! with a merge of sorted runs for a group too large for memory.
 
-use super::bucket::{copy_record, BucketArena, KeyBuckets, BLOCK_BYTES};
+use super::bucket::{copy_record, write_gathered, BucketArena, KeyBuckets, BLOCK_BYTES};
 use super::distribute::{plan_groups, sort_groups, GroupFiles, GroupReport, PassTwo};
 use super::radix::{entry, key};
 use crate::disk::DiskSource;
@@ -473,16 +473,7 @@ impl LoserTree {
 pub fn emit_sorted<S: SpaceSink + ?Sized>(arena: &BucketArena, out: &mut S) -> Result<(), RiverError> {
     let rs = arena.record_size();
     let mut stage = Vec::new();
-    arena.for_each_sorted(|a, mut entries| {
-        while !entries.is_empty() {
-            let space = out.space()?;
-            let n = (space.len() / rs).min(entries.len());
-            a.gather(&entries[..n], &mut space[..n * rs], &mut stage);
-            out.commit(n * rs)?;
-            entries = &entries[n..];
-        }
-        Ok(())
-    })
+    arena.for_each_sorted(|a, entries| write_gathered(entries, a.bytes(), rs, &mut stage, out))
 }
 
 /// A sorted run being merged, read ahead from its file.
