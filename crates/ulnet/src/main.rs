@@ -72,9 +72,40 @@ fn main() {
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            let msg = format!("{e:#}").replace('\n', " ");
-            eprintln!("ulnet: error: {msg}");
+            eprintln!("ulnet: error: {}", one_line(&e));
             std::process::exit(1);
         }
+    }
+}
+
+/// The error and its causes on one line, each cause once: errors that print their source
+/// in their own message (as "creating X: No such file or directory") would otherwise show
+/// it twice.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut msg = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string().replace('\n', " ");
+        if msg.ends_with(&text) {
+            continue;
+        }
+        if !msg.is_empty() {
+            msg.push_str(": ");
+        }
+        msg.push_str(&text);
+    }
+    msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_line;
+
+    #[test]
+    fn a_cause_its_error_already_prints_is_shown_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let e = anyhow::Error::new(ulnet_river::RiverError::io("creating out", io)).context("node 0");
+        assert_eq!(one_line(&e), "node 0: creating out: no such file");
+        let e = anyhow::anyhow!("outer\nline").context("top");
+        assert_eq!(one_line(&e), "top: outer line");
     }
 }

@@ -475,6 +475,33 @@ fn ssh_launcher_starts_one_node_per_host() {
 }
 
 #[test]
+fn an_empty_input_sorts_to_an_empty_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("empty.in");
+    std::fs::write(&input, []).unwrap();
+    let output = dir.path().join("empty.out");
+    let temp = dir.path().to_str().unwrap();
+    for args in [
+        &["--nodes", "1"][..],
+        &["--nodes", "3", "--verify"],
+        &["--nodes", "2", "--memory", "16MiB", "--temp-dir", temp],
+    ] {
+        std::fs::write(&output, b"stale").unwrap();
+        let mut all = vec!["sort", "--input", input.to_str().unwrap(), "--output", output.to_str().unwrap(), "--json"];
+        all.extend_from_slice(args);
+        let out = ulnet(&all);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let r = json_of(&out);
+        assert_eq!(r["records"], 0, "{args:?}");
+        assert_eq!(r["imbalance"], 1.0, "{args:?}");
+        assert_eq!(std::fs::metadata(&output).unwrap().len(), 0, "{args:?}: the output is empty");
+        if args.contains(&"--verify") {
+            assert_eq!(r["verified"], true);
+        }
+    }
+}
+
+#[test]
 fn launcher_refuses_bad_input() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.dat");

@@ -433,7 +433,7 @@ fn launch(mut a: SortArgs, t0: u128) -> Result<i32> {
     a.input = absolute(&a.input)?;
     a.output = absolute(&a.output)?;
     let meta = std::fs::metadata(&a.input).with_context(|| format!("reading {}", a.input.display()))?;
-    if meta.len() == 0 || meta.len() % 100 != 0 {
+    if meta.len() % 100 != 0 {
         bail!("{} holds {} bytes, not a whole number of 100-byte records", a.input.display(), meta.len());
     }
     let ssh = a.launcher == Launcher::Ssh;
