@@ -77,10 +77,15 @@ def run_case(name, peer_name, peer_cmd, ours, rounds, records, outputs, goal):
     if BASELINE:
         ours = ours + [(f"{l}, baseline", [BASELINE, *argv[1:]]) for l, argv in ours]
     peer_t, our_t, phases = [], {l: [] for l, _ in ours}, {l: [] for l, _ in ours}
-    for r in range(rounds):
+
+    def fresh():
+        """No output left from the command before, and its dirty pages written back."""
         for o in outputs:
             drop_file(o)
         settled()
+
+    for r in range(rounds):
+        fresh()
         t, _ = timed(peer_cmd, env={**os.environ, "LC_ALL": "C"})
         peer_t.append(t)
         # With a baseline build, the two builds swap places every round: the run right
@@ -89,9 +94,7 @@ def run_case(name, peer_name, peer_cmd, ours, rounds, records, outputs, goal):
         # before the `sync` between commands), and may still pay for its pages' eviction.
         order = ours if r % 2 == 0 or not BASELINE else ours[len(ours) // 2:] + ours[:len(ours) // 2]
         for label, argv in order:
-            for o in outputs:
-                drop_file(o)
-            settled()
+            fresh()
             t, out = timed(argv)
             our_t[label].append(t)
             rep = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
