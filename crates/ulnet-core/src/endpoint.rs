@@ -166,10 +166,14 @@ impl ReplyTo<'_> {
 /// Counts a send's outcome.
 #[inline(always)]
 fn count_send(counters: &mut EndpointCounters, outcome: SendOutcome, gather: &[&[u8]]) {
+    count_send_of(counters, outcome, gather.iter().map(|b| b.len() as u64).sum())
+}
+
+fn count_send_of(counters: &mut EndpointCounters, outcome: SendOutcome, bytes: u64) {
     match outcome {
         SendOutcome::Done => {
             counters.messages_sent += 1;
-            counters.bytes_sent += gather.iter().map(|b| b.len() as u64).sum::<u64>();
+            counters.bytes_sent += bytes;
         }
         SendOutcome::NoResource => counters.no_resource += 1,
         SendOutcome::InProgress(_) => {}
@@ -558,6 +562,32 @@ impl Endpoint {
         let session = trace::active();
         if session != 0 && outcome == SendOutcome::Done {
             self.recorder.send(session, (self.config.node_id, peer), channel.0, gather, kind, request_id);
+        }
+        Ok(outcome)
+    }
+
+    /// Sends one message of `len` bytes (at most the transport's `fragment_max`) that `pack`
+    /// writes in place, whole or not at all ([`Transport::send_packed`]): for data scattered
+    /// in the caller's memory, gathered straight into the channel's buffer when the
+    /// transport has one ([`Capabilities::pack_in_place`]). `NoResource` as for
+    /// [`Endpoint::send`].
+    pub fn send_packed(
+        &mut self,
+        channel: ChannelId,
+        len: usize,
+        pack: &mut dyn FnMut(&mut [u8]),
+    ) -> Result<SendOutcome, SendError> {
+        let slot = self.slot_mut(channel)?;
+        if !slot.posted.is_empty() {
+            self.counters.no_resource += 1;
+            return Ok(SendOutcome::NoResource);
+        }
+        let outcome = slot.transport.send_packed(len, pack)?;
+        let peer = slot.peer_node;
+        count_send_of(&mut self.counters, outcome, len as u64);
+        let session = trace::active();
+        if session != 0 && outcome == SendOutcome::Done {
+            self.recorder.send_packed(session, (self.config.node_id, peer), channel.0, len, MessageKind::Message);
         }
         Ok(outcome)
     }

@@ -49,6 +49,34 @@ fn messages_of_every_size_arrive_whole_in_order_then_closed() {
 }
 
 #[test]
+fn packed_messages_arrive_over_a_transport_without_send_buffers() {
+    let mut server = Endpoint::new(config(b"s3cret"));
+    let addr = server.listen_tcp("127.0.0.1:0").unwrap().to_string();
+    let client = std::thread::spawn(move || {
+        let mut ep = Endpoint::new(config(b"s3cret"));
+        let ch = ep.connect_tcp(&addr, Duration::from_secs(5)).unwrap();
+        assert!(!ep.caps(ch).unwrap().pack_in_place);
+        for len in [0usize, 7, 60_000] {
+            let mut pack = |dst: &mut [u8]| dst.iter_mut().enumerate().for_each(|(i, x)| *x = (i * 3 + len) as u8);
+            while ep.send_packed(ch, len, &mut pack).unwrap() == SendOutcome::NoResource {
+                ep.poll(16, |_| {});
+            }
+        }
+        ep.flush(ch, Duration::from_secs(30)).unwrap();
+        let sent = ep.counters();
+        ep.close(ch);
+        (sent.messages_sent, sent.bytes_sent)
+    });
+    server.accept(Duration::from_secs(5)).unwrap();
+    let (got, _) = receive_whole(&mut server, 3, Duration::from_secs(30));
+    for (m, len) in got.iter().zip([0usize, 7, 60_000]) {
+        let want: Vec<u8> = (0..len).map(|i| (i * 3 + len) as u8).collect();
+        assert_eq!(m, &want);
+    }
+    assert_eq!(client.join().unwrap(), (3, 60_007));
+}
+
+#[test]
 fn wrong_secret_cannot_connect() {
     let mut server = Endpoint::new(config(b"right"));
     let addr = server.listen_tcp("127.0.0.1:0").unwrap().to_string();

@@ -1,6 +1,7 @@
 //! Tracing a stream: the receives a poll counts straight into the open run
 //! (`Recorder::receive_run`) add up exactly, across full runs, a size that changes, and
-//! handlers that send in the middle of a batch. Tracing is per process: one test.
+//! handlers that send in the middle of a batch; sends packed in place are counted as
+//! sends of their size. Tracing is per process: one test.
 
 mod util;
 
@@ -17,9 +18,10 @@ fn a_traced_stream_counts_every_message_once() {
 
     trace::start(TraceConfig::new(&path, NodeId(9))).unwrap();
     // 8-byte messages; every 3,001st is 16 bytes; every 5,003rd asks the server's handler
-    // to answer from inside its delivery (a send in the middle of a batch).
+    // to answer from inside its delivery (a send in the middle of a batch); every 7th
+    // 8-byte one is packed in place.
     let total = 30_000u32;
-    let (mut sent_16, mut asks) = (0u64, 0u64);
+    let (mut sent_16, mut asks, mut packed) = (0u64, 0u64, 0u64);
     let (mut received, mut answered, mut sent) = (0u64, 0u64, 0u32);
     let poll_server = |server: &mut Endpoint, received: &mut u64, answered: &mut u64| {
         server.poll(256, |e| {
@@ -44,7 +46,13 @@ fn a_traced_stream_counts_every_message_once() {
             msg[0] = 0xee;
             asks += 1;
         }
-        if client.send(ch, &[&msg[..len]]).unwrap() == SendOutcome::Done {
+        let outcome = if len == 8 && sent % 7 == 0 {
+            client.send_packed(ch, len, &mut |dst| dst.copy_from_slice(&msg[..len])).unwrap()
+        } else {
+            client.send(ch, &[&msg[..len]]).unwrap()
+        };
+        if outcome == SendOutcome::Done {
+            packed += u64::from(len == 8 && sent % 7 == 0);
             sent += 1;
         } else {
             poll_server(&mut server, &mut received, &mut answered);
@@ -83,6 +91,16 @@ fn a_traced_stream_counts_every_message_once() {
         .map(|r| u64::from(r.count))
         .sum();
     assert_eq!(answers_sent, asks);
+    let sent_of = |size: u64| -> u64 {
+        file.records
+            .iter()
+            .filter(|r| r.direction() == Direction::Send && r.src_node == 9 && r.size == size)
+            .map(|r| u64::from(r.count))
+            .sum()
+    };
+    assert!(packed > 4000, "{packed} packed sends");
+    assert_eq!(sent_of(8), u64::from(total) - sent_16, "packed and copied sends alike");
+    assert_eq!(sent_of(16), sent_16);
     assert_eq!(file.dropped(), 0);
     // Runs stay within their bound.
     assert!(file.records.iter().all(|r| r.count <= 1024), "a run of more than 1,024 messages");

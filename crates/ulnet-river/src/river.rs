@@ -117,6 +117,8 @@ pub struct RiverCounters {
     pub records_received: u64,
     /// Data messages sent.
     pub chunks_sent: u64,
+    /// Of those, the ones packed straight into the channel's buffers (not staged first).
+    pub chunks_packed: u64,
     /// Times a sender waited for credit.
     pub credit_waits: u64,
     /// Sends refused by a full channel (retried).
@@ -149,6 +151,9 @@ struct Peer {
     channel: Option<ChannelId>,
     down: Option<String>,
     // Sending.
+    /// Whole chunks may be packed straight into the channel's buffers
+    /// ([`Endpoint::send_packed`]) instead of staged and copied again.
+    pack_in_place: bool,
     staging: Option<Buffer>,
     staged_records: u64,
     ready: VecDeque<Buffer>,
@@ -210,6 +215,9 @@ impl<S: Sink> River<S> {
             .iter()
             .map(|&channel| Peer {
                 channel,
+                pack_in_place: channel
+                    .and_then(|ch| ep.caps(ch))
+                    .is_some_and(|c| c.pack_in_place && c.fragment_max >= config.chunk_bytes()),
                 down: None,
                 staging: None,
                 staged_records: 0,
@@ -663,12 +671,54 @@ impl<S: Sink> Inner<S> {
         Ok(())
     }
 
+    /// Sends `records` records as one chunk to peer `j`, packed by `pack` straight into the
+    /// channel's buffer, when nothing is staged or waiting for it (chunks stay in order)
+    /// and it has credit. False when the chunk must be staged instead.
+    fn send_packed(&mut self, j: usize, records: usize, pack: impl Fn(&mut [u8])) -> Result<bool, RiverError> {
+        let p = &self.peers[j];
+        if !p.pack_in_place || p.staged_records > 0 || !p.ready.is_empty() || !self.flow.may_send(j) {
+            return Ok(false);
+        }
+        let ch = p.channel.expect("only peers have chunks");
+        let header = Header { kind: Kind::Data, aux: 0, value: records as u64 }.encode();
+        let len = HEADER_LEN + records * self.config.record_size;
+        let outcome = self.ep.send_packed(ch, len, &mut |chunk| {
+            chunk[..HEADER_LEN].copy_from_slice(&header);
+            pack(&mut chunk[HEADER_LEN..]);
+        });
+        match outcome {
+            Ok(SendOutcome::Done) | Ok(SendOutcome::InProgress(_)) => {
+                self.flow.on_data_sent(j, records as u64);
+                self.counters.records_sent += records as u64;
+                self.counters.chunks_sent += 1;
+                self.counters.chunks_packed += 1;
+                Ok(true)
+            }
+            Ok(SendOutcome::NoResource) => {
+                self.counters.channel_full += 1;
+                Ok(false)
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                Err(self.fail(RiverError::NodeFailed { node: j, reason }))
+            }
+        }
+    }
+
     fn put(&mut self, j: usize, mut records: &[u8]) -> Result<(), RiverError> {
         let rs = self.config.record_size;
         if !records.len().is_multiple_of(rs) {
             return Err(RiverError::PartialRecord { len: records.len(), record_size: rs });
         }
+        let chunk = self.config.chunk_records;
         while !records.is_empty() {
+            if records.len() >= chunk * rs {
+                let (whole, rest) = records.split_at(chunk * rs);
+                if self.send_packed(j, chunk, |dst| dst.copy_from_slice(whole))? {
+                    records = rest;
+                    continue;
+                }
+            }
             let take = self.staging_room(j)?.min(records.len() / rs) * rs;
             self.peers[j].staging.as_mut().expect("made above").extend_from_slice(&records[..take]);
             records = &records[take..];
@@ -685,7 +735,15 @@ impl<S: Sink> Inner<S> {
             )));
         }
         let mut which = which;
+        let chunk = self.config.chunk_records;
         while !which.is_empty() {
+            if which.len() >= chunk {
+                let (whole, rest) = which.split_at(chunk);
+                if self.send_packed(j, chunk, |dst| copy_gathered(dst, records, rs, whole))? {
+                    which = rest;
+                    continue;
+                }
+            }
             let take = self.staging_room(j)?.min(which.len());
             let staging = self.peers[j].staging.as_mut().expect("made above");
             let len = staging.len();

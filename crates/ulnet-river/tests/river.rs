@@ -5,7 +5,7 @@ use std::time::Duration;
 use ulnet_core::SendOutcome;
 use ulnet_river::mesh::{self, MeshConfig};
 use ulnet_river::wire::{Header, Kind};
-use ulnet_river::{River, RiverConfig, RiverError, Sink};
+use ulnet_river::{PartitionSink, River, RiverConfig, RiverError, Sink};
 
 /// A store that keeps what it gets and may be slow to take it.
 #[derive(Default)]
@@ -109,6 +109,113 @@ fn every_record_arrives_in_order_per_source_with_one_credit() {
         assert_eq!(counters.records_sent, 2 * per_peer as u64);
         assert_eq!(counters.records_received, 2 * per_peer as u64);
         assert_eq!(counters.records_local, per_peer as u64);
+    }
+}
+
+/// Runs `nodes` nodes on threads; each routes `per_peer` records for every node through a
+/// [`PartitionSink`] in slices of 1 to 40 records of every destination (whole chunks are
+/// packed straight into the channel, the rest staged) and returns its store and counters.
+fn exchange_partitioned(
+    nodes: usize,
+    per_peer: u32,
+    config: RiverConfig,
+) -> Vec<(Collect, ulnet_river::RiverCounters)> {
+    let job = job("partitioned");
+    let handles: Vec<_> = (0..nodes)
+        .map(|rank| {
+            let job = job.clone();
+            let config = config.clone();
+            std::thread::spawn(move || {
+                let (ep, peers) = mesh::connect(&MeshConfig::shm(&job, rank, nodes)).unwrap();
+                let river = River::new(ep, rank, peers, Collect::default(), config, None);
+                let mut part = PartitionSink::new(|r: &[u8]| usize::from(r[1]), river.sinks(), RS);
+                let mut seq = 0u32;
+                let mut slice = 1u32;
+                while seq < per_peer {
+                    let n = slice.min(per_peer - seq);
+                    let records: Vec<u8> =
+                        (seq..seq + n).flat_map(|s| (0..nodes).flat_map(move |to| record(rank, to, s))).collect();
+                    part.sink_records(&records).unwrap();
+                    river.progress().unwrap();
+                    seq += n;
+                    slice = slice * 7 % 41;
+                }
+                part.close().unwrap();
+                drop(part);
+                river.close_local().unwrap();
+                river.run_dry().unwrap();
+                let counters = river.counters();
+                let store = river.take_store().unwrap();
+                river.finish();
+                std::thread::sleep(Duration::from_millis(200));
+                river.shutdown();
+                (store, counters)
+            })
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn records_routed_in_slices_arrive_in_order_whether_packed_or_staged() {
+    let per_peer = 3000;
+    // Chunks of 7 records with one credit (packing often refused) and the default chunks
+    // with plenty.
+    for config in [small_config(), RiverConfig { chunk_records: 30, ..RiverConfig::default() }] {
+        let out = exchange_partitioned(3, per_peer, config.clone());
+        for (rank, (store, counters)) in out.iter().enumerate() {
+            assert_eq!(store.records.len(), 3 * per_peer as usize * RS);
+            let mut next = [0u32; 3];
+            for r in store.records.chunks(RS) {
+                let from = r[0] as usize;
+                assert_eq!(r[1] as usize, rank, "delivered to the right node");
+                assert_eq!(u32::from_le_bytes(r[2..6].try_into().unwrap()), next[from], "in order from node {from}");
+                assert_eq!(r[99], 0xee);
+                next[from] += 1;
+            }
+            assert_eq!(counters.records_sent, 2 * per_peer as u64);
+            assert!(counters.chunks_packed > 0, "{config:?}: {counters:?}");
+            assert!(counters.chunks_packed < counters.chunks_sent, "{config:?}: {counters:?}");
+        }
+    }
+}
+
+#[test]
+fn contiguous_records_are_packed_in_whole_chunks_and_arrive_in_order() {
+    let job = job("contiguous");
+    let handles: Vec<_> = (0..2usize)
+        .map(|rank| {
+            let job = job.clone();
+            std::thread::spawn(move || {
+                let (ep, peers) = mesh::connect(&MeshConfig::shm(&job, rank, 2)).unwrap();
+                let river = River::new(ep, rank, peers, Collect::default(), RiverConfig::default(), None);
+                let mut to_peer = river.net_sink(1 - rank);
+                // One record staged, then slices of 2,000 and 3 records.
+                let mut seq = 0u32;
+                for n in [1u32, 2000, 3, 2000] {
+                    let records: Vec<u8> = (seq..seq + n).flat_map(|s| record(rank, 1 - rank, s)).collect();
+                    to_peer.sink_records(&records).unwrap();
+                    seq += n;
+                }
+                to_peer.close().unwrap();
+                drop(to_peer);
+                river.close_local().unwrap();
+                river.run_dry().unwrap();
+                let counters = river.counters();
+                let store = river.take_store().unwrap();
+                river.finish();
+                std::thread::sleep(Duration::from_millis(200));
+                river.shutdown();
+                (store, counters)
+            })
+        })
+        .collect();
+    for (rank, h) in handles.into_iter().enumerate() {
+        let (store, counters) = h.join().unwrap();
+        let got: Vec<u32> = store.records.chunks(RS).map(|r| u32::from_le_bytes(r[2..6].try_into().unwrap())).collect();
+        assert_eq!(got, (0..4004).collect::<Vec<u32>>(), "node {rank} got every record in order");
+        assert!(store.records.chunks(RS).all(|r| r[0] as usize == 1 - rank && r[99] == 0xee));
+        assert!(counters.chunks_packed > 0 && counters.chunks_packed < counters.chunks_sent, "{counters:?}");
     }
 }
 

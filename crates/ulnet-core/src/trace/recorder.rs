@@ -531,14 +531,21 @@ impl Recorder {
     }
 
     /// Whether a send without request id is one more message of the open run.
-    fn extends_send(&self, session: u64, channel: u32, gather: &[&[u8]], kind: MessageKind) -> bool {
+    fn extends_send(
+        &self,
+        session: u64,
+        channel: u32,
+        buffers: usize,
+        buffer_len: [u32; 4],
+        kind: MessageKind,
+    ) -> bool {
         let r = &self.run;
         self.run_session == session
             && r.flags == 0
             && r.channel == channel
             && r.kind == kind as u8
-            && usize::from(r.buffers) == gather.len()
-            && gather.iter().zip(r.buffer_len).all(|(b, l)| b.len() as u64 == u64::from(l))
+            && usize::from(r.buffers) == buffers
+            && r.buffer_len == buffer_len
     }
 
     /// Records a send that the fast path of [`Recorder::send`] did not; `enqueued`: ticks
@@ -555,12 +562,45 @@ impl Recorder {
         request_id: u64,
         enqueued: u64,
     ) {
+        self.record_send(session, nodes, channel, gather.len(), describe(gather), kind, request_id, enqueued);
+    }
+
+    /// Records a message of `len` bytes sent in one buffer that the transport packed in
+    /// place (its bytes are the peer's now: only their number is known).
+    pub(crate) fn send_packed(
+        &mut self,
+        session: u64,
+        nodes: (NodeId, NodeId),
+        channel: u32,
+        len: usize,
+        kind: MessageKind,
+    ) {
+        let one = match u32::try_from(len) {
+            Ok(l) => (1, [l, 0, 0, 0], len as u64),
+            Err(_) => (0, [0; 4], len as u64),
+        };
+        self.record_send(session, nodes, channel, 1, one, kind, 0, 0);
+    }
+
+    /// Records a send of `listed` buffers, described by [`describe`]: counted in the open
+    /// run it extends, or a record of its own.
+    #[allow(clippy::too_many_arguments)]
+    fn record_send(
+        &mut self,
+        session: u64,
+        nodes: (NodeId, NodeId),
+        channel: u32,
+        listed: usize,
+        (buffers, buffer_len, size): (u8, [u32; 4], u64),
+        kind: MessageKind,
+        request_id: u64,
+        enqueued: u64,
+    ) {
         self.settle();
-        if request_id == 0 && enqueued == 0 && self.extends_send(session, channel, gather, kind) {
+        if request_id == 0 && enqueued == 0 && self.extends_send(session, channel, listed, buffer_len, kind) {
             self.count_in_run();
             return;
         }
-        let (buffers, buffer_len, size) = describe(gather);
         let exact = enqueued != 0 || exact_or_sampled(request_id);
         let ticks = if exact { self.exact_now() } else { self.coarse() };
         let slot = Slot {

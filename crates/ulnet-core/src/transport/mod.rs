@@ -52,6 +52,9 @@ pub struct Capabilities {
     pub reliable_ordered: bool,
     /// Received data is handed over in place, without a copy.
     pub zero_copy_receive: bool,
+    /// [`Transport::send_packed`] writes the message straight into the transport's send
+    /// buffer (else it packs into a temporary and sends that: a copy more than `send`).
+    pub pack_in_place: bool,
     /// What one-sided remote memory access (`rma`) gets from this transport.
     pub rma: RmaCapabilities,
 }
@@ -133,6 +136,19 @@ pub trait Transport: Send {
     /// Sends one message given as a gather list of up to `gather_max` buffers, whole or not
     /// at all. Messages larger than `send_max` must go through [`Transport::send_fragments`].
     fn send(&mut self, gather: &[&[u8]]) -> Result<SendOutcome, SendError>;
+
+    /// Sends one message of `len` bytes (at most `fragment_max`) that `pack` writes, whole
+    /// or not at all: UCX's send with a pack callback, for data that is scattered in the
+    /// caller's memory (records picked out of a buffer), which `pack` gathers straight into
+    /// the transport's buffer where it has one ([`Capabilities::pack_in_place`]) instead of
+    /// into a staging buffer of the caller's that `send` would copy again. Transports
+    /// without one pack into a temporary and send it; then `pack` may have run for a
+    /// message that was refused (`NoResource`).
+    fn send_packed(&mut self, len: usize, pack: &mut dyn FnMut(&mut [u8])) -> Result<SendOutcome, SendError> {
+        let mut message = vec![0u8; len];
+        pack(&mut message);
+        self.send(&[&message])
+    }
 
     /// Streams part of a large message: sends as many whole fragments of `data` (which
     /// starts at `offset` of a message of `message_len` bytes) as resources allow and

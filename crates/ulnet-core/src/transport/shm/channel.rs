@@ -186,27 +186,12 @@ impl TxHalf {
             let fragment_offset = offset + sent as u64;
             let fragment_len = (len - sent).min(buffer_size);
             Self::copy_gather(&self.mem, self.layout.buffer_off(index), gather, sent, fragment_len);
-            let reservation = self.ring.reserve(&*self.mem, BUFFER_REF_LEN).expect("room checked above");
-            let reference =
-                BufferRef { buffer_index: index, fragment_len: fragment_len as u32, message_len, fragment_offset };
-            for (i, w) in reference.encode().into_iter().enumerate() {
-                self.mem.store_u64(reservation.record_off + HEADER_LEN + 8 * i, w, Ordering::Relaxed);
-            }
-            let mut f = 0;
-            if fragment_offset == 0 {
-                f |= flags::FIRST;
-            }
-            if fragment_offset + fragment_len as u64 == message_len {
-                f |= flags::LAST;
-            }
-            let header = RecordHeader {
-                stamp: stamp_for(reservation.position),
-                payload_len: BUFFER_REF_LEN as u32,
-                tag: self.layout.tag,
-                kind: RecordKind::Buffer,
-                flags: f,
-            };
-            self.ring.commit(&*self.mem, reservation, header);
+            self.commit_buffer(BufferRef {
+                buffer_index: index,
+                fragment_len: fragment_len as u32,
+                message_len,
+                fragment_offset,
+            });
             sent += fragment_len;
         }
         if sent > 0 {
@@ -214,6 +199,73 @@ impl TxHalf {
             self.wake_peer();
         }
         sent
+    }
+
+    /// Publishes a filled buffer as the fragment `reference` describes (the ring has room
+    /// for its record: checked by the caller).
+    #[inline(always)]
+    fn commit_buffer(&mut self, reference: BufferRef) {
+        let reservation = self.ring.reserve(&*self.mem, BUFFER_REF_LEN).expect("room checked by the caller");
+        for (i, w) in reference.encode().into_iter().enumerate() {
+            self.mem.store_u64(reservation.record_off + HEADER_LEN + 8 * i, w, Ordering::Relaxed);
+        }
+        let mut f = 0;
+        if reference.fragment_offset == 0 {
+            f |= flags::FIRST;
+        }
+        if reference.fragment_offset + u64::from(reference.fragment_len) == reference.message_len {
+            f |= flags::LAST;
+        }
+        let header = RecordHeader {
+            stamp: stamp_for(reservation.position),
+            payload_len: BUFFER_REF_LEN as u32,
+            tag: self.layout.tag,
+            kind: RecordKind::Buffer,
+            flags: f,
+        };
+        self.ring.commit(&*self.mem, reservation, header);
+    }
+
+    /// Sends one message of `len` bytes that `pack` writes in place: into the ring record
+    /// (inline) or into one buffer of the peer's mapping, so the caller's bytes are copied
+    /// once, by `pack`. `NoResource`, without calling `pack`, when there is no room now.
+    fn send_packed(&mut self, len: usize, pack: &mut dyn FnMut(&mut [u8])) -> Result<SendOutcome, SendError> {
+        if len <= self.inline_max {
+            let Some(r) = self.ring.reserve(&*self.mem, len) else {
+                return Ok(SendOutcome::NoResource);
+            };
+            self.mem.fill_bytes(r.record_off + HEADER_LEN, len, |b| pack(b));
+            let header = RecordHeader {
+                stamp: stamp_for(r.position),
+                payload_len: len as u32,
+                tag: self.layout.tag,
+                kind: RecordKind::Inline,
+                flags: 0,
+            };
+            self.ring.commit(&*self.mem, r, header);
+        } else {
+            let buffer_size = self.layout.geometry.buffer_size;
+            if len > buffer_size {
+                return Err(SendError::TooLarge { len: len as u64, max: buffer_size as u64 });
+            }
+            if self.free_stack.is_empty() {
+                self.refill_free_stack();
+            }
+            if self.free_stack.is_empty() || !self.ring_has_room_for(1) {
+                return Ok(SendOutcome::NoResource);
+            }
+            let index = self.free_stack.pop().expect("checked non-empty");
+            self.mem.fill_bytes(self.layout.buffer_off(index), len, |b| pack(b));
+            self.commit_buffer(BufferRef {
+                buffer_index: index,
+                fragment_len: len as u32,
+                message_len: len as u64,
+                fragment_offset: 0,
+            });
+        }
+        self.publish_tail_hint();
+        self.wake_peer();
+        Ok(SendOutcome::Done)
     }
 
     /// Sends one whole message (inline, or in buffers when it fits them all now).
@@ -440,6 +492,7 @@ impl Transport for ShmChannel {
             gather_max: GATHER_MAX,
             reliable_ordered: true,
             zero_copy_receive: true,
+            pack_in_place: true,
             rma: RmaCapabilities::over_messages(true, g.buffer_size, g.buffer_size * g.buffer_count),
         }
     }
@@ -451,6 +504,11 @@ impl Transport for ShmChannel {
         }
         self.check_open()?;
         self.tx.send_message(gather)
+    }
+
+    fn send_packed(&mut self, len: usize, pack: &mut dyn FnMut(&mut [u8])) -> Result<SendOutcome, SendError> {
+        self.check_open()?;
+        self.tx.send_packed(len, pack)
     }
 
     fn send_fragments(&mut self, message_len: u64, offset: u64, data: &[u8]) -> Result<usize, SendError> {
@@ -598,6 +656,39 @@ mod tests {
         assert_eq!(got[0], (0, 7, b"header!".to_vec()));
         let joined: Vec<u8> = got[1..].iter().flat_map(|(_, _, d)| d.clone()).collect();
         assert_eq!(joined, big, "four 64 KiB fragments in order");
+    }
+
+    #[test]
+    fn packed_messages_arrive_as_packed_and_full_buffers_refuse_without_packing() {
+        let (mut a, mut b) = pair(&format!("unit-packed-{}", std::process::id()));
+        let fill = |seed: u8| move |dst: &mut [u8]| dst.iter_mut().enumerate().for_each(|(i, x)| *x = seed ^ i as u8);
+        let want = |seed: u8, len: usize| (0..len).map(|i| seed ^ i as u8).collect::<Vec<u8>>();
+        // Inline, one whole buffer, and one byte more than a buffer.
+        assert_eq!(b.send_packed(40, &mut fill(1)).unwrap(), SendOutcome::Done);
+        let buffer = b.caps().fragment_max;
+        assert_eq!(b.send_packed(buffer, &mut fill(2)).unwrap(), SendOutcome::Done);
+        assert!(matches!(b.send_packed(buffer + 1, &mut fill(3)), Err(SendError::TooLarge { .. })));
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            a.poll_recv(16, &mut |d, _| got.push((d.offset, d.message_len, d.data.to_vec()))).unwrap();
+        }
+        assert_eq!(got[0], (0, 40, want(1, 40)));
+        assert_eq!(got[1], (0, buffer as u64, want(2, buffer)));
+        // With every buffer in flight, a send is refused and `pack` never runs.
+        let mut sent = 0;
+        while b.send_packed(buffer, &mut fill(4)).unwrap() == SendOutcome::Done {
+            sent += 1;
+        }
+        assert!(sent > 0);
+        let mut packed = false;
+        assert_eq!(b.send_packed(buffer, &mut |_| packed = true).unwrap(), SendOutcome::NoResource);
+        assert!(!packed);
+        let mut received = 0;
+        while received < sent {
+            received += a
+                .poll_recv(16, &mut |d, _| assert_eq!(d.data, &want(4, buffer)[..], "packed in place, intact"))
+                .unwrap();
+        }
     }
 
     #[test]

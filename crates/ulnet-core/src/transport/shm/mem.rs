@@ -66,6 +66,18 @@ impl MappedMem {
         // range until the consumer releases it, which cannot happen while this borrow lives.
         unsafe { std::slice::from_raw_parts(self.map.as_mut_ptr().add(off), len) }
     }
+
+    /// Lends `len` bytes at `off` to `fill`, to be written in place by a producer that owns
+    /// the range under the ring protocol (a buffer it took from the free ring, or a record
+    /// it reserved, and has not published yet).
+    #[inline(always)]
+    pub(crate) fn fill_bytes<R>(&self, off: usize, len: usize, fill: impl FnOnce(&mut [u8]) -> R) -> R {
+        assert!(off <= self.map.len() && len <= self.map.len() - off, "fill {off}+{len} out of bounds");
+        // SAFETY: in bounds (asserted); the producer owns this range until it publishes it,
+        // and the borrow ends with `fill`, before the producer can publish it.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(self.map.as_mut_ptr().add(off), len) };
+        fill(bytes)
+    }
 }
 
 impl RingMem for MappedMem {

@@ -359,6 +359,7 @@ impl Transport for TcpChannel {
             gather_max: GATHER_MAX,
             reliable_ordered: true,
             zero_copy_receive: true,
+            pack_in_place: false,
             rma: RmaCapabilities::over_messages(false, RX_BUFFER - FRAME_HEADER_LEN, TX_BACKLOG_MAX),
         }
     }

@@ -401,6 +401,7 @@ impl Transport for UdpChannel {
             gather_max: GATHER_MAX,
             reliable_ordered: true,
             zero_copy_receive: true,
+            pack_in_place: false,
             rma: RmaCapabilities::over_messages(false, self.conn.fragment_max(), self.conn.send_max()),
         }
     }
