@@ -49,33 +49,27 @@ fn small_config() -> RiverConfig {
     RiverConfig { chunk_records: 7, credits: 1, staged_chunks: 1, ..RiverConfig::default() }
 }
 
-/// Runs `nodes` nodes on threads; each puts `per_peer` records to every node (itself
-/// included) and returns its store and counters once dry.
-fn exchange(
+/// Runs `nodes` nodes on threads over shared memory, each with a [`Collect`] store slowed
+/// by `delay`: `feed` puts the node's records (and closes every sink it took); then the
+/// node closes its side, runs dry and returns its store and counters.
+fn run_nodes(
+    what: &str,
     nodes: usize,
-    per_peer: u32,
     config: RiverConfig,
     delay: Option<Duration>,
+    feed: impl Fn(usize, &River<Collect>) + Clone + Send + 'static,
 ) -> Vec<(Collect, ulnet_river::RiverCounters)> {
-    let job = job("exchange");
+    let job = job(what);
     let handles: Vec<_> = (0..nodes)
         .map(|rank| {
             let job = job.clone();
             let config = config.clone();
+            let feed = feed.clone();
             std::thread::spawn(move || {
                 let (ep, peers) = mesh::connect(&MeshConfig::shm(&job, rank, nodes)).unwrap();
                 let store = Collect { delay, ..Default::default() };
                 let river = River::new(ep, rank, peers, store, config, None);
-                let mut sinks = river.sinks();
-                for seq in 0..per_peer {
-                    for (to, sink) in sinks.iter_mut().enumerate() {
-                        sink.sink_records(&record(rank, to, seq)).unwrap();
-                    }
-                }
-                for s in &mut sinks {
-                    s.close().unwrap();
-                }
-                drop(sinks);
+                feed(rank, &river);
                 river.close_local().unwrap();
                 river.run_dry().unwrap();
                 let counters = river.counters();
@@ -91,69 +85,77 @@ fn exchange(
     handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
+/// Runs `nodes` nodes; each puts `per_peer` records to every node (itself included), one
+/// at a time.
+fn exchange(
+    nodes: usize,
+    per_peer: u32,
+    config: RiverConfig,
+    delay: Option<Duration>,
+) -> Vec<(Collect, ulnet_river::RiverCounters)> {
+    run_nodes("exchange", nodes, config, delay, move |rank, river| {
+        let mut sinks = river.sinks();
+        for seq in 0..per_peer {
+            for (to, sink) in sinks.iter_mut().enumerate() {
+                sink.sink_records(&record(rank, to, seq)).unwrap();
+            }
+        }
+        for s in &mut sinks {
+            s.close().unwrap();
+        }
+    })
+}
+
+/// Checks that node `rank` of `nodes` got `per_peer` records from every node, each node's
+/// in the order it put them.
+fn check_in_order(store: &Collect, rank: usize, nodes: usize, per_peer: u32) {
+    assert_eq!(store.records.len(), nodes * per_peer as usize * RS);
+    let mut next = vec![0u32; nodes];
+    for r in store.records.chunks(RS) {
+        let from = r[0] as usize;
+        assert_eq!(r[1] as usize, rank, "delivered to the right node");
+        assert_eq!(u32::from_le_bytes(r[2..6].try_into().unwrap()), next[from], "in order from node {from}");
+        assert_eq!(r[99], 0xee);
+        next[from] += 1;
+    }
+}
+
 #[test]
 fn every_record_arrives_in_order_per_source_with_one_credit() {
     let per_peer = 500;
     let out = exchange(3, per_peer, small_config(), None);
     for (rank, (store, counters)) in out.iter().enumerate() {
         assert!(store.closed, "the store is closed when the queue runs dry");
-        assert_eq!(store.records.len(), 3 * per_peer as usize * RS);
-        let mut next = [0u32; 3];
-        for r in store.records.chunks(RS) {
-            let from = r[0] as usize;
-            assert_eq!(r[1] as usize, rank, "delivered to the right node");
-            assert_eq!(u32::from_le_bytes(r[2..6].try_into().unwrap()), next[from], "in order from node {from}");
-            assert_eq!(r[99], 0xee);
-            next[from] += 1;
-        }
+        check_in_order(store, rank, 3, per_peer);
         assert_eq!(counters.records_sent, 2 * per_peer as u64);
         assert_eq!(counters.records_received, 2 * per_peer as u64);
         assert_eq!(counters.records_local, per_peer as u64);
     }
 }
 
-/// Runs `nodes` nodes on threads; each routes `per_peer` records for every node through a
+/// Runs `nodes` nodes; each routes `per_peer` records for every node through a
 /// [`PartitionSink`] in slices of 1 to 40 records of every destination (whole chunks are
-/// packed straight into the channel, the rest staged) and returns its store and counters.
+/// packed straight into the channel, the rest staged).
 fn exchange_partitioned(
     nodes: usize,
     per_peer: u32,
     config: RiverConfig,
 ) -> Vec<(Collect, ulnet_river::RiverCounters)> {
-    let job = job("partitioned");
-    let handles: Vec<_> = (0..nodes)
-        .map(|rank| {
-            let job = job.clone();
-            let config = config.clone();
-            std::thread::spawn(move || {
-                let (ep, peers) = mesh::connect(&MeshConfig::shm(&job, rank, nodes)).unwrap();
-                let river = River::new(ep, rank, peers, Collect::default(), config, None);
-                let mut part = PartitionSink::new(|r: &[u8]| usize::from(r[1]), river.sinks(), RS);
-                let mut seq = 0u32;
-                let mut slice = 1u32;
-                while seq < per_peer {
-                    let n = slice.min(per_peer - seq);
-                    let records: Vec<u8> =
-                        (seq..seq + n).flat_map(|s| (0..nodes).flat_map(move |to| record(rank, to, s))).collect();
-                    part.sink_records(&records).unwrap();
-                    river.progress().unwrap();
-                    seq += n;
-                    slice = slice * 7 % 41;
-                }
-                part.close().unwrap();
-                drop(part);
-                river.close_local().unwrap();
-                river.run_dry().unwrap();
-                let counters = river.counters();
-                let store = river.take_store().unwrap();
-                river.finish();
-                std::thread::sleep(Duration::from_millis(200));
-                river.shutdown();
-                (store, counters)
-            })
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
+    run_nodes("partitioned", nodes, config, None, move |rank, river| {
+        let mut part = PartitionSink::new(|r: &[u8]| usize::from(r[1]), river.sinks(), RS);
+        let mut seq = 0u32;
+        let mut slice = 1u32;
+        while seq < per_peer {
+            let n = slice.min(per_peer - seq);
+            let records: Vec<u8> =
+                (seq..seq + n).flat_map(|s| (0..nodes).flat_map(move |to| record(rank, to, s))).collect();
+            part.sink_records(&records).unwrap();
+            river.progress().unwrap();
+            seq += n;
+            slice = slice * 7 % 41;
+        }
+        part.close().unwrap();
+    })
 }
 
 #[test]
@@ -164,15 +166,7 @@ fn records_routed_in_slices_arrive_in_order_whether_packed_or_staged() {
     for config in [small_config(), RiverConfig { chunk_records: 30, ..RiverConfig::default() }] {
         let out = exchange_partitioned(3, per_peer, config.clone());
         for (rank, (store, counters)) in out.iter().enumerate() {
-            assert_eq!(store.records.len(), 3 * per_peer as usize * RS);
-            let mut next = [0u32; 3];
-            for r in store.records.chunks(RS) {
-                let from = r[0] as usize;
-                assert_eq!(r[1] as usize, rank, "delivered to the right node");
-                assert_eq!(u32::from_le_bytes(r[2..6].try_into().unwrap()), next[from], "in order from node {from}");
-                assert_eq!(r[99], 0xee);
-                next[from] += 1;
-            }
+            check_in_order(store, rank, 3, per_peer);
             assert_eq!(counters.records_sent, 2 * per_peer as u64);
             assert!(counters.chunks_packed > 0, "{config:?}: {counters:?}");
             assert!(counters.chunks_packed < counters.chunks_sent, "{config:?}: {counters:?}");
@@ -182,36 +176,18 @@ fn records_routed_in_slices_arrive_in_order_whether_packed_or_staged() {
 
 #[test]
 fn contiguous_records_are_packed_in_whole_chunks_and_arrive_in_order() {
-    let job = job("contiguous");
-    let handles: Vec<_> = (0..2usize)
-        .map(|rank| {
-            let job = job.clone();
-            std::thread::spawn(move || {
-                let (ep, peers) = mesh::connect(&MeshConfig::shm(&job, rank, 2)).unwrap();
-                let river = River::new(ep, rank, peers, Collect::default(), RiverConfig::default(), None);
-                let mut to_peer = river.net_sink(1 - rank);
-                // One record staged, then slices of 2,000 and 3 records.
-                let mut seq = 0u32;
-                for n in [1u32, 2000, 3, 2000] {
-                    let records: Vec<u8> = (seq..seq + n).flat_map(|s| record(rank, 1 - rank, s)).collect();
-                    to_peer.sink_records(&records).unwrap();
-                    seq += n;
-                }
-                to_peer.close().unwrap();
-                drop(to_peer);
-                river.close_local().unwrap();
-                river.run_dry().unwrap();
-                let counters = river.counters();
-                let store = river.take_store().unwrap();
-                river.finish();
-                std::thread::sleep(Duration::from_millis(200));
-                river.shutdown();
-                (store, counters)
-            })
-        })
-        .collect();
-    for (rank, h) in handles.into_iter().enumerate() {
-        let (store, counters) = h.join().unwrap();
+    let out = run_nodes("contiguous", 2, RiverConfig::default(), None, |rank, river| {
+        let mut to_peer = river.net_sink(1 - rank);
+        // One record staged, then slices of 2,000 and 3 records.
+        let mut seq = 0u32;
+        for n in [1u32, 2000, 3, 2000] {
+            let records: Vec<u8> = (seq..seq + n).flat_map(|s| record(rank, 1 - rank, s)).collect();
+            to_peer.sink_records(&records).unwrap();
+            seq += n;
+        }
+        to_peer.close().unwrap();
+    });
+    for (rank, (store, counters)) in out.iter().enumerate() {
         let got: Vec<u32> = store.records.chunks(RS).map(|r| u32::from_le_bytes(r[2..6].try_into().unwrap())).collect();
         assert_eq!(got, (0..4004).collect::<Vec<u32>>(), "node {rank} got every record in order");
         assert!(store.records.chunks(RS).all(|r| r[0] as usize == 1 - rank && r[99] == 0xee));

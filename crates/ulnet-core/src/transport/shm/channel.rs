@@ -3,7 +3,7 @@
 use super::free_ring::{FreeRingConsumer, FreeRingProducer};
 use super::layout::{Layout, OFF_OWNER_SLEEPING, OFF_PEER_CLOSED, OFF_PEER_TAIL_HINT};
 use super::mem::{MappedMem, RingMem};
-use super::ring::RingPlace;
+use super::ring::{Reservation, RingPlace};
 use super::ring::{RingConsumer, RingProducer};
 use crate::descriptor::{
     flags, stamp_for, BufferRef, RecordHeader, RecordKind, BUFFER_REF_LEN, HEADER_LEN, RECORD_ALIGN,
@@ -201,6 +201,19 @@ impl TxHalf {
         sent
     }
 
+    /// Publishes the inline message of `len` bytes written into reservation `r`.
+    #[inline(always)]
+    fn commit_inline(&mut self, r: Reservation, len: usize) {
+        let header = RecordHeader {
+            stamp: stamp_for(r.position),
+            payload_len: len as u32,
+            tag: self.layout.tag,
+            kind: RecordKind::Inline,
+            flags: 0,
+        };
+        self.ring.commit(&*self.mem, r, header);
+    }
+
     /// Publishes a filled buffer as the fragment `reference` describes (the ring has room
     /// for its record: checked by the caller).
     #[inline(always)]
@@ -235,14 +248,7 @@ impl TxHalf {
                 return Ok(SendOutcome::NoResource);
             };
             self.mem.fill_bytes(r.record_off + HEADER_LEN, len, |b| pack(b));
-            let header = RecordHeader {
-                stamp: stamp_for(r.position),
-                payload_len: len as u32,
-                tag: self.layout.tag,
-                kind: RecordKind::Inline,
-                flags: 0,
-            };
-            self.ring.commit(&*self.mem, r, header);
+            self.commit_inline(r, len);
         } else {
             let buffer_size = self.layout.geometry.buffer_size;
             if len > buffer_size {
@@ -281,14 +287,7 @@ impl TxHalf {
                 self.mem.write_bytes(off, piece);
                 off += piece.len();
             }
-            let header = RecordHeader {
-                stamp: stamp_for(r.position),
-                payload_len: total as u32,
-                tag: self.layout.tag,
-                kind: RecordKind::Inline,
-                flags: 0,
-            };
-            self.ring.commit(&*self.mem, r, header);
+            self.commit_inline(r, total);
             self.publish_tail_hint();
             self.wake_peer();
             return Ok(SendOutcome::Done);
