@@ -140,20 +140,26 @@ enum Delivery {
 /// Buffers, buffer lengths and size of a gather list (buffers 0: not listable).
 #[inline]
 fn describe(gather: &[&[u8]]) -> (u8, [u32; 4], u64) {
+    describe_lens(gather.len(), gather.iter().map(|b| b.len()))
+}
+
+/// [`describe`] of `count` buffers of the lengths `lens`.
+#[inline]
+fn describe_lens(count: usize, lens: impl Iterator<Item = usize>) -> (u8, [u32; 4], u64) {
     let mut buffer_len = [0u32; 4];
     let mut size = 0u64;
-    let mut listed = gather.len() <= 4;
-    for (i, b) in gather.iter().enumerate() {
-        size += b.len() as u64;
+    let mut listed = count <= 4;
+    for (i, len) in lens.enumerate() {
+        size += len as u64;
         if i < 4 {
-            match u32::try_from(b.len()) {
+            match u32::try_from(len) {
                 Ok(l) => buffer_len[i] = l,
                 Err(_) => listed = false,
             }
         }
     }
     if listed {
-        (gather.len() as u8, buffer_len, size)
+        (count as u8, buffer_len, size)
     } else {
         (0, [0; 4], size)
     }
@@ -575,11 +581,7 @@ impl Recorder {
         len: usize,
         kind: MessageKind,
     ) {
-        let one = match u32::try_from(len) {
-            Ok(l) => (1, [l, 0, 0, 0], len as u64),
-            Err(_) => (0, [0; 4], len as u64),
-        };
-        self.record_send(session, nodes, channel, 1, one, kind, 0, 0);
+        self.record_send(session, nodes, channel, 1, describe_lens(1, std::iter::once(len)), kind, 0, 0);
     }
 
     /// Records a send of `listed` buffers, described by [`describe`]: counted in the open

@@ -139,6 +139,15 @@ impl TxHalf {
         }
     }
 
+    /// Whether `fragments` free buffers (taking back those the peer freed when short) and
+    /// ring room for their records are there now.
+    fn has_room_for_buffers(&mut self, fragments: usize) -> bool {
+        if self.free_stack.len() < fragments {
+            self.refill_free_stack();
+        }
+        self.free_stack.len() >= fragments && self.ring_has_room_for(fragments)
+    }
+
     /// Room in the ring for `records` buffer records, padding included.
     fn ring_has_room_for(&mut self, records: usize) -> bool {
         let per = crate::descriptor::record_len(BUFFER_REF_LEN);
@@ -176,10 +185,7 @@ impl TxHalf {
         let buffer_size = self.layout.geometry.buffer_size;
         let mut sent = 0usize;
         while sent < len {
-            if self.free_stack.is_empty() {
-                self.refill_free_stack();
-            }
-            if self.free_stack.is_empty() || !self.ring_has_room_for(1) {
+            if !self.has_room_for_buffers(1) {
                 break;
             }
             let index = self.free_stack.pop().expect("checked non-empty");
@@ -254,10 +260,7 @@ impl TxHalf {
             if len > buffer_size {
                 return Err(SendError::TooLarge { len: len as u64, max: buffer_size as u64 });
             }
-            if self.free_stack.is_empty() {
-                self.refill_free_stack();
-            }
-            if self.free_stack.is_empty() || !self.ring_has_room_for(1) {
+            if !self.has_room_for_buffers(1) {
                 return Ok(SendOutcome::NoResource);
             }
             let index = self.free_stack.pop().expect("checked non-empty");
@@ -298,10 +301,7 @@ impl TxHalf {
             return Err(SendError::TooLarge { len: total as u64, max: max as u64 });
         }
         let fragments = total.div_ceil(g.buffer_size);
-        if self.free_stack.len() < fragments {
-            self.refill_free_stack();
-        }
-        if self.free_stack.len() < fragments || !self.ring_has_room_for(fragments) {
+        if !self.has_room_for_buffers(fragments) {
             return Ok(SendOutcome::NoResource);
         }
         let sent = self.send_buffered(gather, total as u64, 0, total);
