@@ -210,6 +210,7 @@ impl LoadRecord {
         };
         let impossible = node != slot.0
             || layout != LAYOUT_VERSION
+            || (port == 0 && ip != 0)
             || (code != 0 && serving.is_none())
             || draining > 1
             || r.workers == 0
@@ -374,6 +375,20 @@ mod tests {
         let w = sample().encode(&key, 8);
         assert_eq!(LoadRecord::decode(&w, &ClusterKey::new(b"other"), NodeIndex(3)), Err(DecodeError::BadMac));
         assert_eq!(LoadRecord::decode(&w, &key, NodeIndex(2)), Err(DecodeError::Impossible));
+    }
+
+    /// An address without a port is not something `encode` writes: such words are refused
+    /// rather than read as "no address" (found by `fuzz/fuzz_targets/dc_load_record.rs`:
+    /// the words decoded but did not encode back).
+    #[test]
+    fn an_address_without_a_port_is_impossible() {
+        let key = ClusterKey::new(b"k");
+        let mut w = sample().encode(&key, 8);
+        w[1] &= !(0xffff << 16);
+        w[SLOT_WORDS - 1] = key.mac(&w[..SLOT_WORDS - 1]);
+        assert_eq!(LoadRecord::decode(&w, &key, NodeIndex(3)), Err(DecodeError::Impossible));
+        let none = LoadRecord { addr: None, ..sample() };
+        assert_eq!(LoadRecord::decode(&none.encode(&key, 8), &key, NodeIndex(3)), Ok((8, none)));
     }
 
     #[test]
