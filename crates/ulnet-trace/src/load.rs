@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use ulnet_core::trace::{decode_file, decode_prefix, DecodeError, Direction, MessageKind};
+use ulnet_core::trace::{decode_file, decode_prefix, DecodeError, Direction, MessageKind, TraceFile};
 
 /// Why trace files could not be loaded.
 #[derive(Debug, thiserror::Error)]
@@ -16,7 +16,18 @@ pub enum LoadError {
     /// No file was given.
     #[error("no trace files given")]
     Empty,
+    /// The files' records stand for more messages than the analysis holds.
+    #[error("the trace files stand for {messages} messages; at most {MESSAGES_MAX} are analysed")]
+    TooLarge {
+        /// Messages the records stand for (each run record for its count).
+        messages: u64,
+    },
 }
+
+/// Most messages a trace may stand for: 2^27, about 18 GB once loaded. A run record stands
+/// for up to 2^32 - 1 messages, so a small damaged or forged file could otherwise ask for
+/// more memory than any machine has.
+pub const MESSAGES_MAX: u64 = 1 << 27;
 
 /// What one file contributed.
 #[derive(Clone, Debug, Serialize)]
@@ -142,10 +153,20 @@ pub fn load_with(paths: &[impl AsRef<Path>], partial: bool) -> Result<Trace, Loa
         } else {
             decode_file(&bytes).map_err(|e| LoadError::Decode(p.to_path_buf(), e))?
         };
-        decoded.push((p.to_path_buf(), file));
+        decoded.push((p.display().to_string(), file));
     }
-    let same_clock =
-        decoded.windows(2).all(|w| w[0].1.header.boot_id == w[1].1.header.boot_id) && decoded[0].1.header.boot_id != 0;
+    assemble(decoded)
+}
+
+/// Puts decoded trace files (each with the name to report it by) on one time line: run
+/// records become their messages, times go to nanoseconds since the earliest record.
+pub fn assemble(decoded: Vec<(String, TraceFile)>) -> Result<Trace, LoadError> {
+    let messages: u64 = decoded.iter().flat_map(|(_, f)| &f.records).map(|r| u64::from(r.count.max(1))).sum();
+    if messages > MESSAGES_MAX {
+        return Err(LoadError::TooLarge { messages });
+    }
+    let same_clock = decoded.windows(2).all(|w| w[0].1.header.boot_id == w[1].1.header.boot_id)
+        && decoded.first().is_some_and(|(_, f)| f.header.boot_id != 0);
     let mut files = Vec::new();
     let mut messages = Vec::new();
     for (index, (path, file)) in decoded.iter().enumerate() {
@@ -162,10 +183,15 @@ pub fn load_with(paths: &[impl AsRef<Path>], partial: bool) -> Result<Trace, Loa
             let count = u64::from(r.count.max(1));
             let span = r.last_ticks.saturating_sub(r.ticks);
             for i in 0..count {
-                let ticks = if count == 1 { r.ticks } else { r.ticks + span * i / (count - 1) };
+                // In 128 bits: a damaged record's span times its count overflows 64.
+                let ticks = if count == 1 {
+                    r.ticks
+                } else {
+                    r.ticks + (u128::from(span) * u128::from(i) / u128::from(count - 1)) as u64
+                };
                 // Stages only from exact records: a coarse time would make transits of 0 or
                 // of a whole tick.
-                let shift = |stage: u64| if stage == 0 || !r.exact { 0 } else { stage + (ticks - r.ticks) };
+                let shift = |stage: u64| if stage == 0 || !r.exact { 0 } else { stage.saturating_add(ticks - r.ticks) };
                 messages.push(Message {
                     t_ns: at(ticks).unwrap_or(1),
                     src: r.src_node,
@@ -188,7 +214,7 @@ pub fn load_with(paths: &[impl AsRef<Path>], partial: bool) -> Result<Trace, Loa
             }
         }
         files.push(FileSummary {
-            path: path.display().to_string(),
+            path: path.clone(),
             node: file.header.node_id,
             pid: file.header.pid,
             records: file.records.len(),
@@ -209,4 +235,48 @@ pub fn load_with(paths: &[impl AsRef<Path>], partial: bool) -> Result<Trace, Loa
         }
     }
     Ok(Trace { files, messages, same_clock })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ulnet_core::trace::format::{FileHeader, Record};
+
+    fn file(records: Vec<Record>) -> TraceFile {
+        let header = FileHeader {
+            version: ulnet_core::trace::format::VERSION,
+            node_id: 1,
+            pid: 2,
+            boot_id: 3,
+            ref_ticks: 0,
+            ref_mono_ns: 0,
+            ref_real_ns: 0,
+            ticks_per_sec: 1_000_000_000,
+        };
+        TraceFile { header, blocks: Vec::new(), records }
+    }
+
+    fn run(count: u32, ticks: u64, last_ticks: u64) -> Record {
+        Record { ticks, last_ticks, count, size: 8, exact: true, sent: u64::MAX, ..Record::default() }
+    }
+
+    #[test]
+    fn a_run_spread_over_the_whole_clock_loads_without_overflow() {
+        let trace = assemble(vec![("a".into(), file(vec![run(3, 1, u64::MAX)]))]).unwrap();
+        let t: Vec<f64> = trace.messages.iter().map(|m| m.t_ns as f64).collect();
+        assert_eq!(t.len(), 3);
+        // Spread evenly from the first tick to the last: the middle one halfway.
+        assert!(t[0] == 0.0 && t[2] > 1e19 && (t[1] / t[2] - 0.5).abs() < 1e-6, "times {t:?}");
+    }
+
+    #[test]
+    fn records_standing_for_too_many_messages_are_refused() {
+        let records = vec![run(u32::MAX, 1, 2)];
+        match assemble(vec![("a".into(), file(records))]) {
+            Err(LoadError::TooLarge { messages }) => assert_eq!(messages, u64::from(u32::MAX)),
+            other => panic!("expected TooLarge, got {:?}", other.map(|t| t.messages.len())),
+        }
+        let fits = vec![run(1 << 10, 1, 2); 4];
+        assert_eq!(assemble(vec![("a".into(), file(fits))]).unwrap().messages.len(), 4 << 10);
+    }
 }
