@@ -1,6 +1,7 @@
 //! Tracing a stream: the receives a poll counts straight into the open run
 //! (`Recorder::receive_run`) add up exactly, across full runs, a size that changes, and
-//! handlers that send in the middle of a batch; sends packed in place are counted as
+//! handlers that send in the middle of a batch, and polls of any size (runs end at 1,024
+//! messages all the same); sends packed in place are counted as
 //! sends of their size. Tracing is per process: one test.
 
 mod util;
@@ -23,8 +24,12 @@ fn a_traced_stream_counts_every_message_once() {
     let total = 30_000u32;
     let (mut sent_16, mut asks, mut packed) = (0u64, 0u64, 0u64);
     let (mut received, mut answered, mut sent) = (0u64, 0u64, 0u32);
-    let poll_server = |server: &mut Endpoint, received: &mut u64, answered: &mut u64| {
-        server.poll(256, |e| {
+    // Polls of 256 messages, and unbounded ones every other time (their runs must still
+    // end at 1,024 messages).
+    let mut polls = 0u64;
+    let mut poll_server = |server: &mut Endpoint, received: &mut u64, answered: &mut u64| {
+        polls += 1;
+        server.poll(if polls % 2 == 0 { usize::MAX } else { 256 }, |e| {
             if let Event::Message { data, mut reply, .. } = e {
                 *received += 1;
                 if data[0] == 0xee {
