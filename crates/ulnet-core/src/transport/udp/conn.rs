@@ -800,6 +800,13 @@ impl Connection {
         self.local_id
     }
 
+    /// The session's checksum salt, for the fuzzer to forge packets of the session (it
+    /// plays a peer that knows the secret: `fuzz/fuzz_targets/udp_connection.rs`).
+    #[cfg(fuzzing)]
+    pub fn session_salt(&self) -> u32 {
+        self.salt
+    }
+
     /// The node the peer told in the handshake (`NodeId::UNKNOWN` before, or when it has
     /// none).
     pub fn peer_node(&self) -> NodeId {
