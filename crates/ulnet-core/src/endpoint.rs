@@ -3,6 +3,7 @@
 use crate::cq::{CompletionKind, CompletionQueue};
 use crate::error::{ChannelError, ConnectError, SendError};
 use crate::node::NodeId;
+use crate::trace::recorder::RUN_MAX;
 use crate::trace::{self, MessageKind, PendingReceive, Recorder};
 use crate::transport::shm::{self, ShmConfig, ShmListener};
 use crate::transport::tcp::{self, TcpChannelListener, TcpConfig};
@@ -681,7 +682,28 @@ impl Endpoint {
     }
 
     /// Receives up to `max` deliveries from channel slot `i`; reports its failure once.
+    /// While tracing, in batches of at most a run's worth: a stream's receives count into
+    /// the open run a batch at a time (`Recorder::receive_run`), and no run may exceed
+    /// `RUN_MAX` messages.
     fn poll_one(&mut self, i: usize, max: usize, handle: &mut dyn FnMut(Event<'_>)) -> usize {
+        let batch_max = RUN_MAX as usize;
+        if max <= batch_max || trace::active() == 0 {
+            return self.poll_batch(i, max, handle);
+        }
+        let mut n = 0;
+        while n < max {
+            let want = (max - n).min(batch_max);
+            let got = self.poll_batch(i, want, handle);
+            n += got;
+            if got < want {
+                break;
+            }
+        }
+        n
+    }
+
+    /// [`Endpoint::poll_one`]'s work, for one batch.
+    fn poll_batch(&mut self, i: usize, max: usize, handle: &mut dyn FnMut(Event<'_>)) -> usize {
         let Some(slot) = self.channels.get_mut(i).and_then(Option::as_mut) else {
             return 0;
         };

@@ -788,15 +788,11 @@ impl Recorder {
         self.epoch
     }
 
-    /// One more message in the run [`Recorder::receive_run`] allowed. A run that fills
-    /// ends here (a poll may deliver more than [`RUN_MAX`] messages): the rest of the poll
-    /// records its messages one by one, the run having moved on to a new epoch.
+    /// One more message in the run [`Recorder::receive_run`] allowed (at most `batch` in
+    /// one poll, which is never more than [`RUN_MAX`]: see `Endpoint::poll_one`).
     #[inline(always)]
     pub(crate) fn count_in_receive_run(&mut self) {
         self.run.stage_a += 1;
-        if self.run.stage_a >= RUN_MAX {
-            self.close_run();
-        }
     }
 
     /// The poll that [`Recorder::receive_run`] allowed is over: if the run is still the one
