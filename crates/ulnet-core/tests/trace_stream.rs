@@ -52,13 +52,14 @@ fn a_traced_stream_counts_every_message_once() {
             msg[0] = 0xee;
             asks += 1;
         }
-        let outcome = if len == 8 && sent % 7 == 0 {
+        let pack = len == 8 && sent % 7 == 0;
+        let outcome = if pack {
             client.send_packed(ch, len, &mut |dst| dst.copy_from_slice(&msg[..len])).unwrap()
         } else {
             client.send(ch, &[&msg[..len]]).unwrap()
         };
         if outcome == SendOutcome::Done {
-            packed += u64::from(len == 8 && sent % 7 == 0);
+            packed += u64::from(pack);
             sent += 1;
         } else {
             poll_server(&mut server, &mut received, &mut answered);

@@ -161,7 +161,7 @@ pub fn load_with(paths: &[impl AsRef<Path>], partial: bool) -> Result<Trace, Loa
 /// Puts decoded trace files (each with the name to report it by) on one time line: run
 /// records become their messages, times go to nanoseconds since the earliest record.
 pub fn assemble(decoded: Vec<(String, TraceFile)>) -> Result<Trace, LoadError> {
-    let messages: u64 = decoded.iter().flat_map(|(_, f)| &f.records).map(|r| u64::from(r.count.max(1))).sum();
+    let messages: u64 = decoded.iter().map(|(_, f)| f.messages()).sum();
     if messages > MESSAGES_MAX {
         return Err(LoadError::TooLarge { messages });
     }
