@@ -1,0 +1,187 @@
+// The external sort's I/O with no sorting in it: the least a two-pass sort of a file larger
+// than its memory must do on this machine (BENCHMARKS.md, issue 8).
+//   gcc -O2 -pthread -o /tmp/external-floor bench/external-floor.c
+//   /tmp/external-floor INPUT TEMP_DIR OUTPUT RESIDENT_MIB [WORKERS]
+// Each of WORKERS threads (default 2, one per core) takes its slice of INPUT.
+//   Pass 1: `pread` in 4 MiB pieces; of each piece, the resident share (RESIDENT_MIB over the
+//   input) is copied into memory faulted in beforehand, the rest written straight from the
+//   read buffer to the worker's temporary file in 64 KiB `write`s (the sort's piece size).
+//   Pass 2: the resident bytes are written to OUTPUT with O_DIRECT in 1 MiB writes while a
+//   loader thread reads the temporary file back in 4 MiB pieces; the writer then writes those
+//   too, and the file is removed once read.
+// Left out, each of which the sort must do: choosing a record's destination, exchanging
+// records between nodes, staging records by key range, and sorting. So the time printed is a
+// floor for any sort with this design here, not a sort.
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define READ_PIECE (4u << 20)
+#define WRITE_PIECE (64u << 10)
+#define DIRECT_PIECE (1u << 20)
+#define RING 4
+
+static const char *input_path, *temp_dir, *output_path;
+static size_t input_len, resident_total;
+static int workers;
+static pthread_barrier_t between_passes;
+static double started, pass1_end[64];
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void die(const char *what) {
+    perror(what);
+    exit(1);
+}
+
+static void *aligned(size_t n) {
+    void *p;
+    if (posix_memalign(&p, 4096, n)) die("posix_memalign");
+    memset(p, 0, n);
+    return p;
+}
+
+// O_DIRECT wants 4 KiB multiples; the unaligned tail of the last slice goes through `buffered`.
+static void write_out(int direct, int buffered, const char *src, size_t len, size_t off) {
+    size_t whole = len & ~(size_t)4095;
+    for (size_t done = 0; done < whole;) {
+        size_t n = whole - done < DIRECT_PIECE ? whole - done : DIRECT_PIECE;
+        if (pwrite(direct, src + done, n, off + done) != (ssize_t)n) die("pwrite direct");
+        done += n;
+    }
+    if (len > whole && pwrite(buffered, src + whole, len - whole, off + whole) != (ssize_t)(len - whole))
+        die("pwrite tail");
+}
+
+struct ring {
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    char *buf[RING];
+    size_t len[RING];
+    unsigned filled, emptied;
+    int temp;
+};
+
+static void *loader(void *arg) {
+    struct ring *r = arg;
+    for (;;) {
+        pthread_mutex_lock(&r->lock);
+        while (r->filled - r->emptied == RING) pthread_cond_wait(&r->changed, &r->lock);
+        pthread_mutex_unlock(&r->lock);
+        char *b = r->buf[r->filled % RING];
+        size_t got = 0;
+        for (ssize_t n; got < READ_PIECE && (n = read(r->temp, b + got, READ_PIECE - got)) > 0;) got += n;
+        pthread_mutex_lock(&r->lock);
+        r->len[r->filled % RING] = got;
+        r->filled++;
+        pthread_cond_broadcast(&r->changed);
+        pthread_mutex_unlock(&r->lock);
+        if (got == 0) return NULL;
+    }
+}
+
+static void *worker(void *arg) {
+    int w = (int)(long)arg;
+    // Slices and the resident share start on 4 KiB boundaries, as O_DIRECT wants.
+    size_t lo = (input_len * w / workers) & ~(size_t)4095;
+    size_t hi = w + 1 == workers ? input_len : (input_len * (w + 1) / workers) & ~(size_t)4095, len = hi - lo;
+    size_t resident_len = (resident_total / workers) & ~(size_t)4095;
+    if (resident_len > (len & ~(size_t)4095)) resident_len = len & ~(size_t)4095;
+    char *resident = aligned(resident_len + 4096);
+    char *piece = aligned(READ_PIECE);
+    char temp_path[4096];
+    snprintf(temp_path, sizeof temp_path, "%s/floor.%d.tmp", temp_dir, w);
+    int in = open(input_path, O_RDONLY), temp = open(temp_path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    if (in < 0 || temp < 0) die("open");
+
+    size_t kept = 0;
+    for (size_t off = lo; off < hi;) {
+        size_t n = hi - off < READ_PIECE ? hi - off : READ_PIECE;
+        if (pread(in, piece, n, off) != (ssize_t)n) die("pread");
+        size_t keep = (size_t)((double)resident_len * (off + n - lo) / len) - kept;
+        memcpy(resident + kept, piece, keep);
+        kept += keep;
+        for (size_t done = keep; done < n;) {
+            size_t m = n - done < WRITE_PIECE ? n - done : WRITE_PIECE;
+            if (write(temp, piece + done, m) != (ssize_t)m) die("write temp");
+            done += m;
+        }
+        off += n;
+    }
+    pass1_end[w] = now();
+    pthread_barrier_wait(&between_passes);
+
+    int direct = open(output_path, O_WRONLY | O_DIRECT), buffered = open(output_path, O_WRONLY);
+    if (direct < 0 || buffered < 0) die("open output");
+    struct ring r = {.lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER, .temp = temp};
+    for (int i = 0; i < RING; i++) r.buf[i] = aligned(READ_PIECE);
+    if (lseek(temp, 0, SEEK_SET) != 0) die("lseek");
+    pthread_t load;
+    pthread_create(&load, NULL, loader, &r);
+    write_out(direct, buffered, resident, kept, lo);
+    size_t out = lo + kept;
+    for (;;) {
+        pthread_mutex_lock(&r.lock);
+        while (r.filled == r.emptied) pthread_cond_wait(&r.changed, &r.lock);
+        size_t n = r.len[r.emptied % RING];
+        pthread_mutex_unlock(&r.lock);
+        if (n == 0) break;
+        write_out(direct, buffered, r.buf[r.emptied % RING], n, out);
+        out += n;
+        pthread_mutex_lock(&r.lock);
+        r.emptied++;
+        pthread_cond_broadcast(&r.changed);
+        pthread_mutex_unlock(&r.lock);
+    }
+    pthread_join(load, NULL);
+    if (out != hi) {
+        fprintf(stderr, "worker %d wrote %zu bytes of %zu\n", w, out - lo, len);
+        exit(1);
+    }
+    unlink(temp_path);
+    close(temp), close(in), close(direct), close(buffered);
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    started = now();
+    if (argc < 5) {
+        fprintf(stderr, "usage: %s INPUT TEMP_DIR OUTPUT RESIDENT_MIB [WORKERS]\n", argv[0]);
+        return 2;
+    }
+    input_path = argv[1], temp_dir = argv[2], output_path = argv[3];
+    resident_total = (size_t)atol(argv[4]) << 20;
+    workers = argc > 5 ? atoi(argv[5]) : 2;
+    if (workers < 1 || workers > 64) return 2;
+    struct stat st;
+    if (stat(input_path, &st)) die("stat input");
+    input_len = st.st_size;
+    int out = open(output_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (out < 0 || fallocate(out, 0, 0, input_len)) die("output");
+    close(out);
+    pthread_barrier_init(&between_passes, NULL, workers);
+    pthread_t t[64];
+    for (long w = 0; w < workers; w++) pthread_create(&t[w], NULL, worker, (void *)w);
+    for (int w = 0; w < workers; w++) pthread_join(t[w], NULL);
+    double end = now(), pass1 = 0;
+    for (int w = 0; w < workers; w++) pass1 = pass1_end[w] - started > pass1 ? pass1_end[w] - started : pass1;
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("{\"total_s\": %.3f, \"pass1_s\": %.3f, \"pass2_s\": %.3f, \"user_s\": %.2f, \"sys_s\": %.2f, "
+           "\"max_rss_kib\": %ld, \"resident_bytes\": %zu, \"temp_bytes\": %zu}\n",
+           end - started, pass1, end - started - pass1, ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6,
+           ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6, ru.ru_maxrss, resident_total < input_len ? resident_total : input_len,
+           resident_total < input_len ? input_len - resident_total : 0);
+    return 0;
+}
