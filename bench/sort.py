@@ -16,6 +16,9 @@ usage: bench/sort.py [--rounds N] [--dir DIR] [--markdown FILE] [--cases datamat
   ULNET_BASELINE=PATH also runs another ulnet binary (an older build) with the same
   arguments in every round, labelled "baseline", for a side-by-side of two versions; the
   two builds take turns at running first after the peer.
+  EXTERNAL_FLOOR=PATH (bench/external-floor.c built; bench/sort.sh builds it) also times, in
+  every round of the external case, the sort's two passes of I/O with no sorting in them, with
+  the sort's resident share: what any sort of this design must spend here, beside the peer.
 """
 import argparse, json, os, shutil, statistics, subprocess, sys, time
 
@@ -49,6 +52,7 @@ def gensort(path, n, args):
 
 
 BASELINE = os.environ.get("ULNET_BASELINE")
+FLOOR = os.environ.get("EXTERNAL_FLOOR")
 
 
 # Seconds to wait after each `sync` before a timed command (SETTLE_S, default 0). A virtual
@@ -72,11 +76,14 @@ def settled():
     time.sleep(SETTLE_S)
 
 
-def run_case(name, peer_name, peer_cmd, ours, rounds, records, outputs, goal):
-    """ours: list of (label, argv); peer_cmd: argv. Returns rows for the report."""
+def run_case(name, peer_name, peer_cmd, ours, rounds, records, outputs, goal, floor=None):
+    """ours: list of (label, argv); peer_cmd: argv. floor: (input, temp dir, output) to run
+    FLOOR on after ours in each round, with the first build's resident share. Returns rows
+    for the report."""
     if BASELINE:
         ours = ours + [(f"{l}, baseline", [BASELINE, *argv[1:]]) for l, argv in ours]
     peer_t, our_t, phases = [], {l: [] for l, _ in ours}, {l: [] for l, _ in ours}
+    floor_t = []
 
     def fresh():
         """No output left from the command before, and its dirty pages written back."""
@@ -101,8 +108,15 @@ def run_case(name, peer_name, peer_cmd, ours, rounds, records, outputs, goal):
             phases[label].append(rep)
             if r == 0:
                 valsort(argv[argv.index("--output") + 1], records)
+        if floor:
+            first = phases[ours[0][0]][0]
+            resident_mib = (first["bytes"] - sum(n["temp_bytes"] for n in first["per_node"])) // 2**20
+            fresh()
+            t, _ = timed([FLOOR, *floor, str(resident_mib)])
+            floor_t.append(t)
         print(f"  round {r + 1}/{rounds}: {peer_name} {peer_t[-1]:.3f} s; "
-              + "; ".join(f"{l} {our_t[l][-1]:.3f} s" for l, _ in ours), flush=True)
+              + "; ".join(f"{l} {our_t[l][-1]:.3f} s" for l, _ in ours)
+              + (f"; I/O floor {floor_t[-1]:.3f} s" if floor else ""), flush=True)
     mp = statistics.median(peer_t)
     rows = []
     for label, argv in ours:
@@ -141,10 +155,14 @@ def run_case(name, peer_name, peer_cmd, ours, rounds, records, outputs, goal):
                          if "resident_groups" in phases[label][0]["per_node"][0] else None,
                          # How the nodes wrote the output (builds before direct output: n/a).
                          output_io="/".join(sorted({n.get("output_io") or "n/a" for p in phases[label]
-                                                    for n in p["per_node"]}))))
+                                                    for n in p["per_node"]})),
+                         floor_runs=floor_t))
         print(f"{name:12} {label:28} ulnet {mo:8.3f} s  {peer_name} {mp:8.3f} s  ratio {ratio:6.3f}  "
               f"fastest/fastest {best:6.3f}  goal <={goal}  {'PASS' if rows[-1]['ok'] else 'MISS'}"
               + ("" if steady else f" (peer unsteady: median/fastest {spread:.2f})"), flush=True)
+    if floor_t:
+        print(f"{name:12} {'I/O floor (no sorting)':28} {statistics.median(floor_t):8.3f} s  ratio to {peer_name} "
+              f"{statistics.median(floor_t) / mp:6.3f}  fastest/fastest {min(floor_t) / min(peer_t):6.3f}", flush=True)
     return rows
 
 
@@ -187,7 +205,7 @@ def main():
             ours = [("2 nodes x 512 MiB", [ULNET, "sort", "--input", inp, "--output", out, "--nodes", "2",
                                            "--memory", "512MiB", "--temp-dir", d, "--json"])]
             rows += run_case("external", "cp", ["cp", inp, cp], ours, max(1, a.rounds // 2 + 1), 40_000_000,
-                             [out, cp], 3.0)
+                             [out, cp], 3.0, floor=(inp, d, out) if FLOOR else None)
             for f in (inp, out, cp):
                 drop_file(f)
     finally:
@@ -205,6 +223,14 @@ def main():
                         f"{r['spread']:.2f} | <={r['goal']} | {met} |\n")
             f.write(f"\nMet: the ratio of medians and the ratio of the fastest runs both within the goal, and the "
                     f"peer steady (its median run at most {PEER_SPREAD_MAX} x its fastest).\n")
+            # Each row of a case carries the same floor runs: one line per case.
+            for r in {r["case"]: r for r in rows if r["floor_runs"]}.values():
+                fl = r["floor_runs"]
+                f.write(f"\nI/O floor of the {r['case']} case (bench/external-floor.c: the sort's two passes of "
+                        f"I/O with its resident share and no sorting, run after ulnet in each round): median "
+                        f"{statistics.median(fl):.3f} s, {statistics.median(fl) / r['peer']:.3f} x {r['peer_name']}'s "
+                        f"median, fastest / fastest {min(fl) / min(r['peer_runs']):.3f}; runs "
+                        f"[{', '.join(f'{x:.3f}' for x in fl)}].\n")
             f.write("\nPer-phase times of ulnet (medians over the rounds, slowest node, seconds; total is node 0's "
                     "command start to commit, the wall time above includes process exit):\n\n"
                     "| case | ulnet | startup | read+distribute | sort | write | total | largest partition / mean "

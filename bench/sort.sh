@@ -7,10 +7,12 @@
 # SORT_BENCH_DIR (default target/sort-bench; about 12 GB free needed for the external case:
 # input, output and the key-range group files) may be set; CASES picks a subset (e.g.
 # CASES=datamation). SETTLE_S waits that many seconds after each `sync` (bench/sort.py). Inputs
-# are deleted at the end.
+# are deleted at the end. The external case also times its I/O floor (bench/external-floor.c).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --locked -p ulnet >/dev/null 2>&1
+gcc -O2 -pthread -o target/external-floor bench/external-floor.c
+export EXTERNAL_FLOOR=${EXTERNAL_FLOOR:-$PWD/target/external-floor}
 OUT=${SORT_OUT:-bench/results/sort.md}
 TMP=$(mktemp)
 status=0
