@@ -601,3 +601,108 @@ impl Analysis {
         o
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::assemble;
+    use crate::test_files::{file, one_by_one};
+    use proptest::prelude::*;
+    use ulnet_core::trace::format::Record;
+    use ulnet_core::trace::TraceFile;
+
+    fn study_json(trace: &Trace, config: &AnalyzeConfig) -> serde_json::Value {
+        let mut v = serde_json::to_value(analyze(trace, config)).unwrap();
+        // Records per file differ by design; everything else must not.
+        v["files"] = serde_json::Value::Null;
+        v
+    }
+
+    /// A record: a single message (some of them calls) or a run, with or without buffers.
+    fn record() -> impl Strategy<Value = Record> {
+        let shape = (0u8..3, any::<bool>(), any::<bool>(), 0u64..4);
+        let size = (0u8..=4, [0u32..5000, 0u32..5000, 0u32..5000, 0u32..5000], 0u64..20_000);
+        let run = (prop_oneof![Just(1u32), 2u32..=40], 0u64..4_000_000);
+        (0u64..400_000_000, 1u32..=3, 1u32..=3, shape, size, run).prop_map(
+            |(
+                ticks,
+                src_node,
+                dst_node,
+                (kind, receive, exact, request),
+                (buffers, mut buffer_len, size),
+                (count, span),
+            )| {
+                let ticks = ticks + 1;
+                for len in &mut buffer_len[buffers as usize..] {
+                    *len = 0;
+                }
+                let size = if buffers == 0 { size } else { buffer_len.iter().map(|&l| u64::from(l)).sum() };
+                let run = count > 1;
+                Record {
+                    ticks,
+                    src_node,
+                    dst_node,
+                    kind,
+                    direction: u8::from(receive),
+                    exact,
+                    buffers,
+                    size,
+                    buffer_len,
+                    request_id: if run { 0 } else { request },
+                    count,
+                    last_ticks: if run { ticks + span } else { ticks },
+                    sent: if receive { 0 } else { ticks },
+                    received: if receive { ticks } else { 0 },
+                    ..Record::default()
+                }
+            },
+        )
+    }
+
+    /// A clock: ticks per second, and references `(ticks, ns)` rising at about that rate.
+    fn clock() -> impl Strategy<Value = (u64, Vec<(u64, u64)>)> {
+        let steps = proptest::collection::vec((1u64..200_000_000, 0.98f64..1.02), 0..4);
+        (100_000_000u64..4_000_000_000, 0u64..1_000_000_000, 1_000_000_000u64..1_000_000_000_000, steps).prop_map(
+            |(ticks_per_sec, ticks, ns, steps)| {
+                let mut refs = vec![(ticks, ns)];
+                for (dticks, skew) in steps {
+                    let &(t, n) = refs.last().unwrap();
+                    refs.push((t + dticks, n + (dticks as f64 * 1e9 / ticks_per_sec as f64 * skew) as u64 + 1));
+                }
+                (ticks_per_sec, refs)
+            },
+        )
+    }
+
+    fn trace_file() -> impl Strategy<Value = (u64, Vec<(u64, u64)>, Vec<Record>)> {
+        (clock(), proptest::collection::vec(record(), 1..40)).prop_map(|((tps, refs), records)| (tps, refs, records))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// Run records give the study of the same messages recorded one by one, at the
+        /// times the loader used to spread them at: matrix, kinds, totals, sizes, buffers,
+        /// rates (bin by bin), latency.
+        #[test]
+        fn runs_are_studied_as_their_messages_one_by_one(
+            files in proptest::collection::vec(trace_file(), 1..=2),
+            boots in prop_oneof![Just((7, 7)), Just((7, 8)), Just((0, 0))],
+            bin_s in prop_oneof![Just(None), Just(Some(1e-4)), Just(Some(1e-3)), (1e-4f64..0.1).prop_map(Some)],
+        ) {
+            let decoded = |expand: bool| -> Vec<(String, TraceFile)> {
+                (files.iter().enumerate())
+                    .map(|(i, (tps, refs, records))| {
+                        let records = if expand { one_by_one(records) } else { records.clone() };
+                        let boot = if i == 0 { boots.0 } else { boots.1 };
+                        (format!("node-{}", i + 1), file(i as u32 + 1, boot, *tps, refs, records))
+                    })
+                    .collect()
+            };
+            let (runs, singles) = (assemble(decoded(false)).unwrap(), assemble(decoded(true)).unwrap());
+            prop_assert_eq!(runs.duration_ns(), singles.duration_ns());
+            let config = AnalyzeConfig { bin_s };
+            prop_assert_eq!(study_json(&runs, &config), study_json(&singles, &config));
+        }
+    }
+}
