@@ -1,11 +1,12 @@
 //! Trace files: any bytes, and the same bytes with their checksums made right (so that
 //! the fuzzer reaches the records and the loader), through the strict and the partial
-//! decoder and on into the analysis.
+//! decoder and on into the analysis and the samples of `trace tail`.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use ulnet_core::trace::format::{BLOCK_HEADER_LEN, FILE_HEADER_LEN, RECORD_LEN, VERSION_FIXED_MAX};
 use ulnet_core::trace::{decode_file, decode_prefix};
-use ulnet_trace::analyze::{analyze, AnalyzeConfig};
+use ulnet_trace::analyze::{analyze, counted, AnalyzeConfig};
+use ulnet_trace::input::{sample_of_trace, TRACE_COLUMNS};
 use ulnet_trace::load::assemble;
 
 fuzz_target!(|data: &[u8]| {
@@ -20,11 +21,22 @@ fuzz_target!(|data: &[u8]| {
         Ok(file) => assert!(prefix.as_ref() == Some(file) && error.is_none(), "strict and partial decoders agree"),
         Err(e) => assert_eq!(error.as_ref(), Some(e), "the strict decoder fails where the partial one stops"),
     }
-    // The loader holds every message a record stands for (a run up to 2^32 - 1 of them, and
-    // it refuses traces of more than `MESSAGES_MAX`); within the fuzzer's 2 GB, 2^20.
-    if let Some(file) = prefix.filter(|f| f.messages() <= 1 << 20) {
-        if let Ok(trace) = assemble(vec![("fuzz".into(), file)]) {
-            let _ = analyze(&trace, &AnalyzeConfig::default()).render_text();
+    let Some(file) = prefix else { return };
+    let messages = file.messages();
+    // One entry per record however many messages a run claims (up to 2^32 - 1 each).
+    let trace = assemble(vec![("fuzz".into(), file)]);
+    assert_eq!(trace.message_count(), messages, "the loader keeps every message");
+    let study = analyze(&trace, &AnalyzeConfig::default());
+    let _ = study.render_text();
+    let counted: u64 = counted(&trace).iter().map(|m| u64::from(m.count)).sum();
+    assert_eq!(study.messages, counted, "every counted message is in the study");
+    assert_eq!(study.matrix.iter().map(|c| c.messages).sum::<u64>(), counted, "and in the matrix");
+    let binned: u64 = study.rates.nodes.iter().flat_map(|n| &n.per_bin).sum();
+    assert_eq!(binned, counted, "and in exactly one rate bin");
+    // `trace tail` takes messages one by one (up to 2^27); within the fuzzer's 2 GB, 2^20.
+    if counted <= 1 << 20 {
+        for column in TRACE_COLUMNS {
+            let _ = sample_of_trace(&trace, "fuzz", Some(column));
         }
     }
 });

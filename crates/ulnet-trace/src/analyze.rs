@@ -5,7 +5,14 @@
 //!
 //! Each message is counted once, from the sender's record when the sender's file is
 //! loaded, else from the receiver's: a trace of some nodes only still counts every
-//! message one of them sent or received.
+//! message one of them sent or received. A run record counts as its `count` messages
+//! everywhere (its bytes as `count` times its size), and its messages fall in the rate
+//! bins where [`Trace::message_t_ns`] puts them: the figures are those of the same
+//! messages recorded one by one, at the cost of the records.
+//!
+//! Message counts are plain sums (they would need 2^32 records in memory to overflow);
+//! byte counts saturate, since a forged record may claim 2^32 - 1 messages of 2^64 - 1
+//! bytes.
 
 use crate::load::{FileSummary, Message, Trace};
 use serde::Serialize;
@@ -226,26 +233,51 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() as f64 * q) as usize).min(sorted.len() - 1)]
 }
 
+/// Bytes of `count` messages of `size` bytes (saturating: see the module documentation).
+fn bytes_of(size: u64, count: u64) -> u64 {
+    size.saturating_mul(count)
+}
+
+/// Bytes of the messages of (size, count) pairs.
+fn total_bytes(sizes: &[(u64, u64)]) -> u64 {
+    sizes.iter().fold(0, |bytes, &(size, count)| bytes.saturating_add(bytes_of(size, count)))
+}
+
+/// The value at rank `n / 2` (from 0) of sorted (value, count) pairs that stand for `n`
+/// values: the median as it is of the values one by one.
+fn weighted_median<T: Copy>(sorted: &[(T, u64)]) -> Option<T> {
+    let n: u64 = sorted.iter().map(|p| p.1).sum();
+    let mut through = 0u64;
+    sorted
+        .iter()
+        .find(|p| {
+            through += p.1;
+            through > n / 2
+        })
+        .map(|p| p.0)
+}
+
 fn size_distribution(node: Option<u32>, msgs: &[&Message]) -> SizeDistribution {
-    let mut sizes: Vec<u64> = msgs.iter().map(|m| m.size).collect();
+    let mut sizes: Vec<(u64, u64)> = msgs.iter().map(|m| (m.size, u64::from(m.count))).collect();
     sizes.sort_unstable();
-    let n = sizes.len();
-    let total: u64 = sizes.iter().sum();
+    let n: u64 = sizes.iter().map(|s| s.1).sum();
+    let total = total_bytes(&sizes);
     let mut cdf = Vec::new();
-    if let Some(&max) = sizes.last() {
-        let mut i = 0usize;
-        let mut bytes = 0u64;
+    if let Some(&(max, _)) = sizes.last() {
+        let (mut i, mut messages, mut bytes) = (0usize, 0u64, 0u64);
         let mut e = 0u32;
         loop {
             let at = 2f64.powf(f64::from(e) / 2.0).round() as u64;
-            while i < n && sizes[i] <= at {
-                bytes += sizes[i];
+            while i < sizes.len() && sizes[i].0 <= at {
+                let (size, count) = sizes[i];
+                messages += count;
+                bytes = bytes.saturating_add(bytes_of(size, count));
                 i += 1;
             }
             if cdf.last().is_none_or(|p: &SizePoint| p.size != at) {
                 cdf.push(SizePoint {
                     size: at,
-                    count_frac: i as f64 / n as f64,
+                    count_frac: messages as f64 / n as f64,
                     bytes_frac: if total == 0 { 1.0 } else { bytes as f64 / total as f64 },
                 });
             }
@@ -255,18 +287,50 @@ fn size_distribution(node: Option<u32>, msgs: &[&Message]) -> SizeDistribution {
             e += 1;
         }
     }
-    let in_range = sizes.iter().filter(|&&s| (68..=256).contains(&s)).count();
-    let big: u64 = sizes.iter().filter(|&&s| s >= 4096).sum();
+    let in_range: u64 = sizes.iter().filter(|s| (68..=256).contains(&s.0)).map(|s| s.1).sum();
+    let big = total_bytes(&sizes[sizes.partition_point(|s| s.0 < 4096)..]);
     SizeDistribution {
         node,
-        messages: n as u64,
-        min: sizes.first().copied().unwrap_or(0),
-        median: if n == 0 { 0 } else { sizes[n / 2] },
+        messages: n,
+        min: sizes.first().map_or(0, |s| s.0),
+        median: weighted_median(&sizes).unwrap_or(0),
         mean: if n == 0 { 0.0 } else { total as f64 / n as f64 },
-        max: sizes.last().copied().unwrap_or(0),
+        max: sizes.last().map_or(0, |s| s.0),
         frac_68_to_256: if n == 0 { 0.0 } else { in_range as f64 / n as f64 },
         bytes_frac_4k_or_more: if total == 0 { 0.0 } else { big as f64 / total as f64 },
         cdf,
+    }
+}
+
+/// Adds the messages of record `m` to the bins their times fall in (`bin_of` an instant).
+/// A run's times rise with the message index, so the messages in one bin are a stretch of
+/// indices whose end a binary search finds: the work grows with the bins a run covers and
+/// the logarithm of its count, not with the count.
+fn add_to_bins(trace: &Trace, m: &Message, per_bin: &mut [u64], bin_of: impl Fn(u64) -> usize) {
+    let count = u64::from(m.count);
+    let bin_at = |i: u64| bin_of(trace.message_t_ns(m, i));
+    let Some(last) = count.checked_sub(1) else { return };
+    let last_bin = bin_at(last);
+    let mut first = 0u64;
+    while first < count {
+        let bin = bin_at(first);
+        // `>=`: the clock's floating point may break the rise by a hair; the run still ends.
+        let end = if bin >= last_bin {
+            count
+        } else {
+            let (mut lo, mut hi) = (first + 1, last);
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                if bin_at(mid) <= bin {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            lo
+        };
+        per_bin[bin] += end - first;
+        first = end;
     }
 }
 
@@ -291,7 +355,8 @@ fn latency(trace: &Trace) -> Option<Latency> {
     // The four records of a call, by key, each list in time order.
     let mut parts: [HashMap<CallKey, Vec<&Message>>; 4] = Default::default();
     for m in &trace.messages {
-        if m.request_id == 0 {
+        // A run is not a call (the decoder refuses runs with a request id).
+        if m.request_id == 0 || m.count > 1 {
             continue;
         }
         let (slot, key) = match (m.kind, m.direction) {
@@ -387,13 +452,15 @@ pub fn analyze(trace: &Trace, config: &AnalyzeConfig) -> Analysis {
     let mut by_kind: BTreeMap<MessageKind, (u64, u64)> = BTreeMap::new();
     let mut by_src: BTreeMap<u32, Vec<&Message>> = BTreeMap::new();
     let mut nodes: Vec<u32> = trace.traced_nodes();
+    let (mut messages, mut bytes) = (0u64, 0u64);
     for m in &msgs {
-        let c = matrix.entry((m.src, m.dst)).or_default();
-        c.0 += 1;
-        c.1 += m.size;
-        let k = by_kind.entry(m.kind).or_default();
-        k.0 += 1;
-        k.1 += m.size;
+        let (count, size) = (u64::from(m.count), bytes_of(m.size, u64::from(m.count)));
+        messages += count;
+        bytes = bytes.saturating_add(size);
+        for tally in [matrix.entry((m.src, m.dst)).or_default(), by_kind.entry(m.kind).or_default()] {
+            tally.0 += count;
+            tally.1 = tally.1.saturating_add(size);
+        }
         by_src.entry(m.src).or_default().push(m);
         nodes.extend([m.src, m.dst]);
     }
@@ -405,6 +472,7 @@ pub fn analyze(trace: &Trace, config: &AnalyzeConfig) -> Analysis {
     }
     let bin_s = config.bin_s.filter(|b| *b > 0.0).unwrap_or_else(|| round_bin(duration_s));
     let bins = ((duration_s / bin_s).floor() as usize + 1).min(1_000_000);
+    let bin_of = |t_ns: u64| ((t_ns as f64 / 1e9 / bin_s) as usize).min(bins - 1);
     let rates = Rates {
         bin_s,
         nodes: by_src
@@ -412,12 +480,13 @@ pub fn analyze(trace: &Trace, config: &AnalyzeConfig) -> Analysis {
             .map(|(node, v)| {
                 let mut per_bin = vec![0u64; bins];
                 for m in v {
-                    per_bin[((m.t_ns as f64 / 1e9 / bin_s) as usize).min(bins - 1)] += 1;
+                    add_to_bins(trace, m, &mut per_bin, bin_of);
                 }
+                let sent: u64 = per_bin.iter().sum();
                 let peak = per_bin.iter().copied().max().unwrap_or(0);
                 NodeRate {
                     node: *node,
-                    mean_per_s: if duration_s > 0.0 { v.len() as f64 / duration_s } else { 0.0 },
+                    mean_per_s: if duration_s > 0.0 { sent as f64 / duration_s } else { 0.0 },
                     peak_per_s: peak as f64 / bin_s,
                     per_bin,
                 }
@@ -427,15 +496,17 @@ pub fn analyze(trace: &Trace, config: &AnalyzeConfig) -> Analysis {
     let known: Vec<&&Message> = msgs.iter().filter(|m| m.buffers > 0 && m.buffers as usize <= 4).collect();
     let mut per_count = [0u64; 5];
     let mut pos_bytes = [0u64; 4];
-    let mut pos_sizes: [Vec<u32>; 4] = Default::default();
+    let mut pos_sizes: [Vec<(u32, u64)>; 4] = Default::default();
     for m in &known {
-        per_count[m.buffers as usize] += 1;
+        let count = u64::from(m.count);
+        per_count[m.buffers as usize] += count;
         for i in 0..m.buffers as usize {
-            pos_bytes[i] += u64::from(m.buffer_len[i]);
-            pos_sizes[i].push(m.buffer_len[i]);
+            pos_bytes[i] = pos_bytes[i].saturating_add(bytes_of(u64::from(m.buffer_len[i]), count));
+            pos_sizes[i].push((m.buffer_len[i], count));
         }
     }
-    let known_bytes: u64 = pos_bytes.iter().sum();
+    let known_messages: u64 = per_count.iter().sum();
+    let known_bytes = pos_bytes.iter().fold(0u64, |a, b| a.saturating_add(*b));
     for v in &mut pos_sizes {
         v.sort_unstable();
     }
@@ -444,24 +515,24 @@ pub fn analyze(trace: &Trace, config: &AnalyzeConfig) -> Analysis {
         .map(|b| BufferCount {
             buffers: b,
             messages: per_count[b as usize],
-            fraction: per_count[b as usize] as f64 / known.len() as f64,
+            fraction: per_count[b as usize] as f64 / known_messages as f64,
         })
         .collect();
     let bytes_per_buffer_position = (0..4)
         .filter(|&i| !pos_sizes[i].is_empty())
         .map(|i| BufferPosition {
             position: i as u8 + 1,
-            messages: pos_sizes[i].len() as u64,
+            messages: pos_sizes[i].iter().map(|p| p.1).sum(),
             bytes: pos_bytes[i],
             fraction: if known_bytes == 0 { 0.0 } else { pos_bytes[i] as f64 / known_bytes as f64 },
-            median: u64::from(pos_sizes[i][pos_sizes[i].len() / 2]),
-            max: u64::from(*pos_sizes[i].last().expect("not empty")),
+            median: u64::from(weighted_median(&pos_sizes[i]).expect("not empty")),
+            max: u64::from(pos_sizes[i].last().expect("not empty").0),
         })
         .collect();
     Analysis {
         files: trace.files.clone(),
-        messages: msgs.len() as u64,
-        bytes: msgs.iter().map(|m| m.size).sum(),
+        messages,
+        bytes,
         duration_s,
         dropped: trace.dropped(),
         same_clock: trace.same_clock,
@@ -599,5 +670,138 @@ impl Analysis {
             }
         }
         o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::assemble;
+    use crate::test_files::{file, one_by_one};
+    use proptest::prelude::*;
+    use ulnet_core::trace::format::Record;
+    use ulnet_core::trace::TraceFile;
+
+    fn study_json(trace: &Trace, config: &AnalyzeConfig) -> serde_json::Value {
+        let mut v = serde_json::to_value(analyze(trace, config)).unwrap();
+        // Records per file differ by design; everything else must not.
+        v["files"] = serde_json::Value::Null;
+        v
+    }
+
+    /// A record: a single message (some of them calls) or a run, with or without buffers.
+    fn record() -> impl Strategy<Value = Record> {
+        let shape = (0u8..3, any::<bool>(), any::<bool>(), 0u64..4);
+        let size = (0u8..=4, [0u32..5000, 0u32..5000, 0u32..5000, 0u32..5000], 0u64..20_000);
+        let run = (prop_oneof![Just(1u32), 2u32..=40], 0u64..4_000_000);
+        (0u64..400_000_000, 1u32..=3, 1u32..=3, shape, size, run).prop_map(
+            |(
+                ticks,
+                src_node,
+                dst_node,
+                (kind, receive, exact, request),
+                (buffers, mut buffer_len, size),
+                (count, span),
+            )| {
+                let ticks = ticks + 1;
+                for len in &mut buffer_len[buffers as usize..] {
+                    *len = 0;
+                }
+                let size = if buffers == 0 { size } else { buffer_len.iter().map(|&l| u64::from(l)).sum() };
+                let run = count > 1;
+                Record {
+                    ticks,
+                    src_node,
+                    dst_node,
+                    kind,
+                    direction: u8::from(receive),
+                    exact,
+                    buffers,
+                    size,
+                    buffer_len,
+                    request_id: if run { 0 } else { request },
+                    count,
+                    last_ticks: if run { ticks + span } else { ticks },
+                    sent: if receive { 0 } else { ticks },
+                    received: if receive { ticks } else { 0 },
+                    ..Record::default()
+                }
+            },
+        )
+    }
+
+    /// A clock: ticks per second, and references `(ticks, ns)` rising at about that rate.
+    fn clock() -> impl Strategy<Value = (u64, Vec<(u64, u64)>)> {
+        let steps = proptest::collection::vec((1u64..200_000_000, 0.98f64..1.02), 0..4);
+        (100_000_000u64..4_000_000_000, 0u64..1_000_000_000, 1_000_000_000u64..1_000_000_000_000, steps).prop_map(
+            |(ticks_per_sec, ticks, ns, steps)| {
+                let mut refs = vec![(ticks, ns)];
+                for (dticks, skew) in steps {
+                    let &(t, n) = refs.last().unwrap();
+                    refs.push((t + dticks, n + (dticks as f64 * 1e9 / ticks_per_sec as f64 * skew) as u64 + 1));
+                }
+                (ticks_per_sec, refs)
+            },
+        )
+    }
+
+    fn trace_file() -> impl Strategy<Value = (u64, Vec<(u64, u64)>, Vec<Record>)> {
+        (clock(), proptest::collection::vec(record(), 1..40)).prop_map(|((tps, refs), records)| (tps, refs, records))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// Run records give the study of the same messages recorded one by one, at the
+        /// times the loader used to spread them at: matrix, kinds, totals, sizes, buffers,
+        /// rates (bin by bin), latency.
+        #[test]
+        fn runs_are_studied_as_their_messages_one_by_one(
+            files in proptest::collection::vec(trace_file(), 1..=2),
+            boots in prop_oneof![Just((7, 7)), Just((7, 8)), Just((0, 0))],
+            bin_s in prop_oneof![Just(None), Just(Some(1e-4)), Just(Some(1e-3)), (1e-4f64..0.1).prop_map(Some)],
+        ) {
+            let decoded = |expand: bool| -> Vec<(String, TraceFile)> {
+                (files.iter().enumerate())
+                    .map(|(i, (tps, refs, records))| {
+                        let records = if expand { one_by_one(records) } else { records.clone() };
+                        let boot = if i == 0 { boots.0 } else { boots.1 };
+                        (format!("node-{}", i + 1), file(i as u32 + 1, boot, *tps, refs, records))
+                    })
+                    .collect()
+            };
+            let (runs, singles) = (assemble(decoded(false)), assemble(decoded(true)));
+            prop_assert_eq!(runs.message_count(), singles.messages.len() as u64);
+            prop_assert_eq!(runs.duration_ns(), singles.duration_ns());
+            let config = AnalyzeConfig { bin_s };
+            prop_assert_eq!(study_json(&runs, &config), study_json(&singles, &config));
+        }
+    }
+
+    #[test]
+    fn a_run_of_the_largest_count_spreads_over_the_bins_it_covers() {
+        let count = u32::MAX;
+        // One second at 1 GHz: 50 bins of 20 ms.
+        let run = Record { ticks: 1, last_ticks: 1_000_000_001, count, size: 100, ..Record::default() };
+        let single = Record { ticks: 500_000_000, last_ticks: 500_000_000, count: 1, size: 50, ..Record::default() };
+        let trace = assemble(vec![("a".into(), file(1, 7, 1_000_000_000, &[(0, 0)], vec![run, single]))]);
+        let study = analyze(&trace, &AnalyzeConfig::default());
+        let messages = u64::from(count) + 1;
+        assert_eq!((study.messages, study.bytes), (messages, 100 * u64::from(count) + 50));
+        assert_eq!(study.cell(0, 0).map(|c| (c.messages, c.bytes)), Some((study.messages, study.bytes)));
+        let sizes = &study.sizes[0];
+        assert_eq!((sizes.messages, sizes.min, sizes.median, sizes.max), (messages, 50, 100, 100));
+        let rates = &study.rates;
+        assert_eq!((rates.bin_s, rates.nodes[0].per_bin.len()), (0.02, 51));
+        let per_bin = &rates.nodes[0].per_bin;
+        assert_eq!(per_bin.iter().sum::<u64>(), messages);
+        // 20 ms of the run's 1 s in each bin, the last message alone in the 51st. Bin edges
+        // are found in floating point, a few nanoseconds off: 4.3 messages a nanosecond.
+        let share = u64::from(count) / 50;
+        for (bin, &n) in per_bin[..50].iter().enumerate() {
+            let n = if bin == 24 { n - 1 } else { n };
+            assert!(n.abs_diff(share) <= 20, "bin {bin}: {n} messages, {share} expected");
+        }
+        assert_eq!(per_bin[50], 1);
     }
 }

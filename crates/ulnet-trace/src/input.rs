@@ -42,14 +42,30 @@ pub enum InputError {
     /// Nothing to analyse.
     #[error("{0}: no values")]
     Empty(String),
+    /// A trace whose messages are too many to sample one by one.
+    #[error(
+        "{file}: the trace stands for {messages} messages; `trace tail` samples at most {SAMPLE_VALUES_MAX} \
+         (`trace analyze` has no such limit)"
+    )]
+    TooManyValues {
+        /// The file.
+        file: String,
+        /// Messages it would sample (each message of a run is a value).
+        messages: u64,
+    },
 }
+
+/// Most messages of a trace that `trace tail` takes one by one: 2^27, 1 GiB of arrival
+/// times and as much again for a column. A run record stands for up to 2^32 - 1 messages,
+/// so a small file could otherwise ask for more memory than any machine has.
+pub const SAMPLE_VALUES_MAX: u64 = 1 << 27;
 
 /// A sample and what it came from.
 #[derive(Debug)]
 pub struct Sample {
     /// The column read.
     pub column: String,
-    /// Its values, in file order.
+    /// Its values, in file order (a trace's: by record, a run's messages together).
     pub values: Vec<f64>,
     /// Arrivals for the time-scale analysis.
     pub arrivals: Arrivals,
@@ -79,32 +95,50 @@ pub fn read_sample_with(path: &Path, column: Option<&str>, partial: bool) -> Res
 
 fn trace_sample(path: &Path, column: Option<&str>, partial: bool) -> Result<Sample, InputError> {
     let trace = load::load_with(&[path], partial)?;
+    sample_of_trace(&trace, &path.display().to_string(), column)
+}
+
+/// Column `column` (default `size`) of a loaded trace, named `name` in errors: one value
+/// per message, a run's messages each with its own time (see [`load::Trace::message_t_ns`]).
+pub fn sample_of_trace(trace: &load::Trace, name: &str, column: Option<&str>) -> Result<Sample, InputError> {
     let column = column.unwrap_or("size").to_ascii_lowercase();
-    let sends: Vec<_> = crate::analyze::counted(&trace).into_iter().copied().collect();
-    let times: Vec<f64> = sends.iter().map(|m| m.t_ns as f64).collect();
+    let sends = crate::analyze::counted(trace);
+    let within_limit = |messages: u64| match messages {
+        0..=SAMPLE_VALUES_MAX => Ok(()),
+        _ => Err(InputError::TooManyValues { file: name.to_string(), messages }),
+    };
+    let messages = sends.iter().map(|m| u64::from(m.count)).sum();
+    within_limit(messages)?;
+    let mut times = Vec::with_capacity(messages as usize);
+    times.extend(sends.iter().flat_map(|m| (0..u64::from(m.count)).map(|i| trace.message_t_ns(m, i) as f64)));
+    // Runs overlap other records: their messages are in time order only once sorted.
+    times.sort_by(f64::total_cmp);
     let values: Vec<f64> = match column.as_str() {
-        "size" => sends.iter().map(|m| m.size as f64).collect(),
-        "buffers" => sends.iter().filter(|m| m.buffers > 0).map(|m| f64::from(m.buffers)).collect(),
+        "size" => per_message(sends.iter().map(|m| (m.size as f64, m.count))),
+        "buffers" => per_message(sends.iter().filter(|m| m.buffers > 0).map(|m| (f64::from(m.buffers), m.count))),
         "interarrival_ns" => times.windows(2).map(|w| w[1] - w[0]).collect(),
-        "handler_ns" => trace
-            .messages
-            .iter()
-            .filter(|m| m.direction == Direction::Receive)
-            .filter_map(|m| Some((m.handler_end? - m.handler_start?) as f64))
-            .collect(),
-        "rtt_ns" => rtts(&trace),
-        _ => {
-            return Err(InputError::NoColumn {
-                file: path.display().to_string(),
-                column,
-                available: TRACE_COLUMNS.join(", "),
-            })
+        "handler_ns" => {
+            let handled: Vec<(f64, u32)> = trace
+                .messages
+                .iter()
+                .filter(|m| m.direction == Direction::Receive)
+                .filter_map(|m| Some((m.handler_end?.saturating_sub(m.handler_start?) as f64, m.count)))
+                .collect();
+            within_limit(handled.iter().map(|h| u64::from(h.1)).sum())?;
+            per_message(handled.into_iter())
         }
+        "rtt_ns" => rtts(trace),
+        _ => return Err(InputError::NoColumn { file: name.to_string(), column, available: TRACE_COLUMNS.join(", ") }),
     };
     if values.is_empty() {
-        return Err(InputError::Empty(format!("{} [{column}]", path.display())));
+        return Err(InputError::Empty(format!("{name} [{column}]")));
     }
     Ok(Sample { column, values, arrivals: Arrivals::Times(times) })
+}
+
+/// The values of records given as (value, messages it stands for), one per message.
+fn per_message(records: impl Iterator<Item = (f64, u32)>) -> Vec<f64> {
+    records.flat_map(|(value, count)| std::iter::repeat_n(value, count as usize)).collect()
 }
 
 /// Round trips at requesters: request sent to its response received, same file.
@@ -115,13 +149,15 @@ fn rtts(trace: &load::Trace) -> Vec<f64> {
     let mut out = Vec::new();
     for m in &trace.messages {
         match (m.kind, m.direction, m.request_id) {
+            // A run is not a call (the decoder refuses runs with a request id).
             (_, _, 0) => {}
+            _ if m.count > 1 => {}
             (MessageKind::Request, Direction::Send, id) => {
                 sent.insert((m.file, m.dst, id), m.t_ns);
             }
             (MessageKind::Response, Direction::Receive, id) => {
                 if let Some(t) = sent.remove(&(m.file, m.src, id)) {
-                    out.push((m.t_ns - t) as f64);
+                    out.push(m.t_ns.saturating_sub(t) as f64);
                 }
             }
             _ => {}
@@ -194,6 +230,56 @@ pub fn text_sample(name: &str, text: &str, column: Option<&str>) -> Result<Sampl
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::load::assemble;
+    use crate::test_files::{file, one_by_one};
+    use ulnet_core::trace::format::Record;
+
+    fn trace(records: Vec<Record>) -> load::Trace {
+        assemble(vec![("t".into(), file(1, 7, 1_000_000_000, &[(0, 0)], records))])
+    }
+
+    #[test]
+    fn a_trace_sample_has_a_value_for_each_message_of_a_run() {
+        let run = Record { ticks: 100, last_ticks: 500, count: 5, size: 64, buffers: 1, ..Record::default() };
+        let run = Record { buffer_len: [64, 0, 0, 0], ..run };
+        let single = Record { ticks: 250, last_ticks: 250, count: 1, size: 9, ..Record::default() };
+        let handled = Record {
+            ticks: 300,
+            last_ticks: 300,
+            count: 1,
+            direction: Direction::Receive as u8,
+            src_node: 2,
+            exact: true,
+            handler_start: 310,
+            handler_end: 345,
+            ..Record::default()
+        };
+        let records = vec![run, single, handled];
+        let (runs, singles) = (trace(records.clone()), trace(one_by_one(&records)));
+        for column in TRACE_COLUMNS.into_iter().filter(|c| *c != "rtt_ns") {
+            let sorted = |trace: &load::Trace| {
+                let sample = sample_of_trace(trace, "t", Some(column)).unwrap();
+                let Arrivals::Times(times) = sample.arrivals else { panic!("a trace's arrivals are times") };
+                let mut values = sample.values;
+                values.sort_by(f64::total_cmp);
+                (values, times)
+            };
+            assert_eq!(sorted(&runs), sorted(&singles), "{column}");
+        }
+        let sample = sample_of_trace(&runs, "t", Some("interarrival_ns")).unwrap();
+        // The run at 100, 200, ..., 500, the single send at 250, the receive from untraced node 2 at 300.
+        assert_eq!(sample.values, [100.0, 50.0, 50.0, 0.0, 100.0, 100.0]);
+        assert_eq!(sample_of_trace(&runs, "t", Some("handler_ns")).unwrap().values, [35.0]);
+    }
+
+    #[test]
+    fn a_trace_of_more_messages_than_a_sample_holds_is_refused() {
+        let run = Record { ticks: 1, last_ticks: 2, count: u32::MAX, size: 8, ..Record::default() };
+        let e = sample_of_trace(&trace(vec![run]), "t", None).unwrap_err();
+        assert!(matches!(e, InputError::TooManyValues { messages, .. } if messages == u64::from(u32::MAX)), "{e:?}");
+        let e = e.to_string();
+        assert!(e.contains("4294967295 messages") && e.contains(&SAMPLE_VALUES_MAX.to_string()), "{e}");
+    }
 
     #[test]
     fn reads_csv_by_name_and_plain_numbers() {

@@ -23,3 +23,5 @@ pub mod load;
 pub mod plot;
 pub mod report;
 pub mod tail;
+#[cfg(test)]
+mod test_files;

@@ -204,10 +204,12 @@ fn cluster(test_name: &str, transport: &str) {
         assert!(pairs > 0 && pairs <= records, "node {i}: {pairs} pairs in {records} records");
         let sends: Vec<_> = mine.iter().filter(|m| m.direction == Direction::Send).collect();
         let recvs: Vec<_> = mine.iter().filter(|m| m.direction == Direction::Receive).collect();
-        assert_eq!(sends.len() as u64, sent, "node {i}: send records vs messages_sent");
-        assert_eq!(sends.iter().map(|m| m.size).sum::<u64>(), sent_bytes, "node {i}: bytes_sent");
-        assert_eq!(recvs.len() as u64, delivered, "node {i}: receive records vs deliveries_received");
-        assert_eq!(recvs.iter().map(|m| m.size).sum::<u64>(), delivered_bytes, "node {i}: bytes_received");
+        // A run record stands for `count` messages of `size` bytes each.
+        let tally = |records: &[&&load::Message]| {
+            records.iter().fold((0, 0), |(n, b), m| (n + u64::from(m.count), b + m.size * u64::from(m.count)))
+        };
+        assert_eq!(tally(&sends), (sent, sent_bytes), "node {i}: send records vs messages_sent, bytes_sent");
+        assert_eq!(tally(&recvs), (delivered, delivered_bytes), "node {i}: receive records vs deliveries_received");
         assert!(sends.iter().all(|m| m.src == i as u32) && recvs.iter().all(|m| m.dst == i as u32));
     }
     let study = analyze::analyze(&trace, &Default::default());

@@ -79,6 +79,59 @@ fn traced_benchmark_is_analysed_and_damage_is_reported_with_its_offset() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A format-3 trace file of node 0 holding one run record from node 0 to node 1: `count`
+/// messages of `size` bytes, the first at tick 1000, the last `span` ticks later (1 GHz).
+fn write_run_trace(path: &Path, count: u32, span: u32, size: u64) {
+    use ulnet_core::trace::format::{encode_block, BlockHeader, FileHeader, BLOCK_FLAG_END};
+    let header = FileHeader {
+        version: 3,
+        node_id: 0,
+        pid: 1,
+        boot_id: 2,
+        ref_ticks: 0,
+        ref_mono_ns: 0,
+        ref_real_ns: 0,
+        ticks_per_sec: 1_000_000_000,
+    };
+    // The 64-byte record of versions 2 and 3 (crates/ulnet-core/src/trace/format.rs): a run
+    // (flag 4) keeps its count and span where a single message keeps its stage times.
+    let words = [1000, 1 << 32, 4 << 40, size, 0, 0, 0, u64::from(count) | u64::from(span) << 32];
+    let record: Vec<u8> = words.iter().flat_map(|w: &u64| w.to_le_bytes()).collect();
+    let block = BlockHeader {
+        flags: BLOCK_FLAG_END,
+        record_count: 1,
+        sequence: 0,
+        dropped_total: 0,
+        ref_ticks: 2_000_000,
+        ref_mono_ns: 2_000_000,
+    };
+    let mut bytes = header.encode().to_vec();
+    encode_block(&block, &record, &mut bytes);
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// A run record claims up to 2^32 - 1 messages: `analyze` counts them all from the one
+/// record, `tail`, which takes messages one by one, refuses so many by name.
+#[test]
+fn a_record_of_four_billion_messages_is_analysed_and_too_many_to_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("run.ultrace");
+    write_run_trace(&file, u32::MAX, 1_000_000, 64);
+    let f = file.to_str().unwrap();
+    let a = json(&ulnet(&["trace", "analyze", f, "--json"]));
+    let messages = u64::from(u32::MAX);
+    assert_eq!((a["messages"].as_u64(), a["bytes"].as_u64()), (Some(messages), Some(64 * messages)));
+    assert_eq!(a["matrix"][0]["messages"].as_u64(), Some(messages));
+    let binned: u64 = a["rates"]["nodes"][0]["per_bin"].as_array().unwrap().iter().map(|n| n.as_u64().unwrap()).sum();
+    assert_eq!(binned, messages);
+    let out = ulnet(&["trace", "tail", f]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("4294967295 messages") && err.contains("at most 134217728"), "{err}");
+    write_run_trace(&file, 1000, 999_000, 64);
+    let r = json(&ulnet(&["trace", "tail", f, "--column", "interarrival_ns", "--json"]));
+    assert_eq!((r["n"].as_u64(), r["min"].as_f64(), r["max"].as_f64()), (Some(999), Some(1000.0), Some(1000.0)));
+}
+
 fn write_sample(path: &Path, values: impl Iterator<Item = f64>) {
     let text: String = values.map(|v| format!("{v}\n")).collect();
     std::fs::write(path, text).unwrap();
