@@ -34,7 +34,7 @@ pub enum LabError {
         /// What it printed on stderr.
         stderr: String,
     },
-    /// More hosts than [`HOSTS_MAX`], or a host index out of range.
+    /// More hosts than `HOSTS_MAX`, or a host index out of range.
     #[error("bad lab request: {0}")]
     Config(&'static str),
     /// The operating system refused.

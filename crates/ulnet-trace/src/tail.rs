@@ -57,7 +57,7 @@ pub struct CcdfFit {
     pub x_max: f64,
     /// Points fitted.
     pub points: usize,
-    /// Slope of log10 P[X > x] against log10 x.
+    /// Slope of log10 P(X > x) against log10 x.
     pub slope: f64,
     /// Intercept of that line.
     pub intercept: f64,

@@ -18,7 +18,7 @@
 //! receives and times its handlers through [`crate::ReplyTo`]; one-sided operations are
 //! recorded with [`record_rma`]. Identical consecutive messages without a request id (a
 //! stream) are recorded as one *run* record that counts them (at most
-//! [`recorder::RUN_MAX`] per record, no run spans two ticks).
+//! 1,024 per record, `RUN_MAX`, no run spans two ticks).
 //!
 //! # Time, and what it costs
 //!
@@ -30,7 +30,7 @@
 //!   the messages of one request id in [`TraceConfig::sample`] (by a hash of the id, so
 //!   both sides pick the same calls: the request, its arrival, the server's handler, the
 //!   response and its arrival), posted sends (their queueing is a stage), the end of runs
-//!   of at least [`recorder::RUN_EXACT_MIN`] messages, and every record when `sample` is 1.
+//!   of at least 16 messages (`RUN_EXACT_MIN`), and every record when `sample` is 1.
 //! - Every other record carries the recorder's newest reading: its own latest exact
 //!   reading or the session **ticker**, whichever is later. The recording threads advance
 //!   the ticker when they drain their rings (below) and it is a quarter of a
@@ -52,7 +52,7 @@
 //! rings whose threads have not for a flush interval or that are half full (the free
 //! functions' rings, threads that never idle), and keeps the ticker when no recording
 //! thread does. A full ring drops the record and counts it: the data path never waits for
-//! the file. The format is documented in [`format`].
+//! the file. The format is documented in [`format`](mod@format).
 //!
 //! Records still being written at the instant of [`stop`] may be lost (a run open then,
 //! on a thread busy then, may lack up to 63 of its latest messages), and so may a call's

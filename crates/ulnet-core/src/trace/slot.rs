@@ -157,7 +157,7 @@ impl Slot {
         if self.flags & FLAG_PAIR != 0 {
             return self.pair_records();
         }
-        let after = |o: u32| if o == 0 { 0 } else { self.ticks + u64::from(o - 1) };
+        let after = |o: u32| if o == 0 { 0 } else { self.ticks.saturating_add(u64::from(o - 1)) };
         let before = |o: u32| if o == 0 { 0 } else { self.ticks.saturating_sub(u64::from(o - 1)).max(1) };
         let receive = self.flags & FLAG_RECEIVE != 0;
         let run = self.flags & FLAG_RUN != 0;
@@ -191,7 +191,7 @@ impl Slot {
     /// been: the side that received a message has its handler times, the side that sent
     /// one has its buffers.
     fn pair_records(self) -> (Record, Option<Record>) {
-        let after = |o: u32| if o == 0 { 0 } else { self.ticks + u64::from(o - 1) };
+        let after = |o: u32| if o == 0 { 0 } else { self.ticks.saturating_add(u64::from(o - 1)) };
         let caller = self.flags & FLAG_RECEIVE == 0;
         let exact = self.flags & FLAG_EXACT != 0;
         let response_ticks = after(self.buffer_len[3]);
@@ -256,6 +256,16 @@ mod tests {
         assert_eq!((r.sent, r.enqueued, r.received, r.count, r.exact), (1000, 990, 0, 1, false));
         assert_eq!(Slot { ticks: 7, ..Slot::EMPTY }.to_records().0.enqueued, 0, "0: not measured");
         assert_eq!(offset(0, u64::MAX), u32::MAX, "long stages saturate");
+    }
+
+    #[test]
+    fn stages_of_a_forged_last_instant_saturate() {
+        let s = Slot { ticks: u64::MAX - 2, flags: FLAG_RECEIVE, stage_a: 10, stage_b: 3, ..Slot::EMPTY };
+        let r = s.to_records().0;
+        assert_eq!((r.handler_start, r.handler_end), (u64::MAX, u64::MAX));
+        let s = Slot { ticks: u64::MAX, flags: FLAG_PAIR, stage_a: 5, buffer_len: [0, 0, 0, 9], ..Slot::EMPTY };
+        let (request, response) = s.to_records();
+        assert_eq!((request.ticks, response.expect("a pair").ticks), (u64::MAX, u64::MAX));
     }
 
     #[test]

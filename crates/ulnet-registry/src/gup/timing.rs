@@ -16,7 +16,7 @@ const BUCKETS_US: [u64; 13] =
 /// Most entries awaiting their acknowledgement that are timed at once.
 const ARRIVED_MAX: usize = 4096;
 
-/// Counts of durations per bucket of [`BUCKETS_US`], and their sum.
+/// Counts of durations per bucket of `BUCKETS_US`, and their sum.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Histogram {
     counts: [u64; BUCKETS_US.len() + 1],

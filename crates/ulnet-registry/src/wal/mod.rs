@@ -10,7 +10,7 @@
 //! At start-up ([`recover`]) every segment is read in order. The first frame that is torn or
 //! fails its crc32c ends what is trusted: the bytes from there on (and any later segment)
 //! are refused, moved aside as `*.refused-OFFSET` for inspection, and the log is cut there.
-//! [`Recovery::lost_tail`] tells the protocol, which then recovers what is missing from its
+//! [`Recovered::lost_tail`] tells the protocol, which then recovers what is missing from its
 //! peers and counts itself out of quorums until it has (see `gup::Recovered`).
 
 pub mod record;

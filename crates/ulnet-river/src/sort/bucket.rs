@@ -349,7 +349,7 @@ impl BucketArena {
     }
 
     /// The records' memory, which the indexes of [`BucketArena::for_each_sorted`]'s entries
-    /// point into (for [`write_gathered`]).
+    /// point into (for `write_gathered`).
     #[inline]
     pub fn bytes(&self) -> &[u8] {
         &self.map

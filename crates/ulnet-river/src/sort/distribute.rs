@@ -23,7 +23,7 @@
 //! one more copy of every record on cores it already keeps busy.
 //! A group that does not fit in a half (a key repeated past it, or sampling that missed a
 //! heavy key range) is not lost or truncated: the loader sorts it half by half into runs
-//! ([`FlatSorter`]) and the node merges them ([`GroupReport::merged_groups`]). The halves
+//! (`FlatSorter`) and the node merges them ([`GroupReport::merged_groups`]). The halves
 //! are the arena's memory, faulted in before or during the first pass: on a virtual
 //! machine that returns freed memory to its host, new memory costs a host fault per page,
 //! reused memory does not.
@@ -76,7 +76,7 @@ const SEGMENT_BYTES: u64 = 16 << 20;
 const SCATTER_PIECE_BYTES: usize = 256 << 10;
 
 /// Splits `buckets` into key-range groups so that a partition of `partition_bytes` puts
-/// at most [`GROUP_FILL`] of `half_bytes` in each: consecutive ranges of the same number
+/// at most `GROUP_FILL` of `half_bytes` in each: consecutive ranges of the same number
 /// of buckets (each bucket holds about as many sampled keys as the next), those below
 /// bucket `split` (the resident ones) and those from it apart, so that a group ends there
 /// (the last range of each part may be shorter). At least two groups (one would be the
@@ -92,7 +92,7 @@ pub fn plan_groups(buckets: &KeyBuckets, partition_bytes: u64, half_bytes: usize
 }
 
 /// The group files of a node: each group's records of its bucket range, in arrival order,
-/// in files of [`SEGMENT_BYTES`] one after another. The files are removed when this is
+/// in files of `SEGMENT_BYTES` one after another. The files are removed when this is
 /// dropped.
 #[derive(Debug)]
 pub struct GroupFiles {

@@ -2,7 +2,7 @@
 //! operations between two processes, measured as `ucx_perftest` measures them.
 //!
 //! Both processes are RMA nodes with the engine run by their own thread of control
-//! ([`Progress::Manual`], as `ucx_perftest` drives UCX: one thread per process). The server
+//! ([`Progress::Manual`](ulnet_core::rma::Progress::Manual), as `ucx_perftest` drives UCX: one thread per process). The server
 //! exports a segment; the client imports it (mapped over `shm`, through the engine over a
 //! channel otherwise, or with `--no-map`).
 //!
