@@ -9,6 +9,15 @@
 //   Pass 2: the resident bytes are written to OUTPUT with O_DIRECT in 1 MiB writes while a
 //   loader thread reads the temporary file back in 4 MiB pieces; the writer then writes those
 //   too, and the file is removed once read.
+// Variants, each a design the sort could take instead (BENCHMARKS.md, issue 8, 03:00 UTC):
+//   TEMP_DIRECT=1         temporary files written and read back with O_DIRECT (the disk takes
+//                         them during pass 1, and the page cache is left to the output).
+//   DIRTY_BUDGET_MIB=N    a piece of output goes through the page cache (64 KiB writes) while
+//                         the machine's Dirty + Writeback stays below N MiB, else O_DIRECT.
+//   PUNCH=1               pass 2 punches each piece out of the temporary file once read, so
+//                         its dirty pages are dropped, not written back.
+//   OUTPUT_SPLIT=1        each worker writes its own output file (OUTPUT.W), to tell the
+//                         disk's pace from contention on one file's inode.
 // Left out, each of which the sort must do: choosing a record's destination, exchanging
 // records between nodes, staging records by key range, and sorting. So the time printed is a
 // floor for any sort with this design here, not a sort.
@@ -52,8 +61,31 @@ static void *aligned(size_t n) {
     return p;
 }
 
+static long dirty_budget_kib;
+static size_t buffered_bytes;
+
+// The machine's Dirty + Writeback, in KiB.
+static long dirty_kib(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) die("/proc/meminfo");
+    char line[256];
+    long v = 0, sum = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "Dirty: %ld", &v) == 1 || sscanf(line, "Writeback: %ld", &v) == 1) sum += v;
+    fclose(f);
+    return sum;
+}
 // O_DIRECT wants 4 KiB multiples; the unaligned tail of the last slice goes through `buffered`.
 static void write_out(int direct, int buffered, const char *src, size_t len, size_t off) {
+    if (dirty_budget_kib && dirty_kib() + (long)(len >> 10) < dirty_budget_kib) {
+        for (size_t done = 0; done < len;) {
+            size_t m = len - done < WRITE_PIECE ? len - done : WRITE_PIECE;
+            if (pwrite(buffered, src + done, m, off + done) != (ssize_t)m) die("pwrite buffered");
+            done += m;
+        }
+        __atomic_add_fetch(&buffered_bytes, len, __ATOMIC_RELAXED);
+        return;
+    }
     size_t whole = len & ~(size_t)4095;
     for (size_t done = 0; done < whole;) {
         size_t n = whole - done < DIRECT_PIECE ? whole - done : DIRECT_PIECE;
@@ -70,7 +102,7 @@ struct ring {
     char *buf[RING];
     size_t len[RING];
     unsigned filled, emptied;
-    int temp;
+    int temp, punch;
 };
 
 static void *loader(void *arg) {
@@ -81,7 +113,9 @@ static void *loader(void *arg) {
         pthread_mutex_unlock(&r->lock);
         char *b = r->buf[r->filled % RING];
         size_t got = 0;
+        off_t at = lseek(r->temp, 0, SEEK_CUR);
         for (ssize_t n; got < READ_PIECE && (n = read(r->temp, b + got, READ_PIECE - got)) > 0;) got += n;
+        if (got && r->punch && fallocate(r->temp, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, at, got)) die("punch");
         pthread_mutex_lock(&r->lock);
         r->len[r->filled % RING] = got;
         r->filled++;
@@ -106,30 +140,61 @@ static void *worker(void *arg) {
     if (in < 0 || temp < 0) die("open");
 
     size_t kept = 0;
+    int temp_direct = getenv("TEMP_DIRECT") ? open(temp_path, O_WRONLY | O_DIRECT) : -1;
+    char *stage = temp_direct >= 0 ? aligned(READ_PIECE + 4096) : NULL;
+    size_t staged = 0, temp_off = 0;
     for (size_t off = lo; off < hi;) {
         size_t n = hi - off < READ_PIECE ? hi - off : READ_PIECE;
         if (pread(in, piece, n, off) != (ssize_t)n) die("pread");
         size_t keep = (size_t)((double)resident_len * (off + n - lo) / len) - kept;
         memcpy(resident + kept, piece, keep);
         kept += keep;
-        for (size_t done = keep; done < n;) {
-            size_t m = n - done < WRITE_PIECE ? n - done : WRITE_PIECE;
-            if (write(temp, piece + done, m) != (ssize_t)m) die("write temp");
-            done += m;
+        if (temp_direct >= 0) {
+            memcpy(stage + staged, piece + keep, n - keep);
+            staged += n - keep;
+            size_t whole = staged & ~(size_t)4095;
+            if (whole && pwrite(temp_direct, stage, whole, temp_off) != (ssize_t)whole) die("pwrite temp direct");
+            temp_off += whole;
+            memmove(stage, stage + whole, staged - whole);
+            staged -= whole;
+        } else {
+            for (size_t done = keep; done < n;) {
+                size_t m = n - done < WRITE_PIECE ? n - done : WRITE_PIECE;
+                if (write(temp, piece + done, m) != (ssize_t)m) die("write temp");
+                done += m;
+            }
         }
         off += n;
+    }
+    if (temp_direct >= 0) {
+        if (staged && pwrite(temp, stage, staged, temp_off) != (ssize_t)staged) die("pwrite temp tail");
+        close(temp_direct);
+        int rd = open(temp_path, O_RDONLY | O_DIRECT);
+        if (rd < 0) die("open temp direct");
+        close(temp);
+        temp = rd;
     }
     pass1_end[w] = now();
     pthread_barrier_wait(&between_passes);
 
-    int direct = open(output_path, O_WRONLY | O_DIRECT), buffered = open(output_path, O_WRONLY);
+    char split_path[4096];
+    const char *opath = output_path;
+    size_t base = 0;  // where this worker's slice starts in the file it writes
+    if (getenv("OUTPUT_SPLIT")) {
+        snprintf(split_path, sizeof split_path, "%s.%d", output_path, w);
+        int f = open(split_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (f < 0 || fallocate(f, 0, 0, len)) die("split output");
+        close(f);
+        opath = split_path, base = lo;
+    }
+    int direct = open(opath, O_WRONLY | O_DIRECT), buffered = open(opath, O_WRONLY);
     if (direct < 0 || buffered < 0) die("open output");
-    struct ring r = {.lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER, .temp = temp};
+    struct ring r = {.lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER, .temp = temp, .punch = getenv("PUNCH") != NULL};
     for (int i = 0; i < RING; i++) r.buf[i] = aligned(READ_PIECE);
     if (lseek(temp, 0, SEEK_SET) != 0) die("lseek");
     pthread_t load;
     pthread_create(&load, NULL, loader, &r);
-    write_out(direct, buffered, resident, kept, lo);
+    write_out(direct, buffered, resident, kept, lo - base);
     size_t out = lo + kept;
     for (;;) {
         pthread_mutex_lock(&r.lock);
@@ -137,7 +202,7 @@ static void *worker(void *arg) {
         size_t n = r.len[r.emptied % RING];
         pthread_mutex_unlock(&r.lock);
         if (n == 0) break;
-        write_out(direct, buffered, r.buf[r.emptied % RING], n, out);
+        write_out(direct, buffered, r.buf[r.emptied % RING], n, out - base);
         out += n;
         pthread_mutex_lock(&r.lock);
         r.emptied++;
@@ -163,13 +228,16 @@ int main(int argc, char **argv) {
     input_path = argv[1], temp_dir = argv[2], output_path = argv[3];
     resident_total = (size_t)atol(argv[4]) << 20;
     workers = argc > 5 ? atoi(argv[5]) : 2;
+    dirty_budget_kib = getenv("DIRTY_BUDGET_MIB") ? atol(getenv("DIRTY_BUDGET_MIB")) << 10 : 0;
     if (workers < 1 || workers > 64) return 2;
     struct stat st;
     if (stat(input_path, &st)) die("stat input");
     input_len = st.st_size;
-    int out = open(output_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (out < 0 || fallocate(out, 0, 0, input_len)) die("output");
-    close(out);
+    if (!getenv("OUTPUT_SPLIT")) {
+        int out = open(output_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (out < 0 || fallocate(out, 0, 0, input_len)) die("output");
+        close(out);
+    }
     pthread_barrier_init(&between_passes, NULL, workers);
     pthread_t t[64];
     for (long w = 0; w < workers; w++) pthread_create(&t[w], NULL, worker, (void *)w);
@@ -179,9 +247,9 @@ int main(int argc, char **argv) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     printf("{\"total_s\": %.3f, \"pass1_s\": %.3f, \"pass2_s\": %.3f, \"user_s\": %.2f, \"sys_s\": %.2f, "
-           "\"max_rss_kib\": %ld, \"resident_bytes\": %zu, \"temp_bytes\": %zu}\n",
+           "\"buffered_bytes\": %zu, \"max_rss_kib\": %ld, \"resident_bytes\": %zu, \"temp_bytes\": %zu}\n",
            end - started, pass1, end - started - pass1, ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6,
-           ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6, ru.ru_maxrss, resident_total < input_len ? resident_total : input_len,
+           ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6, buffered_bytes, ru.ru_maxrss, resident_total < input_len ? resident_total : input_len,
            resident_total < input_len ? input_len - resident_total : 0);
     return 0;
 }
