@@ -516,6 +516,35 @@ fn launcher_refuses_bad_input() {
 }
 
 #[test]
+fn a_node_that_refuses_its_settings_is_named_with_its_own_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.dat");
+    gensort(&input, 1000, RecordFormat::BINARY);
+    let output = dir.path().join("out.dat");
+    // Every node refuses a memory bound too small for its buffers; whichever exits first
+    // is the one named, and the error shown is its own, not another node's.
+    for _ in 0..3 {
+        let out = ulnet(&[
+            "sort",
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            output.to_str().unwrap(),
+            "--nodes",
+            "3",
+            "--memory",
+            "1KiB",
+        ]);
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        let named = err.split("sort failed: node ").nth(1).and_then(|r| r.split(' ').next()).expect("a node named");
+        assert!(err.contains(&format!("(node {named}: bad settings: --memory 1024 is too small")), "{err}");
+        assert!(err.trim_end().ends_with("no output was written"), "{err}");
+        assert!(!output.exists());
+    }
+}
+
+#[test]
 fn nodes_stop_and_clean_up_when_the_launcher_dies() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.dat");

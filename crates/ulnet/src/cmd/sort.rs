@@ -529,7 +529,8 @@ fn launch(mut a: SortArgs, t0: u128) -> Result<i32> {
     let bars = (!a.json).then(|| Bars::new(meta.len() / 100));
     let mut report = None;
     let mut running = size;
-    let mut failure: Option<String> = None;
+    // The node that failed first, and how.
+    let mut failure: Option<(usize, String)> = None;
     while running > 0 {
         let event = match rx.recv_timeout(Duration::from_millis(200)) {
             Ok(e) => e,
@@ -553,7 +554,7 @@ fn launch(mut a: SortArgs, t0: u128) -> Result<i32> {
                         _ => format!("ended ({status})"),
                     };
                     let place = if ssh { format!(" on {}", a.hosts[rank]) } else { String::new() };
-                    failure = Some(format!("node {rank} (pid {}{place}) {how}", children[rank].id()));
+                    failure = Some((rank, format!("node {rank} (pid {}{place}) {how}", children[rank].id())));
                     // The others notice through their channels and stop; give them a moment
                     // to say so, then make sure.
                     let deadline = Instant::now() + Duration::from_secs(5);
@@ -571,13 +572,17 @@ fn launch(mut a: SortArgs, t0: u128) -> Result<i32> {
     drop(stdins);
     let logs: Vec<Vec<String>> =
         node_logs.iter().map(|l| std::mem::take(&mut *l.lock().unwrap_or_else(|e| e.into_inner()))).collect();
-    if let Some(f) = failure {
+    if let Some((failed, f)) = failure {
         for p in sort_job.partial_files() {
             let _ = std::fs::remove_file(p);
         }
-        // The first error a surviving node reported says what the others saw.
-        // (a node that saw it first-hand rather than one told by another).
-        let errors: Vec<&str> = logs.iter().flatten().filter_map(|l| l.strip_prefix("ulnet: error: ")).collect();
+        // What went wrong, said by a node that saw it first-hand rather than one told by
+        // another: the failed node's own error when it said one, else the first other's.
+        let errors: Vec<&str> = std::iter::once(&logs[failed])
+            .chain(logs.iter().enumerate().filter(|&(rank, _)| rank != failed).map(|(_, l)| l))
+            .flatten()
+            .filter_map(|l| l.strip_prefix("ulnet: error: "))
+            .collect();
         let seen = errors
             .iter()
             .find(|e| !e.contains("(reported by node"))
