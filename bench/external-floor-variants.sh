@@ -24,7 +24,7 @@ timed() {
   s=$(date +%s.%N)
   "$@" >"$dir/last.json"
   e=$(date +%s.%N)
-  printf '%-28s %6.3f %s\n' "$label" "$(echo "$e - $s" | bc)" "$(cat "$dir/last.json")"
+  printf '%-28s %6.3f %s\n' "$label" "$(awk "BEGIN { print $e - $s }")" "$(cat "$dir/last.json")"
   rm -f "$dir/out" "$dir"/out.* "$dir/copy"
 }
 for ((r = 1; r <= rounds; r++)); do
