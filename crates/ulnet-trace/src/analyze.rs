@@ -14,7 +14,7 @@
 //! byte counts saturate, since a forged record may claim 2^32 - 1 messages of 2^64 - 1
 //! bytes.
 
-use crate::load::{FileSummary, Message, Trace};
+use crate::load::{FileSummary, Message, StageTime, Trace};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
@@ -372,7 +372,7 @@ fn latency(trace: &Trace) -> Option<Latency> {
     if requests == 0 {
         return None;
     }
-    let delta = |a: Option<u64>, b: Option<u64>| match (a, b) {
+    let delta = |a: StageTime, b: StageTime| match (a.get(), b.get()) {
         (Some(a), Some(b)) if b >= a => Some((b - a) as f64),
         _ => None,
     };

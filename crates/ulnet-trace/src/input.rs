@@ -122,7 +122,7 @@ pub fn sample_of_trace(trace: &load::Trace, name: &str, column: Option<&str>) ->
                 .messages
                 .iter()
                 .filter(|m| m.direction == Direction::Receive)
-                .filter_map(|m| Some((m.handler_end?.saturating_sub(m.handler_start?) as f64, m.count)))
+                .filter_map(|m| Some((m.handler_end.get()?.saturating_sub(m.handler_start.get()?) as f64, m.count)))
                 .collect();
             within_limit(handled.iter().map(|h| u64::from(h.1)).sum())?;
             per_message(handled.into_iter())
@@ -145,7 +145,7 @@ fn per_message(records: impl Iterator<Item = (f64, u32)>) -> Vec<f64> {
 fn rtts(trace: &load::Trace) -> Vec<f64> {
     use std::collections::HashMap;
     use ulnet_core::trace::MessageKind;
-    let mut sent: HashMap<(usize, u32, u64), u64> = HashMap::new();
+    let mut sent: HashMap<(u32, u32, u64), u64> = HashMap::new();
     let mut out = Vec::new();
     for m in &trace.messages {
         match (m.kind, m.direction, m.request_id) {

@@ -70,22 +70,50 @@ pub struct Message {
     /// Its times were read from the clock (an exact record). Other records carry the
     /// tracer's coarse time (at most one 1 ms tick early): their stage times are `None`.
     pub exact: bool,
-    /// Stage times (nanoseconds since the trace start; `None`: not measured, or not an
-    /// exact record), of a run's first message.
-    pub enqueued: Option<u64>,
+    /// Stage times (none: not measured, or not an exact record), of a run's first message.
+    pub enqueued: StageTime,
     /// When the transport took it.
-    pub sent: Option<u64>,
+    pub sent: StageTime,
     /// When the receiver found it.
-    pub received: Option<u64>,
+    pub received: StageTime,
     /// When its handler started.
-    pub handler_start: Option<u64>,
+    pub handler_start: StageTime,
     /// When its handler ended.
-    pub handler_end: Option<u64>,
+    pub handler_end: StageTime,
     /// Index of the file it came from.
-    pub file: usize,
+    pub file: u32,
     /// Its first and last message in ticks of its file's clock, where
     /// [`Trace::message_t_ns`] places the messages in between.
     ticks: (u64, u64),
+}
+
+/// A stage time of a [`Message`], in nanoseconds since the trace start, or none: 8 bytes
+/// where an `Option<u64>` takes 16, so that the five a record carries keep a loaded record
+/// at 128 bytes (176 with options). The instant `u64::MAX` (584 years in) stands for none;
+/// a time that would land there is kept one nanosecond earlier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StageTime(u64);
+
+impl StageTime {
+    /// No time.
+    pub const NONE: StageTime = StageTime(u64::MAX);
+
+    /// The time, if there is one.
+    pub fn get(self) -> Option<u64> {
+        (self != Self::NONE).then_some(self.0)
+    }
+}
+
+impl Default for StageTime {
+    fn default() -> Self {
+        Self::NONE
+    }
+}
+
+impl From<Option<u64>> for StageTime {
+    fn from(t: Option<u64>) -> Self {
+        t.map_or(Self::NONE, |ns| StageTime(ns.min(u64::MAX - 1)))
+    }
 }
 
 /// Messages of one or more trace files on one time line.
@@ -150,7 +178,7 @@ impl Trace {
         }
         // In 128 bits: a damaged record's span times its count overflows 64.
         let ticks = first + (u128::from(last - first) * u128::from(i.min(steps)) / u128::from(steps)) as u64;
-        self.time_lines[m.file].record_at(ticks).saturating_sub(self.origin_ns)
+        self.time_lines[m.file as usize].record_at(ticks).saturating_sub(self.origin_ns)
     }
 
     /// Records dropped by all writers.
@@ -221,7 +249,7 @@ pub fn assemble(decoded: Vec<(String, TraceFile)>) -> Trace {
             let last_ticks = if count == 1 { r.ticks } else { r.ticks.max(r.last_ticks) };
             // Stages only from exact records: a coarse time would make transits of 0 or of
             // a whole tick.
-            let stage = |ticks: u64| if r.exact { line.at(ticks) } else { None };
+            let stage = |ticks: u64| StageTime::from(if r.exact { line.at(ticks) } else { None });
             let t_ns = line.record_at(r.ticks);
             messages.push(Message {
                 t_ns,
@@ -242,7 +270,7 @@ pub fn assemble(decoded: Vec<(String, TraceFile)>) -> Trace {
                 received: stage(r.received),
                 handler_start: stage(r.handler_start),
                 handler_end: stage(r.handler_end),
-                file: index,
+                file: u32::try_from(index).expect("fewer than 2^32 files"),
                 ticks: (r.ticks, last_ticks),
             });
         }
@@ -257,11 +285,7 @@ pub fn assemble(decoded: Vec<(String, TraceFile)>) -> Trace {
     }
     messages.sort_by_key(|m| m.t_ns);
     let origin_ns = messages.first().map_or(0, |m| m.t_ns);
-    let shift = |t: &mut Option<u64>| {
-        if let Some(v) = t {
-            *v = v.saturating_sub(origin_ns);
-        }
-    };
+    let shift = |t: &mut StageTime| *t = t.get().map(|v| v.saturating_sub(origin_ns)).into();
     for m in &mut messages {
         m.t_ns -= origin_ns;
         m.last_t_ns -= origin_ns;
@@ -283,6 +307,18 @@ mod tests {
 
     fn run(count: u32, ticks: u64, last_ticks: u64) -> Record {
         Record { ticks, last_ticks, count, size: 8, exact: true, sent: u64::MAX, ..Record::default() }
+    }
+
+    #[test]
+    fn a_loaded_record_takes_128_bytes_and_its_stage_times_keep_every_instant() {
+        assert_eq!(std::mem::size_of::<Message>(), 128);
+        assert_eq!(StageTime::from(None).get(), None);
+        assert_eq!(StageTime::default(), StageTime::NONE);
+        for t in [0, 1, u64::MAX - 1] {
+            assert_eq!(StageTime::from(Some(t)).get(), Some(t));
+        }
+        // The one instant that stands for none is kept as measured, a nanosecond earlier.
+        assert_eq!(StageTime::from(Some(u64::MAX)).get(), Some(u64::MAX - 1));
     }
 
     #[test]
@@ -315,7 +351,7 @@ mod tests {
     fn an_exact_run_has_its_first_message_s_stage_times() {
         let trace = assemble(vec![("a".into(), file(vec![Record { sent: 5, ..run(4, 5, 35) }]))]);
         let m = trace.messages[0];
-        assert_eq!((m.t_ns, m.last_t_ns, m.sent), (0, 30, Some(0)));
+        assert_eq!((m.t_ns, m.last_t_ns, m.sent.get()), (0, 30, Some(0)));
         let times: Vec<u64> = (0..4).map(|i| trace.message_t_ns(&m, i)).collect();
         assert_eq!(times, [0, 10, 20, 30]);
     }

@@ -198,7 +198,7 @@ fn cluster(test_name: &str, transport: &str) {
     for (i, c) in counters.iter().enumerate() {
         let (sent, sent_bytes, delivered, delivered_bytes, records, dropped) = (c[0], c[1], c[2], c[3], c[4], c[5]);
         assert_eq!(dropped, 0);
-        let mine: Vec<_> = trace.messages.iter().filter(|m| m.file == i).collect();
+        let mine: Vec<_> = trace.messages.iter().filter(|m| m.file as usize == i).collect();
         // A request and its response seen by one side may share a record (a pair).
         let pairs = mine.len() as u64 - records;
         assert!(pairs > 0 && pairs <= records, "node {i}: {pairs} pairs in {records} records");
