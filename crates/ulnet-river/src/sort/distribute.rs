@@ -16,7 +16,8 @@
 //! of sampled keys, so groups stay about equal on skewed keys too. Records are staged per
 //! group and written as they came; the first pass only counts the records of each bucket.
 //! The second pass reads a group file piece by piece, moving every record to its bucket's
-//! place in a half (the counts say where each bucket starts), and sorts the buckets one by
+//! place in a half (the counts say where each bucket starts; [`super::scatter`] writes the
+//! places in whole lines that bypass the cache), and sorts the buckets one by
 //! one (each a few megabytes of records at most, which the caches hold), gathering their
 //! records into the output. Putting records in bucket order is left to the second pass,
 //! which moves each record out of its read buffer anyway, not the first, which would need
@@ -30,6 +31,7 @@
 
 use super::bucket::{copy_record, write_gathered, KeyBuckets};
 use super::radix::{entry, key, sort_entries};
+use super::scatter::Scatter;
 use super::store::{merge_runs, Run};
 use crate::error::RiverError;
 use crate::flow::{Sink, SpaceSink};
@@ -462,6 +464,7 @@ fn load_groups<'m>(
     let rs = groups.record_size;
     let mut sorter = FlatSorter::default();
     let mut piece = vec![0u8; (SCATTER_PIECE_BYTES / rs).max(1) * rs];
+    let mut scatter = Scatter::default();
     for g in first..groups.len() {
         // The node thread stopped (it failed, and reports why): nothing more to do.
         let Ok(half) = free.recv() else { return Ok(()) };
@@ -469,7 +472,7 @@ fn load_groups<'m>(
         let mut file = GroupReader::new(&groups.segments[g]);
         let bytes = groups.records[g] as usize * rs;
         let msg = if bytes <= half.len() {
-            let starts = read_bucketed(&mut file, &groups, g, half, &mut piece, read_err)?;
+            let starts = read_bucketed(&mut file, &groups, g, half, &mut piece, &mut scatter, read_err)?;
             Loaded::Bucketed(half, starts)
         } else {
             let runs = sort_into_runs(&mut file, &groups, g, half, &mut sorter, pass, read_err)?;
@@ -501,6 +504,7 @@ fn read_bucketed(
     g: usize,
     half: &mut [u8],
     piece: &mut [u8],
+    scatter: &mut Scatter,
     read_err: impl Fn(std::io::Error) -> RiverError,
 ) -> Result<Vec<usize>, RiverError> {
     let rs = groups.record_size;
@@ -511,7 +515,7 @@ fn read_bucketed(
         let last = *starts.last().expect("starts at 0");
         starts.push(last + c as usize);
     }
-    let mut fill = starts[..range.len()].to_vec();
+    scatter.begin(half, &starts, rs);
     let bytes = groups.records[g] as usize * rs;
     let mut read = 0usize;
     while read < bytes {
@@ -522,15 +526,11 @@ fn read_bucketed(
         }
         for r in piece[..n].chunks_exact(rs) {
             let b = bucket_in(&groups.buckets, &range, key(r));
-            let at = fill[b];
-            if at == starts[b + 1] {
-                return Err(counts_mismatch());
-            }
-            copy_record(&mut half[at * rs..(at + 1) * rs], r);
-            fill[b] = at + 1;
+            scatter.push(half, b, r).map_err(|_| counts_mismatch())?;
         }
         read += n;
     }
+    scatter.finish(half);
     Ok(starts)
 }
 
@@ -749,8 +749,10 @@ mod tests {
         for (g, range) in ranges.iter().enumerate() {
             let mut half = vec![0u8; groups.records()[g] as usize * 100];
             let mut file = GroupReader::new(&groups.segments[g]);
-            let starts =
-                read_bucketed(&mut file, &groups, g, &mut half, &mut piece, |e| RiverError::io("test", e)).unwrap();
+            let starts = read_bucketed(&mut file, &groups, g, &mut half, &mut piece, &mut Scatter::default(), |e| {
+                RiverError::io("test", e)
+            })
+            .unwrap();
             assert_eq!(starts.len(), range.len() + 1);
             for (i, b) in range.clone().enumerate() {
                 let want: Vec<u8> =
@@ -772,7 +774,9 @@ mod tests {
         groups.bucket_counts[(full + 1) % (n / 3)] += 1;
         let mut half = vec![0u8; groups.records()[0] as usize * 100];
         let mut file = GroupReader::new(&groups.segments[0]);
-        let r = read_bucketed(&mut file, &groups, 0, &mut half, &mut piece, |e| RiverError::io("test", e));
+        let r = read_bucketed(&mut file, &groups, 0, &mut half, &mut piece, &mut Scatter::default(), |e| {
+            RiverError::io("test", e)
+        });
         assert!(matches!(r, Err(RiverError::Io { .. })), "{r:?}");
         drop(groups);
         assert_eq!(files_left(), 0, "dropping the groups removes their files");

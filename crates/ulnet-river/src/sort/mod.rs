@@ -6,6 +6,8 @@
 //! * [`job`]: what to sort and the report.
 //! * [`node`]: one node's program ([`node::run_node`]).
 //! * [`radix`]: the sort core.
+//! * [`scatter`] and [`stream`]: moving records to their buckets' places with stores that
+//!   bypass the cache.
 //! * [`bucket`]: records kept in key-range buckets as they arrive, sorted one bucket at a time.
 //! * [`store`]: the node's records, in memory or spilled to key-range groups; merging runs.
 //! * [`distribute`]: external mode's group files and the group-by-group second pass.
@@ -18,7 +20,9 @@ pub mod job;
 pub mod launch;
 pub mod node;
 pub mod radix;
+mod scatter;
 pub mod store;
+mod stream;
 pub mod usage;
 
 pub use job::{FormatChoice, NodeReport, OutputIo, SortJob, SortReport};
