@@ -7,8 +7,9 @@
 //! memory, only to overwrite it. Gathered in a window of the bucket's next few kilobytes
 //! and written out whole with non-temporal stores, no line is fetched and each write is
 //! one sequential run. On the development VM (AMD EPYC), moving 230 MB of 100-byte records
-//! to 70 buckets took 11.4 ns a record this way against 17 ns stored one by one, and 20 ns
-//! through the same windows written out by ordinary copies (see BENCHMARKS.md, issue 8).
+//! to 70 buckets took 13.1 ns a record this way against 18.0 ns stored one by one, and
+//! 20.3 ns through the same windows written out by ordinary copies (`bench/scatter-nt.c`;
+//! see BENCHMARKS.md, issue 8).
 //!
 //! Only the bytes of a bucket's own place are ever written: a window that starts before
 //! its bucket's place (its first) or is left partly filled (its last) is copied out with
