@@ -29,7 +29,8 @@ use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TryRecvError};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -44,17 +45,17 @@ pub enum Poll {
     Dry,
 }
 
-/// Reads `range` of a file into pool buffers in file order, each buffer holding whole
-/// records of `record_size` bytes: ahead of its consumer on a thread of its own
-/// ([`DiskSource::open`]), or in the consumer's thread when it asks
-/// ([`DiskSource::inline`]).
+/// Reads `range` of a file (or ranges handed over one by one, [`DiskSource::fed`]) into
+/// pool buffers in file order, each buffer holding whole records of `record_size` bytes:
+/// ahead of its consumer on a thread of its own ([`DiskSource::open`]), or in the
+/// consumer's thread when it asks ([`DiskSource::inline`]).
 pub struct DiskSource {
     reader: Reader,
     dry: bool,
 }
 
 enum Reader {
-    Ahead { rx: Receiver<Result<Buffer, RiverError>>, thread: Option<JoinHandle<()>> },
+    Ahead { rx: Receiver<Result<Buffer, RiverError>>, thread: Option<JoinHandle<()>>, abandoned: Arc<AtomicBool> },
     Inline(ReadRange),
 }
 
@@ -64,11 +65,55 @@ struct ReadRange {
     name: String,
     at: u64,
     end: u64,
+    /// The ranges to read after this one, as they are handed over ([`DiskSource::fed`]);
+    /// none for a source of one range.
+    next: Option<Receiver<Range<u64>>>,
+    /// Read in the consumer's thread: the kernel is asked to read each range ahead.
+    inline: bool,
+    /// Set when the consumer is gone: a reader thread waiting for a range stops.
+    abandoned: Arc<AtomicBool>,
     record_size: usize,
     pool: MemPool,
 }
 
+/// Whether a source fed its ranges has one to read now.
+enum NextRange {
+    /// It has (maybe the one it was reading).
+    Ready,
+    /// Not yet: more may be handed over.
+    Waiting,
+    /// No more: the sender is gone and every range read.
+    Done,
+}
+
 impl ReadRange {
+    /// Moves on to the next range handed over once this one is read, waiting for it if
+    /// `wait`.
+    fn next_range(&mut self, wait: bool) -> Result<NextRange, RiverError> {
+        while self.at >= self.end {
+            let Some(rx) = &self.next else { return Ok(NextRange::Done) };
+            let range = if wait {
+                loop {
+                    match rx.recv_timeout(RANGE_WAIT_CHECK) {
+                        Ok(r) => break r,
+                        Err(RecvTimeoutError::Timeout) if !self.abandoned.load(Ordering::Acquire) => {}
+                        Err(_) => return Ok(NextRange::Done),
+                    }
+                }
+            } else {
+                match rx.try_recv() {
+                    Ok(r) => r,
+                    Err(TryRecvError::Empty) => return Ok(NextRange::Waiting),
+                    Err(TryRecvError::Disconnected) => return Ok(NextRange::Done),
+                }
+            };
+            check_whole(range.clone(), self.record_size)?;
+            advise(&self.file, range.clone(), self.inline);
+            (self.at, self.end) = (range.start, range.end);
+        }
+        Ok(NextRange::Ready)
+    }
+
     /// Reads the next buffer (`None` once the range is read).
     fn read(&mut self, mut buf: Buffer) -> Option<Result<Buffer, RiverError>> {
         if self.at >= self.end {
@@ -94,17 +139,44 @@ impl std::fmt::Debug for DiskSource {
     }
 }
 
+/// How often a reader thread waiting for its next range checks that its consumer is still
+/// there: 50 ms, the longest a dropped source waits for its thread to end.
+const RANGE_WAIT_CHECK: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// A range must hold whole records.
+fn check_whole(range: Range<u64>, record_size: usize) -> Result<(), RiverError> {
+    let len = range.end.saturating_sub(range.start);
+    if !len.is_multiple_of(record_size as u64) {
+        return Err(RiverError::PartialRecord { len: len as usize, record_size });
+    }
+    Ok(())
+}
+
+/// Tells the kernel `range` is read sequentially, and, for a reader in its consumer's
+/// thread (which reads a buffer only when asked), to read all of it ahead.
+fn advise(file: &File, range: Range<u64>, inline: bool) {
+    let len = range.end.saturating_sub(range.start);
+    let _ = rustix::fs::fadvise(file, range.start, len, rustix::fs::Advice::Sequential);
+    if inline {
+        let _ = rustix::fs::fadvise(file, range.start, len, rustix::fs::Advice::WillNeed);
+    }
+}
+
 impl DiskSource {
-    fn range(path: &Path, range: Range<u64>, record_size: usize, pool: MemPool) -> Result<ReadRange, RiverError> {
+    fn range(
+        path: &Path,
+        range: Range<u64>,
+        record_size: usize,
+        pool: MemPool,
+        inline: bool,
+    ) -> Result<ReadRange, RiverError> {
         let file = File::open(path).map_err(|e| RiverError::io(format!("opening {}", path.display()), e))?;
-        let len = range.end.saturating_sub(range.start);
-        if !len.is_multiple_of(record_size as u64) {
-            return Err(RiverError::PartialRecord { len: len as usize, record_size });
-        }
+        check_whole(range.clone(), record_size)?;
         assert!(pool.buffer_size() >= record_size, "pool buffers must hold at least one record");
-        let _ = rustix::fs::fadvise(&file, range.start, len, rustix::fs::Advice::Sequential);
+        advise(&file, range.clone(), inline);
         let name = path.display().to_string();
-        Ok(ReadRange { file, name, at: range.start, end: range.end, record_size, pool })
+        let abandoned = Arc::new(AtomicBool::new(false));
+        Ok(ReadRange { file, name, at: range.start, end: range.end, next: None, inline, abandoned, record_size, pool })
     }
 
     /// Starts reading `range` of `path` ahead, on a thread. The range must hold whole
@@ -118,13 +190,37 @@ impl DiskSource {
         pool: MemPool,
         doorbell: Option<Doorbell>,
     ) -> Result<Self, RiverError> {
-        let r = Self::range(path, range, record_size, pool)?;
+        let r = Self::range(path, range, record_size, pool, false)?;
+        Self::ahead(r, doorbell)
+    }
+
+    fn ahead(r: ReadRange, doorbell: Option<Doorbell>) -> Result<Self, RiverError> {
         let (tx, rx) = mpsc::sync_channel(r.pool.count());
+        let abandoned = r.abandoned.clone();
         let thread = std::thread::Builder::new()
             .name("river-disk-read".into())
             .spawn(move || read_loop(r, tx, doorbell))
             .map_err(|e| RiverError::io("starting the disk reader thread", e))?;
-        Ok(DiskSource { reader: Reader::Ahead { rx, thread: Some(thread) }, dry: false })
+        Ok(DiskSource { reader: Reader::Ahead { rx, thread: Some(thread), abandoned }, dry: false })
+    }
+
+    /// Reads the ranges of `path` sent on the returned sender, one after another in the
+    /// order sent (each buffer within one range), ahead on a thread (`ahead`) or in the
+    /// caller's thread; it runs dry once the sender is dropped and every range sent is
+    /// read. For input shared out a piece at a time as readers ask for more.
+    pub fn fed(
+        path: &Path,
+        record_size: usize,
+        pool: MemPool,
+        ahead: bool,
+        doorbell: Option<Doorbell>,
+    ) -> Result<(Self, mpsc::Sender<Range<u64>>), RiverError> {
+        let mut r = Self::range(path, 0..0, record_size, pool, !ahead)?;
+        let (feed, ranges) = mpsc::channel();
+        r.next = Some(ranges);
+        let source =
+            if ahead { Self::ahead(r, doorbell)? } else { DiskSource { reader: Reader::Inline(r), dry: false } };
+        Ok((source, feed))
     }
 
     /// Reads `range` of `path` in the caller's thread, a buffer each time one is asked for
@@ -132,8 +228,7 @@ impl DiskSource {
     /// read the whole range ahead, so a cold file still streams. For a node with no core
     /// to spare for a reader thread.
     pub fn inline(path: &Path, range: Range<u64>, record_size: usize, pool: MemPool) -> Result<Self, RiverError> {
-        let r = Self::range(path, range, record_size, pool)?;
-        let _ = rustix::fs::fadvise(&r.file, r.at, r.end - r.at, rustix::fs::Advice::WillNeed);
+        let r = Self::range(path, range, record_size, pool, true)?;
         Ok(DiskSource { reader: Reader::Inline(r), dry: false })
     }
 
@@ -156,6 +251,18 @@ impl DiskSource {
                 }
             },
             Reader::Inline(r) => {
+                match r.next_range(false) {
+                    Ok(NextRange::Ready) => {}
+                    Ok(NextRange::Waiting) => return Ok(Poll::Pending),
+                    Ok(NextRange::Done) => {
+                        self.finish();
+                        return Ok(Poll::Dry);
+                    }
+                    Err(e) => {
+                        self.finish();
+                        return Err(e);
+                    }
+                }
                 let Some(buf) = r.pool.try_get() else { return Ok(Poll::Pending) };
                 match r.read(buf) {
                     Some(Ok(b)) => Ok(Poll::Ready(b)),
@@ -189,8 +296,15 @@ impl DiskSource {
 
 fn read_loop(mut r: ReadRange, tx: SyncSender<Result<Buffer, RiverError>>, doorbell: Option<Doorbell>) {
     loop {
-        let buf = r.pool.get();
-        let Some(item) = r.read(buf) else { break };
+        let item = match r.next_range(true) {
+            Ok(NextRange::Ready) => {
+                let buf = r.pool.get();
+                let Some(item) = r.read(buf) else { break };
+                item
+            }
+            Ok(NextRange::Waiting | NextRange::Done) => break,
+            Err(e) => Err(e),
+        };
         let failed = item.is_err();
         if tx.send(item).is_err() || failed {
             break;
@@ -212,10 +326,14 @@ impl Source for DiskSource {
         }
         let item = match &mut self.reader {
             Reader::Ahead { rx, .. } => rx.recv().ok(),
-            Reader::Inline(r) => {
-                let buf = r.pool.get();
-                r.read(buf)
-            }
+            Reader::Inline(r) => match r.next_range(true) {
+                Ok(NextRange::Ready) => {
+                    let buf = r.pool.get();
+                    r.read(buf)
+                }
+                Ok(NextRange::Waiting | NextRange::Done) => None,
+                Err(e) => Some(Err(e)),
+            },
         };
         match item {
             Some(Ok(b)) => Ok(Some(b)),
@@ -233,8 +351,10 @@ impl Source for DiskSource {
 
 impl Drop for DiskSource {
     fn drop(&mut self) {
-        // Unblock a reader thread (its sends fail once the receiver is gone), then join it.
-        if let Reader::Ahead { rx, .. } = &mut self.reader {
+        // Unblock a reader thread (its sends fail once the receiver is gone; waiting for a
+        // range, it sees the flag), then join it.
+        if let Reader::Ahead { rx, abandoned, .. } = &mut self.reader {
+            abandoned.store(true, Ordering::Release);
             drop(std::mem::replace(rx, mpsc::sync_channel(0).1));
         }
         self.finish();
@@ -451,6 +571,60 @@ mod tests {
         assert_eq!(got, &data[100..900]);
         assert!(pool.all_returned());
         assert!(DiskSource::open(&p, 0..150, 100, pool, None).is_err());
+    }
+
+    #[test]
+    fn a_fed_source_reads_its_ranges_in_the_order_sent_and_ends_when_the_feed_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        let data: Vec<u8> = (0..2000u32).map(|i| (i * 7) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        for ahead in [true, false] {
+            let pool = MemPool::heap(2, 300);
+            let bell = Doorbell::new().unwrap();
+            let (mut s, feed) = DiskSource::fed(&p, 100, pool.clone(), ahead, Some(bell.clone())).unwrap();
+            let ranges = [1200..1700, 0..100, 500..1200];
+            let mut want = Vec::new();
+            let mut got = Vec::new();
+            let mut feed = Some(feed);
+            let mut to_send = ranges.iter();
+            loop {
+                // One range at a time, the next once the last is delivered: the source
+                // waits (Pending) in between, and ends only when the feed is dropped.
+                if got.len() == want.len() {
+                    match to_send.next() {
+                        Some(r) => {
+                            want.extend_from_slice(&data[r.start as usize..r.end as usize]);
+                            feed.as_ref().unwrap().send(r.clone()).unwrap();
+                        }
+                        None => feed = None,
+                    }
+                }
+                match s.try_next().unwrap() {
+                    Poll::Ready(b) => {
+                        assert!(b.len() <= 300 && b.len() % 100 == 0);
+                        got.extend_from_slice(b.as_slice());
+                    }
+                    Poll::Pending => bell.wait(Some(std::time::Duration::from_millis(10))),
+                    Poll::Dry => break,
+                }
+            }
+            assert!(feed.is_none(), "dry only after the feed is dropped");
+            assert_eq!(got, want, "ahead: {ahead}");
+            assert!(pool.all_returned());
+        }
+    }
+
+    #[test]
+    fn a_fed_source_dropped_while_its_reader_waits_for_a_range_ends_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, [1u8; 300]).unwrap();
+        let (s, feed) = DiskSource::fed(&p, 100, MemPool::heap(2, 100), true, None).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        // The feed is still there: dropping the source must not wait for it.
+        drop(s);
+        drop(feed);
     }
 
     #[test]

@@ -48,6 +48,11 @@ pub struct PartitionSink<'a, P: Partitioner> {
 }
 
 impl<'a, P: Partitioner> PartitionSink<'a, P> {
+    /// The partitioner, to change its state between buffers.
+    pub fn partitioner_mut(&mut self) -> &mut P {
+        &mut self.partitioner
+    }
+
     /// Routes records of `record_size` bytes to `sinks` by `partitioner`.
     pub fn new(partitioner: P, sinks: Vec<Box<dyn Sink + 'a>>, record_size: usize) -> Self {
         let counts = vec![0; sinks.len()];

@@ -312,6 +312,14 @@ impl<S: Sink> River<S> {
         self.inner.borrow_mut().send_control(peer, tag, payload)
     }
 
+    /// An application message with `tag` (from `from`, or anyone) among those received so
+    /// far ([`River::progress`] receives), without waiting: the sender and the payload.
+    pub fn try_recv_control(&self, from: Option<usize>, tag: u32) -> Option<(usize, Vec<u8>)> {
+        let mut inner = self.inner.borrow_mut();
+        let i = inner.controls.iter().position(|(p, t, _)| *t == tag && from.is_none_or(|f| f == *p))?;
+        inner.controls.remove(i).map(|(p, _, data)| (p, data))
+    }
+
     /// Waits for an application message with `tag` (from `from`, or anyone), up to
     /// `timeout`. Returns the sender and the payload.
     pub fn recv_control(

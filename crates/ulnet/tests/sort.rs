@@ -502,6 +502,24 @@ fn an_empty_input_sorts_to_an_empty_output() {
 }
 
 #[test]
+fn a_slow_node_reads_less_of_the_input_and_the_sort_is_whole() {
+    // 10^6 records in 8 chunks for 2 nodes; node 1 pauses 100 ms after each of its read
+    // buffers (over a second a chunk), so node 0 claims the chunks node 1 would have read
+    // with the input cut in halves. Node 1 starts on its first chunk and claims one more
+    // ahead: 2 of the 8.
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in");
+    let output = dir.path().join("out");
+    let sum = gensort(&input, 1_000_000, RecordFormat::BINARY);
+    let args = ["--nodes", "2", "--debug-read-delay-ms", "100", "--debug-slow-node", "1"];
+    let r = sort_and_check(&input, &output, sum, 1_000_000, &args);
+    let read: Vec<u64> =
+        r["per_node"].as_array().unwrap().iter().map(|n| n["records_read"].as_u64().unwrap()).collect();
+    assert_eq!(read.iter().sum::<u64>(), 1_000_000, "{read:?}");
+    assert!(read[1] <= 250_000, "the slow node read {} of 10^6 records: {read:?}", read[1]);
+}
+
+#[test]
 fn launcher_refuses_bad_input() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.dat");

@@ -60,6 +60,9 @@ pub struct SortJob {
     /// Pause after each buffer read, in ms (for failure tests: keeps a sort running long
     /// enough to kill a node in the middle of it).
     pub read_delay_ms: u64,
+    /// The one node that pauses so, if set (a slow node, for tests of how the input is
+    /// shared out); else every node does.
+    pub slow_node: Option<usize>,
     /// Pause after each output buffer handed to the writer, in ms (for failure tests:
     /// kills a node while it writes).
     pub write_delay_ms: u64,

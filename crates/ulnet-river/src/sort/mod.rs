@@ -5,6 +5,7 @@
 //!
 //! * [`job`]: what to sort and the report.
 //! * [`node`]: one node's program ([`node::run_node`]).
+//! * [`claims`]: the input shared out a chunk at a time as nodes ask.
 //! * [`radix`]: the sort core.
 //! * [`scatter`] and [`stream`]: moving records to their buckets' places with stores that
 //!   bypass the cache.
@@ -15,6 +16,7 @@
 //! * [`usage`]: CPU time, faults and context switches of a node, for its report.
 
 pub mod bucket;
+pub mod claims;
 pub mod distribute;
 pub mod job;
 pub mod launch;

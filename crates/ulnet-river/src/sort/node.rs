@@ -3,7 +3,8 @@
 //! ```text
 //!  startup      connect the mesh; sample the input slice; node 0 picks N-1 splitters
 //!               (and creates the output), every node gets them
-//!  read+dist.   DiskSource(slice) → PartitionSink(splitters) → RiverSink | NetSink(peer)…
+//!  read+dist.   DiskSource(chunks claimed from node 0) → PartitionSink(splitters)
+//!               → RiverSink | NetSink(peer)…
 //!               while NetSources fill this node's store; until the queue runs dry
 //!  sort         radix sort (or merge of spilled runs), bucket by bucket into …
 //!  write        … a DiskSink at the partition's offset, writing behind the sort
@@ -16,6 +17,7 @@
 //! every node has written its part.
 
 use super::bucket::{KeyBuckets, BLOCK_BYTES};
+use super::claims::{Chunks, Dispenser, NO_CHUNK};
 use super::job::{FormatChoice, NodeReport, OutputIo, SortJob, SortReport};
 use super::radix::entry;
 use super::store::RecordStore;
@@ -29,9 +31,11 @@ use crate::partition::PartitionSink;
 use crate::pool::MemPool;
 use crate::river::{River, RiverConfig};
 use crate::Doorbell;
+use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ulnet_sortbench::{Checksum, Summary, Validator, RECORD_SIZE, SUMMARY_SIZE};
 
@@ -40,6 +44,8 @@ const TAG_SPLITTERS: u32 = 2;
 const TAG_COUNT: u32 = 3;
 const TAG_DONE: u32 = 4;
 const TAG_COMMIT: u32 = 5;
+const TAG_CLAIM: u32 = 6;
+const TAG_CHUNK: u32 = 7;
 
 /// Places each node samples its slice at. 1,024: with 4 nodes the splitters land within
 /// about 1.5% of the ideal quantiles, for a millisecond of page reads.
@@ -190,6 +196,122 @@ impl crate::Partitioner for KeyRange {
         let e = entry(record, self.next_index);
         self.next_index += 1;
         self.splitters.partition_point(|s| *s <= e)
+    }
+}
+
+/// A node's part in sharing out the input ([`super::claims`]): it feeds its reader the
+/// chunks it is given, claims the next one while it reads, and (node 0) answers the
+/// others' claims.
+struct InputClaims<'a> {
+    river: &'a River<RecordStore>,
+    chunks: Chunks,
+    /// Node 0's dispenser.
+    dispenser: Option<Dispenser>,
+    /// The reader's feed, dropped once every chunk is out.
+    feed: Option<mpsc::Sender<Range<u64>>>,
+    /// Records of the chunks fed and not yet delivered, in feeding order.
+    fed: VecDeque<Range<u64>>,
+    /// A claim sent to node 0 and not yet answered.
+    claim_out: bool,
+}
+
+/// Chunks fed ahead of the one being read before claiming more: 1.
+const CHUNKS_AHEAD: usize = 1;
+
+impl<'a> InputClaims<'a> {
+    fn new(river: &'a River<RecordStore>, total: u64, feed: mpsc::Sender<Range<u64>>) -> Result<Self, RiverError> {
+        let (rank, size) = (river.rank(), river.size());
+        let chunks = Chunks::new(total, size);
+        let mut claims = InputClaims {
+            river,
+            chunks,
+            dispenser: (rank == 0).then(|| Dispenser::new(&chunks, size)),
+            feed: Some(feed),
+            fed: VecDeque::new(),
+            claim_out: false,
+        };
+        match chunks.first_of(rank) {
+            Some(c) => claims.feed_chunk(c),
+            None => claims.feed = None,
+        }
+        Ok(claims)
+    }
+
+    fn feed_chunk(&mut self, c: u64) {
+        if c == NO_CHUNK {
+            self.feed = None;
+            return;
+        }
+        let records = self.chunks.records(c);
+        let bytes = records.start * RECORD_SIZE as u64..records.end * RECORD_SIZE as u64;
+        // The reader ends only after the feed is dropped: it is still there.
+        let fed = self.feed.as_ref().map(|f| f.send(bytes));
+        assert!(matches!(fed, Some(Ok(()))), "the reader takes chunks until the feed is dropped");
+        self.fed.push_back(records);
+    }
+
+    /// Answers claims that have come (node 0), takes an answer that has come, and claims
+    /// the next chunk once fewer than [`CHUNKS_AHEAD`] wait behind the one being read.
+    fn progress(&mut self) -> Result<(), RiverError> {
+        if let Some(d) = self.dispenser.as_mut() {
+            while let Some((j, _)) = self.river.try_recv_control(None, TAG_CLAIM) {
+                let c = d.claim(j);
+                self.river.send_control(j, TAG_CHUNK, &c.to_le_bytes())?;
+            }
+        } else if self.claim_out {
+            if let Some((_, m)) = self.river.try_recv_control(Some(0), TAG_CHUNK) {
+                self.claim_out = false;
+                let c = m
+                    .as_slice()
+                    .try_into()
+                    .map(u64::from_le_bytes)
+                    .ok()
+                    .filter(|&c| c == NO_CHUNK || c < self.chunks.count())
+                    .ok_or_else(|| RiverError::Protocol { node: 0, reason: "malformed input chunk".into() })?;
+                self.feed_chunk(c);
+            }
+        }
+        if self.feed.is_some() && self.fed.len() <= CHUNKS_AHEAD {
+            match self.dispenser.as_mut() {
+                Some(d) => {
+                    let c = d.claim(0);
+                    self.feed_chunk(c);
+                }
+                None if !self.claim_out => {
+                    self.river.send_control(0, TAG_CLAIM, b"")?;
+                    self.claim_out = true;
+                }
+                None => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The input index of the first of the next `records` records delivered (they lie in
+    /// one chunk: a reader's buffer never spans two).
+    fn take(&mut self, records: u64) -> u64 {
+        let chunk = self.fed.front_mut().expect("records come from chunks fed");
+        assert!(chunk.end - chunk.start >= records, "a buffer lies in one chunk");
+        let first = chunk.start;
+        chunk.start += records;
+        if chunk.is_empty() {
+            self.fed.pop_front();
+        }
+        first
+    }
+
+    /// After the reading: node 0 answers every node still claiming, so that all of them
+    /// learn no chunk is left.
+    fn finish(mut self) -> Result<(), RiverError> {
+        assert!(self.feed.is_none() && self.fed.is_empty(), "the reader ran dry after the last chunk");
+        if let Some(d) = self.dispenser.as_mut() {
+            for j in d.still_claiming(0) {
+                self.river.recv_control(Some(j), TAG_CLAIM, STEP_TIMEOUT)?;
+                let c = d.claim(j);
+                self.river.send_control(j, TAG_CHUNK, &c.to_le_bytes())?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -470,7 +592,7 @@ pub fn run_node(
         }
     };
     let river = River::new(ep, rank, peers, store, river_config, Some(bell.clone()));
-    let ctx = NodeContext { job, river: &river, rank, size, total, slice: first..last, inline_io, direct_output };
+    let ctx = NodeContext { job, river: &river, rank, size, total, inline_io, direct_output };
     let times = (launched, connected);
     let result = node_body(&ctx, sampled, &bell, &write_pool, &plan, times, progress);
     match result {
@@ -501,8 +623,6 @@ struct NodeContext<'a> {
     size: usize,
     /// Records in the input.
     total: u64,
-    /// This node's slice of the input (record indexes).
-    slice: std::ops::Range<u64>,
     /// Disk I/O in the node's own thread (no reader or writer thread).
     inline_io: bool,
     /// The output is written with direct I/O ([`DirectSink`]).
@@ -518,7 +638,7 @@ fn node_body(
     (launched_s, connected_s): (f64, f64),
     progress: &mut dyn FnMut(Phase, u64),
 ) -> Result<Option<SortReport>, RiverError> {
-    let NodeContext { job, river, rank, size, total, ref slice, inline_io, direct_output } = *ctx;
+    let NodeContext { job, river, rank, size, total, inline_io, direct_output } = *ctx;
     let since_start = || (now_ns().saturating_sub(job.start_unix_ns)) as f64 / 1e9;
     let input_err = |e: std::io::Error| RiverError::io(format!("reading {}", job.input.display()), e);
 
@@ -576,32 +696,31 @@ fn node_body(
     // Read and distribute.
     let read_pool = MemPool::sector_aligned(write_pool.count(), plan.io_buffer_bytes, 4096)
         .map_err(|e| RiverError::io("allocating read buffers", e))?;
-    let bytes = slice.start * RECORD_SIZE as u64..slice.end * RECORD_SIZE as u64;
-    let mut source = if inline_io {
-        DiskSource::inline(&job.input, bytes, RECORD_SIZE, read_pool)?
-    } else {
-        DiskSource::open(&job.input, bytes, RECORD_SIZE, read_pool, Some(bell.clone()))?
-    };
+    let (mut source, feed) = DiskSource::fed(&job.input, RECORD_SIZE, read_pool, !inline_io, Some(bell.clone()))?;
     let mut input_checksum = Checksum::default();
     let mut records_read = 0u64;
     {
-        let mut part = PartitionSink::new(KeyRange { splitters, next_index: slice.start }, river.sinks(), RECORD_SIZE);
+        let mut claims = InputClaims::new(river, total, feed)?;
+        let mut part = PartitionSink::new(KeyRange { splitters, next_index: 0 }, river.sinks(), RECORD_SIZE);
         let mut last_progress = Instant::now();
         loop {
             bell.clear();
+            claims.progress()?;
             match source.try_next()? {
                 Poll::Ready(buf) => {
                     if job.verify {
                         input_checksum += Checksum::of_records(buf.as_slice());
                     }
-                    records_read += (buf.len() / RECORD_SIZE) as u64;
+                    let records = (buf.len() / RECORD_SIZE) as u64;
+                    records_read += records;
+                    part.partitioner_mut().next_index = claims.take(records);
                     part.sink_buffer(buf)?;
                     river.progress()?;
                     if last_progress.elapsed() > Duration::from_millis(50) {
                         progress(Phase::Read, records_read);
                         last_progress = Instant::now();
                     }
-                    if job.read_delay_ms > 0 {
+                    if job.read_delay_ms > 0 && job.slow_node.is_none_or(|r| r == rank) {
                         std::thread::sleep(Duration::from_millis(job.read_delay_ms));
                     }
                 }
@@ -614,6 +733,7 @@ fn node_body(
             }
         }
         part.close()?;
+        claims.finish()?;
     }
     progress(Phase::Read, records_read);
     // Its read buffers are free for the second pass (the merge's read-ahead).

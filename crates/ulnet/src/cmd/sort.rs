@@ -105,6 +105,10 @@ pub struct SortArgs {
     /// Pause after each read buffer (ms): keeps a sort running long enough to kill a node.
     #[arg(long, hide = true, default_value_t = 0)]
     debug_read_delay_ms: u64,
+    /// Only this node pauses after its read buffers (a slow node, for tests of how the
+    /// input is shared out).
+    #[arg(long, hide = true)]
+    debug_slow_node: Option<usize>,
     /// Pause after each output buffer (ms): keeps a node writing long enough to kill it.
     #[arg(long, hide = true, default_value_t = 0)]
     debug_write_delay_ms: u64,
@@ -200,6 +204,7 @@ fn job_of(a: &SortArgs, job: String, nodes: usize, t0: u128) -> SortJob {
         start_unix_ns: t0,
         fsync: a.fsync,
         read_delay_ms: a.debug_read_delay_ms,
+        slow_node: a.debug_slow_node,
         write_delay_ms: a.debug_write_delay_ms,
         output_io: match a.output_io {
             OutputIoArg::Auto => OutputIo::Auto,
@@ -424,6 +429,9 @@ fn node_args(a: &SortArgs, job: &str, rank: usize, size: usize, t0: u128) -> Vec
     }
     if a.debug_read_delay_ms > 0 {
         v.extend(["--debug-read-delay-ms".into(), a.debug_read_delay_ms.to_string()]);
+    }
+    if let Some(r) = a.debug_slow_node {
+        v.extend(["--debug-slow-node".into(), r.to_string()]);
     }
     v
 }
