@@ -16,7 +16,7 @@
 //! of sampled keys, so groups stay about equal on skewed keys too. Records are staged per
 //! group and written as they came; the first pass only counts the records of each bucket.
 //! The second pass reads a group file piece by piece, moving every record to its bucket's
-//! place in a half (the counts say where each bucket starts; [`super::scatter`] writes the
+//! place in a half (the counts say where each bucket starts; the `scatter` module writes the
 //! places in whole lines that bypass the cache), and sorts the buckets one by
 //! one (each a few megabytes of records at most, which the caches hold), gathering their
 //! records into the output. Putting records in bucket order is left to the second pass,
