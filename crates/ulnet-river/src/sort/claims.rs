@@ -2,10 +2,13 @@
 //! anything (a busier core, a slower disk) reads less of it instead of holding the others
 //! up at the end of the first pass (River's dynamic balancing of producers).
 //!
-//! Every node reads the same input. It is cut into [`Chunks`]; node `i` starts on chunk
-//! `i` without asking, node 0's [`Dispenser`] hands out the rest in order, one per claim,
-//! and answers [`NO_CHUNK`] once none is left. Each node keeps one claim outstanding while
-//! it reads (one chunk ahead), so the answer's round trip hides behind the reading.
+//! Every node reads the same input. It is cut into [`Chunks`], and each node owns a run
+//! of them (its share, as with the input cut in equal parts: each reads its own part in
+//! order). Node `i` starts on its first chunk without asking; node 0's [`Dispenser`]
+//! hands out the rest, one per claim: the claimant's next own chunk while it has one,
+//! then the last chunk of the node with the most left, and [`NO_CHUNK`] once none is
+//! left. Each node keeps one claim outstanding while it reads (one chunk ahead), so the
+//! answer's round trip hides behind the reading.
 
 use std::ops::Range;
 
@@ -19,18 +22,20 @@ const CHUNKS_PER_NODE_MIN: u64 = 4;
 /// The answer to a claim when every chunk is handed out.
 pub const NO_CHUNK: u64 = u64::MAX;
 
-/// The input's records in chunks of equal size (the last may be shorter).
+/// The input's records in chunks of equal size (the last may be shorter), each node
+/// owning a run of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Chunks {
     total: u64,
     per_chunk: u64,
+    nodes: usize,
 }
 
 impl Chunks {
     /// Chunks of `total` records for `nodes` nodes.
     pub fn new(total: u64, nodes: usize) -> Self {
         let per_chunk = total.div_ceil(nodes as u64 * CHUNKS_PER_NODE_MIN).clamp(1, CHUNK_RECORDS_MAX);
-        Chunks { total, per_chunk }
+        Chunks { total, per_chunk, nodes }
     }
 
     /// Number of chunks.
@@ -44,39 +49,51 @@ impl Chunks {
         c * self.per_chunk..((c + 1) * self.per_chunk).min(self.total)
     }
 
-    /// The chunk node `rank` starts on without asking, if there is one.
+    /// The chunks node `rank` owns.
+    fn owned(&self, rank: usize) -> Range<u64> {
+        let (count, nodes) = (self.count(), self.nodes as u64);
+        count * rank as u64 / nodes..count * (rank as u64 + 1) / nodes
+    }
+
+    /// The chunk node `rank` starts on without asking (its first own), if it owns any.
     pub fn first_of(&self, rank: usize) -> Option<u64> {
-        ((rank as u64) < self.count()).then_some(rank as u64)
+        Some(self.owned(rank)).filter(|r| !r.is_empty()).map(|r| r.start)
     }
 }
 
 /// Node 0's record of what it has handed out.
 #[derive(Debug)]
 pub struct Dispenser {
-    next: u64,
-    count: u64,
+    /// Each node's own chunks not yet handed out (the first of each taken already).
+    left: Vec<Range<u64>>,
     /// Nodes told [`NO_CHUNK`]: they claim no more.
     told_done: Vec<bool>,
 }
 
 impl Dispenser {
-    /// Hands out `chunks` to `nodes` nodes, the first chunk of each already taken. A node
-    /// with no first chunk (fewer chunks than nodes) claims none.
-    pub fn new(chunks: &Chunks, nodes: usize) -> Self {
-        let count = chunks.count();
+    /// Hands out `chunks`, the first chunk of each node already taken. A node that owns
+    /// no chunk (fewer chunks than nodes) claims none.
+    pub fn new(chunks: &Chunks) -> Self {
+        let nodes = chunks.nodes;
+        let left = (0..nodes).map(|r| chunks.owned(r)).map(|o| o.start.saturating_add(1).min(o.end)..o.end).collect();
         let told_done = (0..nodes).map(|r| chunks.first_of(r).is_none()).collect();
-        Dispenser { next: (nodes as u64).min(count), count, told_done }
+        Dispenser { left, told_done }
     }
 
-    /// The next chunk for `node`, or [`NO_CHUNK`] (after which `node` is done).
+    /// The next chunk for `node` (its own next, else the last of the node with the most
+    /// left), or [`NO_CHUNK`] (after which `node` is done).
     pub fn claim(&mut self, node: usize) -> u64 {
         assert!(!self.told_done[node], "node {node} claimed after it was told every chunk was out");
-        if self.next < self.count {
-            self.next += 1;
-            self.next - 1
-        } else {
-            self.told_done[node] = true;
-            NO_CHUNK
+        if let Some(c) = self.left[node].next() {
+            return c;
+        }
+        let most = (0..self.left.len()).max_by_key(|&j| self.left[j].end - self.left[j].start);
+        match most.and_then(|j| self.left[j].next_back()) {
+            Some(c) => c,
+            None => {
+                self.told_done[node] = true;
+                NO_CHUNK
+            }
         }
     }
 
@@ -98,7 +115,7 @@ mod tests {
         #[test]
         fn every_record_goes_to_exactly_one_node(total in 0u64..3_000_000, nodes in 1usize..9, seed in any::<u64>()) {
             let chunks = Chunks::new(total, nodes);
-            let mut d = Dispenser::new(&chunks, nodes);
+            let mut d = Dispenser::new(&chunks);
             let mut got: Vec<Range<u64>> = (0..nodes).filter_map(|r| chunks.first_of(r)).map(|c| chunks.records(c)).collect();
             let mut x = seed | 1;
             let mut claiming: Vec<usize> = (0..nodes).filter(|&r| chunks.first_of(r).is_some()).collect();
@@ -129,15 +146,31 @@ mod tests {
         assert_eq!(Chunks::new(40_000_000, 2).count(), 125);
         assert_eq!(Chunks::new(1_000_000, 2).count(), 8);
         assert_eq!(Chunks::new(3, 4).count(), 3);
-        assert_eq!(Chunks::new(3, 4).first_of(3), None);
+        // Fewer chunks than nodes: one node (here node 0) owns none and reads none.
+        assert_eq!(
+            (0..4).map(|r| Chunks::new(3, 4).first_of(r)).collect::<Vec<_>>(),
+            [None, Some(0), Some(1), Some(2)]
+        );
+    }
+
+    #[test]
+    fn a_node_reads_its_own_chunks_in_order_then_takes_from_the_end_of_the_fullest() {
+        let chunks = Chunks::new(12, 3); // 12 chunks of 1 record, 4 owned by each node
+        let mut d = Dispenser::new(&chunks);
+        assert_eq!((0..3).map(|r| chunks.first_of(r)).collect::<Vec<_>>(), [Some(0), Some(4), Some(8)]);
+        assert_eq!([d.claim(0), d.claim(0), d.claim(0)], [1, 2, 3]);
+        assert_eq!(d.claim(1), 5);
+        // Node 0 has none of its own left: node 2 has the most (9..12), its last goes; then
+        // nodes 1 and 2 have two each, and the later of them gives its last.
+        assert_eq!([d.claim(0), d.claim(0)], [11, 10]);
     }
 
     #[test]
     fn nodes_without_a_first_chunk_are_not_waited_for() {
         let chunks = Chunks::new(0, 3);
         assert_eq!(chunks.count(), 0);
-        assert!(Dispenser::new(&chunks, 3).still_claiming(0).is_empty());
+        assert!(Dispenser::new(&chunks).still_claiming(0).is_empty());
         let chunks = Chunks::new(2, 3);
-        assert_eq!(Dispenser::new(&chunks, 3).still_claiming(0), vec![1]);
+        assert_eq!(Dispenser::new(&chunks).still_claiming(0), vec![1, 2]);
     }
 }

@@ -225,7 +225,7 @@ impl<'a> InputClaims<'a> {
         let mut claims = InputClaims {
             river,
             chunks,
-            dispenser: (rank == 0).then(|| Dispenser::new(&chunks, size)),
+            dispenser: (rank == 0).then(|| Dispenser::new(&chunks)),
             feed: Some(feed),
             fed: VecDeque::new(),
             claim_out: false,
