@@ -6,6 +6,16 @@ use std::process::Command;
 
 const DEJAVU: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 
+/// The tests here take turns: each runs busy-polling benchmark processes or analyses
+/// millions of records, and `trace_ab_compares_blocks_of_one_run` needs its processes to
+/// keep the cores for most of its blocks (run beside the others on 2 cores in CI, it
+/// formed 4 pairs of blocks of about 50).
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 fn ulnet(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_ulnet")).args(args).output().expect("run ulnet")
 }
@@ -17,6 +27,7 @@ fn json(out: &std::process::Output) -> serde_json::Value {
 
 #[test]
 fn traced_benchmark_is_analysed_and_damage_is_reported_with_its_offset() {
+    let _turn = one_at_a_time();
     let dir = std::env::temp_dir().join(format!("ulnet-trace-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("rpc.ultrace");
@@ -114,6 +125,7 @@ fn write_run_trace(path: &Path, count: u32, span: u32, size: u64) {
 /// record, `tail`, which takes messages one by one, refuses so many by name.
 #[test]
 fn a_record_of_four_billion_messages_is_analysed_and_too_many_to_tail() {
+    let _turn = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("run.ultrace");
     write_run_trace(&file, u32::MAX, 1_000_000, 64);
@@ -139,6 +151,7 @@ fn write_sample(path: &Path, values: impl Iterator<Item = f64>) {
 
 #[test]
 fn tail_json_has_the_contract_fields() {
+    let _turn = one_at_a_time();
     let dir = std::env::temp_dir().join(format!("ulnet-tail-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("pareto.txt");
@@ -161,6 +174,7 @@ fn tail_json_has_the_contract_fields() {
 /// the report; traced blocks leave records in the file, a control run none.
 #[test]
 fn trace_ab_compares_blocks_of_one_run() {
+    let _turn = one_at_a_time();
     let dir = std::env::temp_dir().join(format!("ulnet-trace-ab-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let messages = |file: &Path| {
