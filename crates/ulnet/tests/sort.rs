@@ -217,8 +217,8 @@ fn a_node_killed_mid_sort_fails_the_sort_naming_it() {
     let input = dir.path().join("in.dat");
     let output = dir.path().join("out.dat");
     gensort(&input, 1_000_000, RecordFormat::BINARY);
-    // Each node reads 6 or 7 buffers with a pause of 150 ms after each: about a second
-    // of reading and distributing, in which node 2 is killed.
+    // Each node reads 25-28 buffers of up to 10,000 records with a pause of 150 ms after
+    // each: about 4 s of reading and distributing, in which node 2 is killed.
     let mut sort = SortWithPids::start(&input, &output, &["--nodes", "4", "--debug-read-delay-ms", "150"], 2);
     std::thread::sleep(Duration::from_millis(400));
     let text = sort.kill_victim_and_expect_failure();
