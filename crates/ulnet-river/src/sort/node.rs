@@ -215,11 +215,13 @@ struct InputClaims<'a> {
     claim_out: bool,
 }
 
-/// Chunks fed ahead of the one being read before claiming more: 1.
+/// Chunks fed ahead of the one being read before claiming more: 1. Reading a chunk
+/// takes tens of milliseconds, which hides a claim's round trip; more would leave a node
+/// that falls behind holding chunks a faster one could read.
 const CHUNKS_AHEAD: usize = 1;
 
 impl<'a> InputClaims<'a> {
-    fn new(river: &'a River<RecordStore>, total: u64, feed: mpsc::Sender<Range<u64>>) -> Result<Self, RiverError> {
+    fn new(river: &'a River<RecordStore>, total: u64, feed: mpsc::Sender<Range<u64>>) -> Self {
         let (rank, size) = (river.rank(), river.size());
         let chunks = Chunks::new(total, size);
         let mut claims = InputClaims {
@@ -234,7 +236,7 @@ impl<'a> InputClaims<'a> {
             Some(c) => claims.feed_chunk(c),
             None => claims.feed = None,
         }
-        Ok(claims)
+        claims
     }
 
     fn feed_chunk(&mut self, c: u64) {
@@ -244,10 +246,11 @@ impl<'a> InputClaims<'a> {
         }
         let records = self.chunks.records(c);
         let bytes = records.start * RECORD_SIZE as u64..records.end * RECORD_SIZE as u64;
-        // The reader ends only after the feed is dropped: it is still there.
-        let fed = self.feed.as_ref().map(|f| f.send(bytes));
-        assert!(matches!(fed, Some(Ok(()))), "the reader takes chunks until the feed is dropped");
-        self.fed.push_back(records);
+        // A reader that stopped on a read error takes no more: the source reports the
+        // error next.
+        if self.feed.as_ref().is_some_and(|f| f.send(bytes).is_ok()) {
+            self.fed.push_back(records);
+        }
     }
 
     /// Answers claims that have come (node 0), takes an answer that has come, and claims
@@ -700,7 +703,7 @@ fn node_body(
     let mut input_checksum = Checksum::default();
     let mut records_read = 0u64;
     {
-        let mut claims = InputClaims::new(river, total, feed)?;
+        let mut claims = InputClaims::new(river, total, feed);
         let mut part = PartitionSink::new(KeyRange { splitters, next_index: 0 }, river.sinks(), RECORD_SIZE);
         let mut last_progress = Instant::now();
         loop {
