@@ -143,7 +143,7 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(600);
 /// Where the node stands, for progress bars.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
-    /// Records of its slice read and distributed so far.
+    /// Records of its share of the input read and distributed so far.
     Read,
     /// Records of its partition written so far.
     Write,
