@@ -114,6 +114,24 @@ impl ReadRange {
         Ok(NextRange::Ready)
     }
 
+    /// The next buffer of the ranges: waiting for a range and a free buffer if `wait`,
+    /// else [`Poll::Pending`] while either is missing.
+    fn next(&mut self, wait: bool) -> Result<Poll, RiverError> {
+        match self.next_range(wait)? {
+            NextRange::Ready => {}
+            NextRange::Waiting => return Ok(Poll::Pending),
+            NextRange::Done => return Ok(Poll::Dry),
+        }
+        let buf = match wait {
+            true => self.pool.get(),
+            false => {
+                let Some(b) = self.pool.try_get() else { return Ok(Poll::Pending) };
+                b
+            }
+        };
+        self.read(buf).map_or(Ok(Poll::Dry), |read| read.map(Poll::Ready))
+    }
+
     /// Reads the next buffer (`None` once the range is read).
     fn read(&mut self, mut buf: Buffer) -> Option<Result<Buffer, RiverError>> {
         if self.at >= self.end {
@@ -251,30 +269,11 @@ impl DiskSource {
                 }
             },
             Reader::Inline(r) => {
-                match r.next_range(false) {
-                    Ok(NextRange::Ready) => {}
-                    Ok(NextRange::Waiting) => return Ok(Poll::Pending),
-                    Ok(NextRange::Done) => {
-                        self.finish();
-                        return Ok(Poll::Dry);
-                    }
-                    Err(e) => {
-                        self.finish();
-                        return Err(e);
-                    }
+                let polled = r.next(false);
+                if !matches!(polled, Ok(Poll::Ready(_) | Poll::Pending)) {
+                    self.finish();
                 }
-                let Some(buf) = r.pool.try_get() else { return Ok(Poll::Pending) };
-                match r.read(buf) {
-                    Some(Ok(b)) => Ok(Poll::Ready(b)),
-                    Some(Err(e)) => {
-                        self.finish();
-                        Err(e)
-                    }
-                    None => {
-                        self.finish();
-                        Ok(Poll::Dry)
-                    }
-                }
+                polled
             }
         }
     }
@@ -296,13 +295,9 @@ impl DiskSource {
 
 fn read_loop(mut r: ReadRange, tx: SyncSender<Result<Buffer, RiverError>>, doorbell: Option<Doorbell>) {
     loop {
-        let item = match r.next_range(true) {
-            Ok(NextRange::Ready) => {
-                let buf = r.pool.get();
-                let Some(item) = r.read(buf) else { break };
-                item
-            }
-            Ok(NextRange::Waiting | NextRange::Done) => break,
+        let item = match r.next(true) {
+            Ok(Poll::Ready(b)) => Ok(b),
+            Ok(Poll::Pending | Poll::Dry) => break,
             Err(e) => Err(e),
         };
         let failed = item.is_err();
@@ -326,12 +321,9 @@ impl Source for DiskSource {
         }
         let item = match &mut self.reader {
             Reader::Ahead { rx, .. } => rx.recv().ok(),
-            Reader::Inline(r) => match r.next_range(true) {
-                Ok(NextRange::Ready) => {
-                    let buf = r.pool.get();
-                    r.read(buf)
-                }
-                Ok(NextRange::Waiting | NextRange::Done) => None,
+            Reader::Inline(r) => match r.next(true) {
+                Ok(Poll::Ready(b)) => Some(Ok(b)),
+                Ok(Poll::Pending | Poll::Dry) => None,
                 Err(e) => Some(Err(e)),
             },
         };

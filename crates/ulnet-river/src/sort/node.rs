@@ -258,8 +258,7 @@ impl<'a> InputClaims<'a> {
     fn progress(&mut self) -> Result<(), RiverError> {
         if let Some(d) = self.dispenser.as_mut() {
             while let Some((j, _)) = self.river.try_recv_control(None, TAG_CLAIM) {
-                let c = d.claim(j);
-                self.river.send_control(j, TAG_CHUNK, &c.to_le_bytes())?;
+                answer_claim(self.river, d, j)?;
             }
         } else if self.claim_out {
             if let Some((_, m)) = self.river.try_recv_control(Some(0), TAG_CHUNK) {
@@ -310,12 +309,16 @@ impl<'a> InputClaims<'a> {
         if let Some(d) = self.dispenser.as_mut() {
             for j in d.still_claiming(0) {
                 self.river.recv_control(Some(j), TAG_CLAIM, STEP_TIMEOUT)?;
-                let c = d.claim(j);
-                self.river.send_control(j, TAG_CHUNK, &c.to_le_bytes())?;
+                answer_claim(self.river, d, j)?;
             }
         }
         Ok(())
     }
+}
+
+/// Node 0 answers node `j`'s claim: its next chunk, or [`NO_CHUNK`].
+fn answer_claim(river: &River<RecordStore>, dispenser: &mut Dispenser, j: usize) -> Result<(), RiverError> {
+    river.send_control(j, TAG_CHUNK, &dispenser.claim(j).to_le_bytes())
 }
 
 /// Picks `nodes - 1` splitters from sorted samples: the sample at each `k/nodes` quantile.

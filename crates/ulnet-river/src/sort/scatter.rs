@@ -83,8 +83,7 @@ impl Scatter {
         let offset = at - self.window_at[b];
         if offset + record.len() < self.window {
             // Most records: inside the window, which stays open.
-            let first = b * self.window / stream::LINE;
-            copy_record(&mut self.window_bytes(first)[offset..offset + record.len()], record);
+            copy_record(&mut self.window_bytes(b)[offset..offset + record.len()], record);
             self.next[b] = at + record.len();
         } else {
             self.push_closing(dst, b, record);
@@ -99,30 +98,34 @@ impl Scatter {
         let at = self.next[b];
         let offset = at - self.window_at[b];
         let n = self.window - offset;
-        let first = b * self.window / stream::LINE;
-        self.window_bytes(first)[offset..].copy_from_slice(&record[..n]);
+        self.window_bytes(b)[offset..].copy_from_slice(&record[..n]);
         self.write_window(dst, b);
-        self.window_bytes(first)[..record.len() - n].copy_from_slice(&record[n..]);
+        self.window_bytes(b)[..record.len() - n].copy_from_slice(&record[n..]);
         self.next[b] = at + record.len();
     }
 
     /// Writes out what every window still holds; then the places hold all records pushed.
     pub fn finish(&mut self, dst: &mut [u8]) {
         for b in 0..self.next.len() {
-            let (from, to) = (self.owned_from[b], self.next[b]);
-            if to > from {
-                let offset = from - self.window_at[b];
-                let first = b * self.window / stream::LINE;
-                let at = from - dst.as_ptr() as usize;
-                let bytes = self.window_bytes(first);
-                dst[at..at + (to - from)].copy_from_slice(&bytes[offset..offset + (to - from)]);
-            }
+            self.copy_owned(dst, b, self.next[b]);
         }
         stream::fence();
     }
 
-    fn window_bytes(&mut self, first_line: usize) -> &mut [u8] {
-        stream::bytes_of(&mut self.lines[first_line..first_line + self.window / stream::LINE])
+    /// Bucket `b`'s window.
+    fn window_bytes(&mut self, b: usize) -> &mut [u8] {
+        let lines = self.window / stream::LINE;
+        stream::bytes_of(&mut self.lines[b * lines..(b + 1) * lines])
+    }
+
+    /// Copies the bytes of bucket `b`'s window that are its own, up to address `to`, to
+    /// their place, with ordinary stores.
+    fn copy_owned(&mut self, dst: &mut [u8], b: usize, to: usize) {
+        let (start, from) = (self.window_at[b], self.owned_from[b]);
+        if to > from {
+            let at = from - dst.as_ptr() as usize;
+            dst[at..at + (to - from)].copy_from_slice(&self.window_bytes(b)[from - start..to - start]);
+        }
     }
 
     /// Bucket `b`'s window is full: out to its place, whole (non-temporal) when all of it
@@ -130,17 +133,12 @@ impl Scatter {
     fn write_window(&mut self, dst: &mut [u8], b: usize) {
         let window = self.window;
         let (start, from) = (self.window_at[b], self.owned_from[b]);
-        let base = dst.as_ptr() as usize;
-        let first = b * window / stream::LINE;
         if from == start {
-            let at = start - base;
-            stream::write_lines(&mut dst[at..at + window], &self.lines[first..first + window / stream::LINE]);
+            let at = start - dst.as_ptr() as usize;
+            let lines = window / stream::LINE;
+            stream::write_lines(&mut dst[at..at + window], &self.lines[b * lines..(b + 1) * lines]);
         } else {
-            let at = from - base;
-            let offset = from - start;
-            let bytes = self.window_bytes(first);
-            let n = window - offset;
-            dst[at..at + n].copy_from_slice(&bytes[offset..]);
+            self.copy_owned(dst, b, start + window);
         }
         self.window_at[b] = start + window;
         self.owned_from[b] = start + window;
