@@ -61,6 +61,13 @@ pub trait SpaceSink {
 
     /// The first `bytes` of the last [`SpaceSink::space`] (whole records) are filled.
     fn commit(&mut self, bytes: usize) -> Result<(), RiverError>;
+
+    /// Whether what is committed is read next by a device, not by a CPU (direct I/O): then
+    /// the space is better filled with stores that bypass the cache, which need not fetch
+    /// the lines they overwrite. No, unless a sink says so.
+    fn bypass_cache(&self) -> bool {
+        false
+    }
 }
 
 /// Lends a staging area in front of any [`Sink`] (for sinks that own no memory to lend);

@@ -11,6 +11,7 @@
 //!   the buckets one at a time and hands each, in key order, to the caller.
 
 use super::radix::{entry, index_of, key, sort_entries};
+use super::stream;
 use crate::error::RiverError;
 use crate::flow::SpaceSink;
 use memmap2::{Advice, MmapMut, MmapOptions};
@@ -378,9 +379,18 @@ const GATHER_STAGE_BYTES: usize = 32 << 10;
 
 /// Copies the records of `src` that `entries` (sort entries) point to into `dst`, one after
 /// another (`dst` holds exactly `entries.len()` records of `rs` bytes), a piece at a time
-/// through `stage` (sized here on first use, kept by the caller for the next call).
+/// through `stage` (sized here on first use, kept by the caller for the next call); each
+/// piece on to `dst` with stores that bypass the cache when `bypass` says so (`dst` is
+/// read next by a device, not by a CPU).
 #[inline]
-pub(crate) fn gather_records(dst: &mut [u8], entries: &[u128], src: &[u8], rs: usize, stage: &mut Vec<u8>) {
+pub(crate) fn gather_records(
+    dst: &mut [u8],
+    entries: &[u128],
+    src: &[u8],
+    rs: usize,
+    stage: &mut Vec<u8>,
+    bypass: bool,
+) {
     let per_piece = (GATHER_STAGE_BYTES / rs).max(1);
     if stage.len() < per_piece * rs {
         stage.resize(per_piece * rs, 0);
@@ -391,7 +401,14 @@ pub(crate) fn gather_records(dst: &mut [u8], entries: &[u128], src: &[u8], rs: u
             let at = index_of(e) * rs;
             copy_record(p, &src[at..at + rs]);
         }
-        d.copy_from_slice(piece);
+        if bypass {
+            stream::copy(d, piece);
+        } else {
+            d.copy_from_slice(piece);
+        }
+    }
+    if bypass {
+        stream::fence();
     }
 }
 
@@ -404,10 +421,11 @@ pub(crate) fn write_gathered<S: SpaceSink + ?Sized>(
     stage: &mut Vec<u8>,
     out: &mut S,
 ) -> Result<(), RiverError> {
+    let bypass = out.bypass_cache();
     while !entries.is_empty() {
         let space = out.space()?;
         let n = (space.len() / rs).min(entries.len());
-        gather_records(&mut space[..n * rs], &entries[..n], data, rs, stage);
+        gather_records(&mut space[..n * rs], &entries[..n], data, rs, stage, bypass);
         out.commit(n * rs)?;
         entries = &entries[n..];
     }
@@ -488,19 +506,22 @@ pub(crate) mod tests {
         let odd: Vec<u8> = data.chunks(100).skip(1).step_by(2).flatten().copied().collect();
         assert_eq!(arena.push_records(&odd), 10_000);
         assert_eq!(arena.records(), 20_000);
-        let mut out = Vec::new();
-        let mut stage = Vec::new();
-        arena
-            .for_each_sorted(|a, entries| {
-                let mut dst = vec![0u8; entries.len() * 100];
-                gather_records(&mut dst, entries, a.bytes(), 100, &mut stage);
-                out.extend_from_slice(&dst);
-                Ok::<(), ()>(())
-            })
-            .unwrap();
-        let s = ulnet_sortbench::Summary::of_records(&out).unwrap();
-        assert!(s.is_sorted());
-        assert_eq!(s.checksum, ulnet_sortbench::Checksum::of_records(&data));
+        // Gathered with ordinary stores and with stores that bypass the cache.
+        for bypass in [false, true] {
+            let mut out = Vec::new();
+            let mut stage = Vec::new();
+            arena
+                .for_each_sorted(|a, entries| {
+                    let mut dst = vec![0u8; entries.len() * 100];
+                    gather_records(&mut dst, entries, a.bytes(), 100, &mut stage, bypass);
+                    out.extend_from_slice(&dst);
+                    Ok::<(), ()>(())
+                })
+                .unwrap();
+            let s = ulnet_sortbench::Summary::of_records(&out).unwrap();
+            assert!(s.is_sorted(), "bypass {bypass}");
+            assert_eq!(s.checksum, ulnet_sortbench::Checksum::of_records(&data));
+        }
         // A bound of 8 blocks takes at most 8 blocks' worth.
         let mut small = BucketArena::bounded(buckets, 100, 8 * 32_700).unwrap();
         let taken = small.push_records(&data);

@@ -7,8 +7,8 @@
 //! * [`node`]: one node's program ([`node::run_node`]).
 //! * [`claims`]: the input shared out a chunk at a time as nodes ask.
 //! * [`radix`]: the sort core.
-//! * `scatter` and `stream`: moving records to their buckets' places with stores that
-//!   bypass the cache.
+//! * `scatter` and `stream`: moving records to their buckets' places, and sorted records
+//!   into direct output buffers, with stores that bypass the cache.
 //! * [`bucket`]: records kept in key-range buckets as they arrive, sorted one bucket at a time.
 //! * [`store`]: the node's records, in memory or spilled to key-range groups; merging runs.
 //! * [`distribute`]: external mode's group files and the group-by-group second pass.
