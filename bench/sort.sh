@@ -7,7 +7,8 @@
 # SORT_BENCH_DIR (default target/sort-bench; about 12 GB free needed for the external case:
 # input, output and the key-range group files) may be set; CASES picks a subset (e.g.
 # CASES=datamation). SETTLE_S waits that many seconds after each `sync` (bench/sort.py). Inputs
-# are deleted at the end. The external case also times its I/O floor (bench/external-floor.c).
+# are deleted at the end. The external case also times its I/O floor (bench/external-floor.c),
+# and runs an untimed `cp` of its input before every timed command (CONDITION=0: not).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release --locked -p ulnet >/dev/null 2>&1
