@@ -11,7 +11,7 @@
 //!   the buckets one at a time and hands each, in key order, to the caller.
 
 use super::radix::{entry, index_of, key, sort_entries};
-use super::stream;
+use super::stream::{self, Line};
 use crate::error::RiverError;
 use crate::flow::SpaceSink;
 use memmap2::{Advice, MmapMut, MmapOptions};
@@ -106,12 +106,45 @@ fn key_part(e: u128) -> u128 {
     e & !((1u128 << super::radix::INDEX_BITS) - 1)
 }
 
-/// Bytes of a block: 32 KiB, so a bucket's unfilled tail wastes little, and a bucket of a
-/// few hundred kilobytes is a handful of blocks.
+/// Bytes of a block: 32 KiB at most, so a bucket's unfilled tail wastes little, and a bucket
+/// of a few hundred kilobytes is a handful of blocks. A block holds a whole number of
+/// windows ([`window_records`]), so that every window starts a cache line.
 pub const BLOCK_BYTES: usize = 32 << 10;
+
+/// Most bytes of the buckets' windows together: 8 MiB. More buckets than that allows (a
+/// few thousand with Sort Benchmark records; a memory bound keeps far fewer) store records
+/// straight into their blocks.
+const WINDOWS_BYTES_MAX: usize = 8 << 20;
+
+/// Records of a window: the fewest whole records that fill whole cache lines (16 of 100
+/// bytes: 25 lines).
+fn window_records(record_size: usize) -> usize {
+    let mut gcd = (record_size, stream::LINE);
+    while gcd.1 != 0 {
+        gcd = (gcd.1, gcd.0 % gcd.1);
+    }
+    stream::LINE / gcd.0
+}
+
+/// Records of a block: as many whole windows as [`BLOCK_BYTES`] holds (320 of 100 bytes),
+/// at least one.
+fn block_records(record_size: usize) -> usize {
+    let w = window_records(record_size);
+    (BLOCK_BYTES / record_size / w).max(1) * w
+}
 
 /// Records in key-range buckets, in blocks of one mapping reserved up front (address
 /// space only until written, in pages of 4 KiB).
+///
+/// In a bounded arena a record goes first to its bucket's window, which the cache holds,
+/// and a full window to its place in the bucket's block in whole lines, with stores that
+/// bypass the cache. A record stored straight into its block made the store fetch the
+/// block's line from memory first (the blocks are read again only when the bucket is
+/// sorted, long after): in the 4x10^7-record external sort that cost as much for the
+/// resident records (a sixth) as the group files' staging cost for all others, and with
+/// windows the first pass took 1.47–1.55 s instead of 1.75–1.85 s (medians of 8 and 10
+/// alternating rounds; BENCHMARKS.md, issue 8). [`BucketArena::settle`] puts the records
+/// of partly filled windows in place before the blocks are read.
 pub struct BucketArena {
     map: MmapMut,
     record_size: usize,
@@ -124,6 +157,14 @@ pub struct BucketArena {
     /// Records in the last block of each bucket.
     fill: Vec<u32>,
     records: u64,
+    /// Each bucket's window of `window_records` records (`window_lines` lines), holding
+    /// the records of its last block's last, partly filled window; no windows (0) when
+    /// they would take more than [`WINDOWS_BYTES_MAX`].
+    windows: Vec<Line>,
+    window_records: usize,
+    window_lines: usize,
+    /// Whether every record is in its block (none only in a window).
+    settled: bool,
 }
 
 impl std::fmt::Debug for BucketArena {
@@ -147,10 +188,15 @@ impl BucketArena {
     /// alternating in one run of `bench/sort.sh`. 4 nodes took 0.86–1.16 s with them and
     /// 1.21–1.58 s without. Starting every run from memory the VM had handed back (`sync`
     /// and 4 s), 4 KiB pages were faster in 5 of 6 pairs (BENCHMARKS.md, issue 8).
+    ///
+    /// Without windows: records go to all of the thousands of buckets of an in-memory
+    /// sort, whose windows the caches do not hold. With them, reading and distributing
+    /// 10^7 records on 2 nodes took 0.738 s instead of 0.612 s (medians of 10 alternating
+    /// rounds), Datamation's 0.070 s instead of 0.061 s.
     pub fn new(buckets: Arc<KeyBuckets>, record_size: usize, records: usize) -> std::io::Result<Self> {
-        let block_records = (BLOCK_BYTES / record_size).max(1);
+        let block_records = block_records(record_size);
         let blocks_total = records.div_ceil(block_records) + buckets.len();
-        Self::with_blocks(buckets, record_size, blocks_total)
+        Self::with_blocks(buckets, record_size, blocks_total, false)
     }
 
     /// At most `bytes` of blocks (a memory bound): how many records fit depends on how
@@ -162,18 +208,31 @@ impl BucketArena {
     /// several times as much to fault in as 4 KiB ones. The 4x10^7-record sort, 2 nodes x
     /// 512 MiB, 4 alternating rounds: startup 0.14–0.17 s against 0.28–0.91 s, pass 1
     /// 1.92–2.00 s against 2.08–2.86 s, system CPU 3.2–3.6 s against 4.1–5.1 s.
+    ///
+    /// With windows: a bound keeps the buckets few (at most `bytes / 512 KiB`), and in
+    /// external mode only the resident groups' buckets fill the arena.
     pub fn bounded(buckets: Arc<KeyBuckets>, record_size: usize, bytes: usize) -> std::io::Result<Self> {
-        let block_bytes = (BLOCK_BYTES / record_size).max(1) * record_size;
-        Self::with_blocks(buckets, record_size, (bytes / block_bytes).max(1))
+        let block_bytes = block_records(record_size) * record_size;
+        Self::with_blocks(buckets, record_size, (bytes / block_bytes).max(1), true)
     }
 
-    fn with_blocks(buckets: Arc<KeyBuckets>, record_size: usize, blocks_total: usize) -> std::io::Result<Self> {
+    fn with_blocks(
+        buckets: Arc<KeyBuckets>,
+        record_size: usize,
+        blocks_total: usize,
+        windows: bool,
+    ) -> std::io::Result<Self> {
         assert!(record_size > 0, "records have a size");
-        let block_records = (BLOCK_BYTES / record_size).max(1);
+        let block_records = block_records(record_size);
         assert!(blocks_total <= u32::MAX as usize, "block numbers are 32 bits");
         let map =
             MmapOptions::new().len((blocks_total * block_records * record_size).max(1)).no_reserve_swap().map_anon()?;
         let n = buckets.len();
+        let mut window_records = window_records(record_size);
+        if !windows || n * window_records * record_size > WINDOWS_BYTES_MAX {
+            window_records = 0;
+        }
+        let window_lines = window_records * record_size / stream::LINE;
         Ok(BucketArena {
             map,
             record_size,
@@ -184,6 +243,10 @@ impl BucketArena {
             lists: vec![Vec::new(); n],
             fill: vec![0; n],
             records: 0,
+            windows: vec![Line::ZERO; n * window_lines],
+            window_records,
+            window_lines,
+            settled: true,
         })
     }
 
@@ -264,17 +327,65 @@ impl BucketArena {
     /// gives it); `false` when no block is left for it.
     #[inline]
     pub fn push_in(&mut self, b: usize, record: &[u8]) -> bool {
-        let rs = self.record_size;
-        let Some(at) = self.slot_for(b) else { return false };
-        copy_record(&mut self.map[at..at + rs], record);
+        if !self.put(b, record) {
+            return false;
+        }
         self.records += 1;
         true
+    }
+
+    /// Puts one record of bucket `b` in its window (or its block, with no windows), the
+    /// window in its block once full; `false` when no block is left for it.
+    #[inline(always)]
+    fn put(&mut self, b: usize, record: &[u8]) -> bool {
+        let rs = self.record_size;
+        let Some(at) = self.slot_for(b) else { return false };
+        let w = self.window_records;
+        if w == 0 {
+            copy_record(&mut self.map[at..at + rs], record);
+            return true;
+        }
+        // Windows line up with the block's records: this record is the window's `k`th.
+        let k = (self.fill[b] as usize - 1) % w;
+        let lines = &mut self.windows[b * self.window_lines..(b + 1) * self.window_lines];
+        copy_record(&mut stream::bytes_of(lines)[k * rs..(k + 1) * rs], record);
+        if k + 1 == w {
+            let start = at - k * rs;
+            stream::write_lines(&mut self.map[start..start + w * rs], lines);
+        }
+        self.settled = false;
+        true
+    }
+
+    /// Puts the records of every partly filled window in their blocks (ordinary stores),
+    /// and orders the stores that bypassed the cache before any later one: then the blocks
+    /// hold every record, for this thread or any other.
+    pub fn settle(&mut self) {
+        // Without windows every record went straight to its block.
+        if self.settled || self.window_records == 0 {
+            return;
+        }
+        let (rs, w) = (self.record_size, self.window_records);
+        for b in 0..self.lists.len() {
+            let Some(&block) = self.lists[b].last() else { continue };
+            let fill = self.fill[b] as usize;
+            let k = fill % w;
+            if k > 0 {
+                let start = (block as usize * self.block_records + fill - k) * rs;
+                let lines = &mut self.windows[b * self.window_lines..(b + 1) * self.window_lines];
+                self.map[start..start + k * rs].copy_from_slice(&stream::bytes_of(lines)[..k * rs]);
+            }
+        }
+        stream::fence();
+        self.settled = true;
     }
 
     /// Gives up the records and hands back the memory, its pages still faulted in (on a
     /// virtual machine whose freed memory goes back to the host, touching new memory costs
     /// a host fault per page; reusing these pages does not).
     pub fn into_memory(self) -> MmapMut {
+        // The stores that bypassed the cache land before another thread writes here.
+        stream::fence();
         self.map
     }
 
@@ -297,9 +408,11 @@ impl BucketArena {
         let rs = self.record_size;
         let mut taken = 0;
         for r in records {
+            debug_assert_eq!(r.len(), rs);
             let b = self.buckets.bucket_of(key(r));
-            let Some(at) = self.slot_for(b) else { break };
-            copy_record(&mut self.map[at..at + rs], r);
+            if !self.put(b, r) {
+                break;
+            }
             taken += 1;
         }
         self.records += taken as u64;
@@ -308,6 +421,7 @@ impl BucketArena {
 
     /// The filled bytes of each block of bucket `b`, in filling order (whole records).
     pub fn bucket_blocks(&self, b: usize) -> impl Iterator<Item = &[u8]> + '_ {
+        assert!(self.settled, "records read before the windows are settled");
         let list = &self.lists[b];
         let last = list.len().saturating_sub(1);
         let fill = self.fill[b] as usize;
@@ -321,6 +435,7 @@ impl BucketArena {
     /// Record number `index` (as in the entries [`BucketArena::for_each_sorted`] gives).
     #[inline(always)]
     pub fn record(&self, index: usize) -> &[u8] {
+        debug_assert!(self.settled, "records read before the windows are settled");
         &self.map[index * self.record_size..(index + 1) * self.record_size]
     }
 
@@ -328,6 +443,7 @@ impl BucketArena {
     /// (an entry's [`index_of`] is its record's index for [`BucketArena::record`]); stops at
     /// the first error `f` returns.
     pub fn for_each_sorted<E>(&self, mut f: impl FnMut(&Self, &[u128]) -> Result<(), E>) -> Result<(), E> {
+        assert!(self.settled, "records read before the windows are settled");
         let mut entries: Vec<u128> = Vec::new();
         let mut scratch: Vec<u128> = Vec::new();
         for (b, list) in self.lists.iter().enumerate() {
@@ -353,6 +469,7 @@ impl BucketArena {
     /// point into (for `write_gathered`).
     #[inline]
     pub fn bytes(&self) -> &[u8] {
+        debug_assert!(self.settled, "records read before the windows are settled");
         &self.map
     }
 
@@ -364,6 +481,7 @@ impl BucketArena {
         self.fill.iter_mut().for_each(|f| *f = 0);
         self.blocks_used = 0;
         self.records = 0;
+        self.settled = true;
     }
 }
 
@@ -506,6 +624,7 @@ pub(crate) mod tests {
         let odd: Vec<u8> = data.chunks(100).skip(1).step_by(2).flatten().copied().collect();
         assert_eq!(arena.push_records(&odd), 10_000);
         assert_eq!(arena.records(), 20_000);
+        arena.settle();
         // Gathered with ordinary stores and with stores that bypass the cache.
         for bypass in [false, true] {
             let mut out = Vec::new();
@@ -523,12 +642,91 @@ pub(crate) mod tests {
             assert_eq!(s.checksum, ulnet_sortbench::Checksum::of_records(&data));
         }
         // A bound of 8 blocks takes at most 8 blocks' worth.
-        let mut small = BucketArena::bounded(buckets, 100, 8 * 32_700).unwrap();
+        let mut small = BucketArena::bounded(buckets, 100, 8 * 32_000).unwrap();
+        assert_eq!(small.block_records(), 320, "whole windows of 16 records");
         let taken = small.push_records(&data);
-        assert!(taken <= 8 * 327 && taken > 0, "took {taken}");
+        assert!(taken <= 8 * 320 && taken > 0, "took {taken}");
         assert!(small.bytes_used() <= small.capacity());
         small.clear();
         assert!(small.is_empty());
         assert_eq!(small.push_records(&data[..100 * 7]), 7);
+    }
+
+    /// `n` records of `rs` bytes, each one's first 16 bytes a key from xorshift (`seed`),
+    /// the rest its number.
+    fn sized_records(n: usize, rs: usize, seed: u64) -> Vec<u8> {
+        let keys = records(n, seed);
+        let mut out = Vec::with_capacity(n * rs);
+        for i in 0..n {
+            let mut r = vec![0u8; rs];
+            let k = rs.min(16);
+            r[..k].copy_from_slice(&keys[i * 100..i * 100 + k]);
+            for (j, b) in r[k..].iter_mut().enumerate() {
+                *b = (i >> (8 * (j % 4))) as u8;
+            }
+            out.extend_from_slice(&r);
+        }
+        out
+    }
+
+    /// Pushes `data` into an arena over `buckets` in three parts, settling after the
+    /// first (records then go on into the same windows), and checks that each bucket's
+    /// blocks hold its records in arrival order and that no record is lost.
+    fn check_windows(data: &[u8], rs: usize, buckets: Arc<KeyBuckets>, expect_windows: bool) {
+        let n = data.len() / rs;
+        let blocks = n.div_ceil(block_records(rs)) + buckets.len();
+        let mut arena = BucketArena::bounded(buckets.clone(), rs, blocks * block_records(rs) * rs).unwrap();
+        assert_eq!(arena.window_records > 0, expect_windows);
+        let third = n / 3 * rs;
+        assert_eq!(arena.push_records(&data[..third]), third / rs);
+        arena.settle();
+        let which: Vec<u32> = (third / rs..n).step_by(2).map(|i| i as u32).collect();
+        assert_eq!(arena.push_gathered(data, &which), which.len());
+        for i in (third / rs + 1..n).step_by(2) {
+            assert!(arena.push_in(buckets.bucket_of(key(&data[i * rs..(i + 1) * rs])), &data[i * rs..(i + 1) * rs]));
+        }
+        assert_eq!(arena.records(), n as u64);
+        arena.settle();
+        let mut arrival: Vec<Vec<u8>> = vec![Vec::new(); buckets.len()];
+        let order = (0..third / rs).chain((third / rs..n).step_by(2)).chain((third / rs + 1..n).step_by(2));
+        for i in order {
+            let r = &data[i * rs..(i + 1) * rs];
+            arrival[buckets.bucket_of(key(r))].extend_from_slice(r);
+        }
+        for (b, want) in arrival.iter().enumerate() {
+            let got: Vec<u8> = arena.bucket_blocks(b).flatten().copied().collect();
+            assert_eq!(got.len(), want.len(), "bucket {b}, {rs}-byte records");
+            assert!(got == *want, "bucket {b}, {rs}-byte records: not in arrival order");
+        }
+    }
+
+    #[test]
+    fn windows_put_every_record_in_its_block_in_arrival_order() {
+        // 100-byte records (windows of 16), 37-byte ones (windows of 64), 64-byte ones
+        // (windows of 1): each with a few and with many buckets.
+        for (rs, per_bucket) in [(100, 4), (100, 400), (37, 8), (64, 50)] {
+            let data = sized_records(9_000, rs, rs as u64);
+            let samples: Vec<u128> = data.chunks(rs).step_by(3).map(key).collect();
+            let buckets = Arc::new(KeyBuckets::from_samples(0, u128::MAX, &samples, per_bucket, 1 << 16));
+            check_windows(&data, rs, buckets, true);
+        }
+        // So many buckets that windows would pass WINDOWS_BYTES_MAX: straight to the blocks.
+        let data = sized_records(30_000, 100, 7);
+        let samples: Vec<u128> = data.chunks(100).map(key).collect();
+        let buckets = Arc::new(KeyBuckets::from_samples(0, u128::MAX, &samples, 4, 1 << 16));
+        assert!(buckets.len() * 1600 > WINDOWS_BYTES_MAX, "{} buckets", buckets.len());
+        check_windows(&data, 100, buckets, false);
+        // An arena without a bound (an in-memory sort) has none.
+        let few = Arc::new(KeyBuckets::from_samples(0, u128::MAX, &samples, 400, 1 << 16));
+        assert_eq!(BucketArena::new(few, 100, 30_000).unwrap().window_records, 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "settled")]
+    fn blocks_are_not_read_before_the_windows_are_settled() {
+        let data = records(100, 1);
+        let mut arena = BucketArena::bounded(Arc::new(KeyBuckets::single()), 100, 1 << 20).unwrap();
+        arena.push_records(&data);
+        let _ = arena.bucket_blocks(0).count();
     }
 }
