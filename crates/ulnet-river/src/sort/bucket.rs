@@ -141,10 +141,10 @@ fn block_records(record_size: usize) -> usize {
 /// bypass the cache. A record stored straight into its block made the store fetch the
 /// block's line from memory first (the blocks are read again only when the bucket is
 /// sorted, long after): in the 4x10^7-record external sort that cost as much for the
-/// resident records (a sixth) as the group files' staging cost for all others, and with
-/// windows the first pass took 1.47–1.55 s instead of 1.75–1.85 s (medians of 8 and 10
-/// alternating rounds; BENCHMARKS.md, issue 8). [`BucketArena::settle`] puts the records
-/// of partly filled windows in place before the blocks are read.
+/// resident records (a sixth) as the group files' staging cost for all others. With
+/// windows the first pass's store took about 250 fewer samples of about 1,040 (0.25 CPU-s)
+/// in two profiles (BENCHMARKS.md, issue 8). [`BucketArena::settle`] puts the records of
+/// partly filled windows in place before the blocks are read.
 pub struct BucketArena {
     map: MmapMut,
     record_size: usize,
