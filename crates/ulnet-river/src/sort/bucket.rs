@@ -108,7 +108,8 @@ fn key_part(e: u128) -> u128 {
 
 /// Bytes of a block: 32 KiB at most, so a bucket's unfilled tail wastes little, and a bucket
 /// of a few hundred kilobytes is a handful of blocks. A block holds a whole number of
-/// windows ([`window_records`]), so that every window starts a cache line.
+/// windows (the fewest records that fill whole cache lines), so that every window starts a
+/// line.
 pub const BLOCK_BYTES: usize = 32 << 10;
 
 /// Most bytes of the buckets' windows together: 8 MiB. More buckets than that allows (a
