@@ -48,6 +48,11 @@ fn json_of(out: &Output) -> serde_json::Value {
     serde_json::from_str(line).unwrap()
 }
 
+/// A count each node reports (`key` of each of the report's `per_node` entries).
+fn per_node_counts(r: &serde_json::Value, key: &str) -> Vec<u64> {
+    r["per_node"].as_array().unwrap().iter().map(|n| n[key].as_u64().unwrap()).collect()
+}
+
 /// Sorts `input` with `args`, then checks the output: sorted, every record, checksum
 /// equal to the input's; returns the JSON report.
 fn sort_and_check(input: &Path, output: &Path, sum: Checksum, records: u64, args: &[&str]) -> serde_json::Value {
@@ -184,7 +189,7 @@ fn a_key_repeated_past_the_memory_bound_is_merged_not_lost() {
     let sum = Checksum::of_records(&data);
     let r = sort_and_check(&input, &output, sum, n, &["--nodes", "2", "--memory", "24MiB", "--verify"]);
     assert_eq!(r["mode"], "external", "{r}");
-    let merged: u64 = r["per_node"].as_array().unwrap().iter().map(|n| n["merged_groups"].as_u64().unwrap()).sum();
+    let merged: u64 = per_node_counts(&r, "merged_groups").iter().sum();
     assert!(merged >= 1, "the duplicate key's group was merged: {r}");
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(left.len(), 2, "group and run files are removed: {left:?}");
@@ -513,8 +518,7 @@ fn a_slow_node_reads_less_of_the_input_and_the_sort_is_whole() {
     let sum = gensort(&input, 1_000_000, RecordFormat::BINARY);
     let args = ["--nodes", "2", "--debug-read-delay-ms", "100", "--debug-slow-node", "1"];
     let r = sort_and_check(&input, &output, sum, 1_000_000, &args);
-    let read: Vec<u64> =
-        r["per_node"].as_array().unwrap().iter().map(|n| n["records_read"].as_u64().unwrap()).collect();
+    let read = per_node_counts(&r, "records_read");
     assert_eq!(read.iter().sum::<u64>(), 1_000_000, "{read:?}");
     assert!(read[1] <= 250_000, "the slow node read {} of 10^6 records: {read:?}", read[1]);
 }

@@ -127,6 +127,12 @@ fn window_records(record_size: usize) -> usize {
     stream::LINE / gcd.0
 }
 
+/// Bucket `b`'s window of `window_bytes` (whole lines) in `windows`.
+fn window_of(windows: &mut [Line], window_bytes: usize, b: usize) -> &mut [u8] {
+    let lines = window_bytes / stream::LINE;
+    stream::bytes_of(&mut windows[b * lines..(b + 1) * lines])
+}
+
 /// Records of a block: as many whole windows as [`BLOCK_BYTES`] holds (320 of 100 bytes),
 /// at least one.
 fn block_records(record_size: usize) -> usize {
@@ -158,12 +164,11 @@ pub struct BucketArena {
     /// Records in the last block of each bucket.
     fill: Vec<u32>,
     records: u64,
-    /// Each bucket's window of `window_records` records (`window_lines` lines), holding
-    /// the records of its last block's last, partly filled window; no windows (0) when
-    /// they would take more than [`WINDOWS_BYTES_MAX`].
+    /// Each bucket's window of `window_records` records (whole lines), holding the
+    /// records of its last block's last, partly filled window; no windows (0) when they
+    /// would take more than [`WINDOWS_BYTES_MAX`].
     windows: Vec<Line>,
     window_records: usize,
-    window_lines: usize,
     /// Whether every record is in its block (none only in a window).
     settled: bool,
 }
@@ -233,7 +238,6 @@ impl BucketArena {
         if !windows || n * window_records * record_size > WINDOWS_BYTES_MAX {
             window_records = 0;
         }
-        let window_lines = window_records * record_size / stream::LINE;
         Ok(BucketArena {
             map,
             record_size,
@@ -244,9 +248,8 @@ impl BucketArena {
             lists: vec![Vec::new(); n],
             fill: vec![0; n],
             records: 0,
-            windows: vec![Line::ZERO; n * window_lines],
+            windows: vec![Line::ZERO; n * window_records * record_size / stream::LINE],
             window_records,
-            window_lines,
             settled: true,
         })
     }
@@ -348,11 +351,11 @@ impl BucketArena {
         }
         // Windows line up with the block's records: this record is the window's `k`th.
         let k = (self.fill[b] as usize - 1) % w;
-        let lines = &mut self.windows[b * self.window_lines..(b + 1) * self.window_lines];
-        copy_record(&mut stream::bytes_of(lines)[k * rs..(k + 1) * rs], record);
+        let window = window_of(&mut self.windows, w * rs, b);
+        copy_record(&mut window[k * rs..(k + 1) * rs], record);
         if k + 1 == w {
             let start = at - k * rs;
-            stream::write_lines(&mut self.map[start..start + w * rs], lines);
+            stream::copy(&mut self.map[start..start + w * rs], window);
         }
         self.settled = false;
         true
@@ -373,8 +376,8 @@ impl BucketArena {
             let k = fill % w;
             if k > 0 {
                 let start = (block as usize * self.block_records + fill - k) * rs;
-                let lines = &mut self.windows[b * self.window_lines..(b + 1) * self.window_lines];
-                self.map[start..start + k * rs].copy_from_slice(&stream::bytes_of(lines)[..k * rs]);
+                let window = window_of(&mut self.windows, w * rs, b);
+                self.map[start..start + k * rs].copy_from_slice(&window[..k * rs]);
             }
         }
         stream::fence();

@@ -135,8 +135,7 @@ impl Scatter {
         let (start, from) = (self.window_at[b], self.owned_from[b]);
         if from == start {
             let at = start - dst.as_ptr() as usize;
-            let lines = window / stream::LINE;
-            stream::write_lines(&mut dst[at..at + window], &self.lines[b * lines..(b + 1) * lines]);
+            stream::copy(&mut dst[at..at + window], self.window_bytes(b));
         } else {
             self.copy_owned(dst, b, start + window);
         }

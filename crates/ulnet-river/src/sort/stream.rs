@@ -1,5 +1,6 @@
 //! Stores that bypass the cache: whole 64-byte lines written with non-temporal stores
-//! (x86-64; elsewhere, ordinary copies), for data the writer will not read again soon.
+//! (x86-64; elsewhere, ordinary copies), for data the writer will not read again soon, and
+//! line-aligned buffers ([`Line`]) to gather it in.
 
 /// Bytes of a cache line.
 pub const LINE: usize = 64;
@@ -23,35 +24,10 @@ pub fn bytes_of(lines: &mut [Line]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast::<u8>(), len) }
 }
 
-/// Copies `src` to `dst` (as long, starting on a line boundary) with non-temporal stores.
-/// They are weakly ordered: [`fence`] before another thread or the kernel reads `dst`.
-pub fn write_lines(dst: &mut [u8], src: &[Line]) {
-    assert_eq!(dst.len(), src.len() * LINE, "as many bytes as lines");
-    assert_eq!(dst.as_ptr() as usize % LINE, 0, "the destination starts a line");
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{__m128i, _mm_load_si128, _mm_stream_si128};
-        for (d, s) in dst.chunks_exact_mut(LINE).zip(src) {
-            let d = d.as_mut_ptr().cast::<__m128i>();
-            let s = s.0.as_ptr().cast::<__m128i>();
-            for k in 0..LINE / 16 {
-                // SAFETY: `d` and `s` each point to 64 bytes in bounds (a chunk of `dst`
-                // and one `Line`), both 16-byte aligned (a line-aligned start, checked
-                // above, and `Line`'s alignment), so each of the four 16-byte loads and
-                // stores stays inside them; SSE2 is part of x86-64.
-                unsafe { _mm_stream_si128(d.add(k), _mm_load_si128(s.add(k))) }
-            }
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    for (d, s) in dst.chunks_exact_mut(LINE).zip(src) {
-        d.copy_from_slice(&s.0);
-    }
-}
-
 /// Copies `src` to `dst` (as long): the whole lines of `dst` with non-temporal stores, the
-/// bytes before its first line boundary and after its last with ordinary ones. Weakly
-/// ordered as [`write_lines`].
+/// bytes before its first line boundary and after its last with ordinary ones (none when
+/// `dst` starts a line and is whole lines long). The non-temporal stores are weakly
+/// ordered: [`fence`] before another thread or the kernel reads `dst`.
 pub fn copy(dst: &mut [u8], src: &[u8]) {
     assert_eq!(dst.len(), src.len(), "as many bytes");
     let head = (dst.as_ptr() as usize).next_multiple_of(LINE) - dst.as_ptr() as usize;
