@@ -78,6 +78,14 @@ fn stage_budget(arena_bytes: usize) -> usize {
     (arena_bytes / 16).min(2 << 20)
 }
 
+/// Most memory, as a share of the arena, the second pass may take beside it for the first
+/// group read back while the resident groups are written ([`sort_groups`]): 0.2. The
+/// memory plan keeps 0.32 of the arena for the sort beside it (`SORT_OVERHEAD` in
+/// `node.rs`); of that, while the preloaded group is sorted, the loader may be sorting an
+/// over-size group flat into runs (an entry of 16 bytes per record of a half, 0.08) and
+/// the node thread sorts a bucket (a few hundred kilobytes).
+const PRELOAD_SHARE: f64 = 0.2;
+
 /// Share of the arena the resident groups are planned to fill: the rest is kept for a
 /// partition larger than sampled and each bucket's partly filled last block.
 const RESIDENT_FILL: f64 = 0.9;
@@ -290,12 +298,10 @@ impl RecordStore {
                             Ok(())
                         })?;
                     }
-                    emit_sorted(&mut arena, out)?;
-                    arena.clear();
                 }
-                let mut memory = arena.into_memory();
                 let pass = PassTwo { io_buffer_bytes, merge_read_bytes, run_prefix: self.spill_prefix.clone() };
-                let mut report = sort_groups(groups, resident, &mut memory, &pass, out)?;
+                let preload = (arena.capacity() as f64 * PRELOAD_SHARE) as usize;
+                let mut report = sort_groups(groups, resident, arena, preload, &pass, out)?;
                 report.groups += resident;
                 report.resident_groups = resident;
                 report.temp_bytes = temp_bytes;
@@ -650,6 +656,20 @@ mod tests {
         assert!(report.resident_groups >= 1, "{report:?}");
         let resident_bytes = bytes_of_first_groups(&data, HALVES_OF_64_BLOCKS, report.resident_groups);
         assert_eq!(report.temp_bytes, data.len() as u64 - resident_bytes, "{report:?}");
+        // With 8 buckets, the first group read back (one bucket) is larger than the memory
+        // it could be read into while the resident groups are written.
+        assert!(!report.preloaded, "{report:?}");
+    }
+
+    #[test]
+    fn the_first_group_read_back_is_read_while_the_resident_groups_are_written() {
+        // 30 MB in halves of 8 MiB (32 buckets): groups of 6 buckets, the first read back
+        // of 2 (about 1.9 MB), which fits the fifth of the arena it may take meanwhile.
+        let data = records(300_000, 11);
+        let (report, spills) = distribute(&data, &data, 2 * 256 * BLOCK_BYTES);
+        assert_eq!(spills, 0);
+        assert!(report.resident_groups >= 1, "{report:?}");
+        assert!(report.preloaded, "{report:?}");
     }
 
     #[test]
@@ -695,6 +715,8 @@ mod tests {
             let (report, spills) = distribute_expecting(&data, &buckets_from, HALVES_OF_64_BLOCKS, expected);
             assert_eq!(spills, spills_wanted, "the resident groups filled the arena");
             assert_eq!(report.resident_groups, 0, "{report:?}");
+            // No resident groups to write: the halves are free for the first group at once.
+            assert!(!report.preloaded, "{report:?}");
             assert!(report.merged_groups >= 1, "{report:?}");
             assert_eq!(report.temp_bytes, data.len() as u64, "{report:?}");
         }
