@@ -89,7 +89,7 @@ const FIRST_READ_THIRDS: [usize; 2] = [1, 2];
 /// of buckets (each bucket holds about as many sampled keys as the next), those below
 /// bucket `split` (the resident ones) and those from it apart, so that a group ends there
 /// (the last range of each part may be shorter), the first two from `split` on smaller
-/// ([`FIRST_READ_THIRDS`]). At least two groups (one would be the whole partition, which
+/// (`FIRST_READ_THIRDS`). At least two groups (one would be the whole partition, which
 /// does not fit), at most one per bucket.
 pub fn plan_groups(buckets: &KeyBuckets, partition_bytes: u64, half_bytes: usize, split: usize) -> Vec<Range<usize>> {
     let n = buckets.len();
@@ -418,7 +418,7 @@ pub struct PassTwo {
 /// would then wait for the first group read with the disk idle (50–120 ms in the 4x10^7
 /// benchmark): so the loader reads that group meanwhile into memory of its own when it
 /// holds at most `preload_bytes` (the groups are planned with a small first one,
-/// [`FIRST_READ_THIRDS`]).
+/// `FIRST_READ_THIRDS`).
 pub fn sort_groups<S: SpaceSink + ?Sized>(
     mut groups: GroupFiles,
     first: usize,
