@@ -433,6 +433,7 @@ pub fn sort_groups<S: SpaceSink + ?Sized>(
     groups.files.clear();
     let n = groups.len();
     let rs = groups.record_size;
+    assert!(first > 0 || arena.records() == 0, "the arena holds only the records of groups before the first");
     let preload = if arena.records() > 0 { preload_bytes } else { 0 };
     // The arena's memory, once its records are written: borrowed by the halves for as long
     // as the loader runs.
