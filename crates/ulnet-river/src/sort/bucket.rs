@@ -127,12 +127,6 @@ fn window_records(record_size: usize) -> usize {
     stream::LINE / gcd.0
 }
 
-/// Bucket `b`'s window of `window_bytes` (whole lines) in `windows`.
-fn window_of(windows: &mut [Line], window_bytes: usize, b: usize) -> &mut [u8] {
-    let lines = window_bytes / stream::LINE;
-    stream::bytes_of(&mut windows[b * lines..(b + 1) * lines])
-}
-
 /// Records of a block: as many whole windows as [`BLOCK_BYTES`] holds (320 of 100 bytes),
 /// at least one.
 fn block_records(record_size: usize) -> usize {
@@ -351,7 +345,7 @@ impl BucketArena {
         }
         // Windows line up with the block's records: this record is the window's `k`th.
         let k = (self.fill[b] as usize - 1) % w;
-        let window = window_of(&mut self.windows, w * rs, b);
+        let window = stream::window(&mut self.windows, w * rs, b);
         copy_record(&mut window[k * rs..(k + 1) * rs], record);
         if k + 1 == w {
             let start = at - k * rs;
@@ -376,7 +370,7 @@ impl BucketArena {
             let k = fill % w;
             if k > 0 {
                 let start = (block as usize * self.block_records + fill - k) * rs;
-                let window = window_of(&mut self.windows, w * rs, b);
+                let window = stream::window(&mut self.windows, w * rs, b);
                 self.map[start..start + k * rs].copy_from_slice(&window[..k * rs]);
             }
         }

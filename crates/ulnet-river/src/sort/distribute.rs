@@ -77,6 +77,14 @@ const SEGMENT_BYTES: u64 = 16 << 20;
 /// read that fills it and the moves that empty it.
 const SCATTER_PIECE_BYTES: usize = 256 << 10;
 
+/// Most memory, as a share of the arena, the second pass may take beside it for the first
+/// group read back while the resident groups are written ([`sort_groups`]): 0.2. The
+/// memory plan keeps 0.32 of the arena for the sort beside it (`SORT_OVERHEAD` in
+/// `node.rs`); of that, while the preloaded group is sorted, the loader may be sorting an
+/// over-size group flat into runs (an entry of 16 bytes per record of a half, 0.08) and
+/// the node thread sorts a bucket (a few hundred kilobytes).
+const PRELOAD_SHARE: f64 = 0.2;
+
 /// The first two groups read back from the files, in thirds of the others: a third, so
 /// that it fits the memory it is read into while the resident groups still hold the arena
 /// ([`sort_groups`]) with room to spare for a partition larger than sampled; then two
@@ -417,13 +425,12 @@ pub struct PassTwo {
 /// While the resident groups are written, none of the arena is free, and the node thread
 /// would then wait for the first group read with the disk idle (50–120 ms in the 4x10^7
 /// benchmark): so the loader reads that group meanwhile into memory of its own when it
-/// holds at most `preload_bytes` (the groups are planned with a small first one,
-/// `FIRST_READ_THIRDS`).
+/// holds at most `PRELOAD_SHARE` of the arena (the groups are planned with a small first
+/// one, `FIRST_READ_THIRDS`).
 pub fn sort_groups<S: SpaceSink + ?Sized>(
     mut groups: GroupFiles,
     first: usize,
     mut arena: BucketArena,
-    preload_bytes: usize,
     pass: &PassTwo,
     out: &mut S,
 ) -> Result<GroupReport, RiverError> {
@@ -434,7 +441,7 @@ pub fn sort_groups<S: SpaceSink + ?Sized>(
     let n = groups.len();
     let rs = groups.record_size;
     assert!(first > 0 || arena.records() == 0, "the arena holds only the records of groups before the first");
-    let preload = if arena.records() > 0 { preload_bytes } else { 0 };
+    let preload = if arena.records() > 0 { (arena.capacity() as f64 * PRELOAD_SHARE) as usize } else { 0 };
     // The arena's memory, once its records are written: borrowed by the halves for as long
     // as the loader runs.
     let mut memory_slot = None;

@@ -78,7 +78,7 @@ const IO_BUFFER_BYTES: usize = 10_000 * RECORD_SIZE;
 /// flat into runs, with an entry per record of a half in bucket order: 0.08 of the arena,
 /// plus one bucket's scratch; and while the resident groups are written, the first group
 /// read back is read into at most 0.2 of the arena beside it, `PRELOAD_SHARE` in
-/// `store.rs`. 1.2 was tried: peak RSS 423 instead of 389 MiB for no measurable gain, see
+/// `distribute.rs`. 1.2 was tried: peak RSS 423 instead of 389 MiB for no measurable gain, see
 /// BENCHMARKS.md.)
 const SORT_OVERHEAD: f64 = 1.32;
 /// Memory kept aside for everything not counted (stacks, control messages, the heap).

@@ -114,8 +114,7 @@ impl Scatter {
 
     /// Bucket `b`'s window.
     fn window_bytes(&mut self, b: usize) -> &mut [u8] {
-        let lines = self.window / stream::LINE;
-        stream::bytes_of(&mut self.lines[b * lines..(b + 1) * lines])
+        stream::window(&mut self.lines, self.window, b)
     }
 
     /// Copies the bytes of bucket `b`'s window that are its own, up to address `to`, to

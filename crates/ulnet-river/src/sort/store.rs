@@ -78,14 +78,6 @@ fn stage_budget(arena_bytes: usize) -> usize {
     (arena_bytes / 16).min(2 << 20)
 }
 
-/// Most memory, as a share of the arena, the second pass may take beside it for the first
-/// group read back while the resident groups are written ([`sort_groups`]): 0.2. The
-/// memory plan keeps 0.32 of the arena for the sort beside it (`SORT_OVERHEAD` in
-/// `node.rs`); of that, while the preloaded group is sorted, the loader may be sorting an
-/// over-size group flat into runs (an entry of 16 bytes per record of a half, 0.08) and
-/// the node thread sorts a bucket (a few hundred kilobytes).
-const PRELOAD_SHARE: f64 = 0.2;
-
 /// Share of the arena the resident groups are planned to fill: the rest is kept for a
 /// partition larger than sampled and each bucket's partly filled last block.
 const RESIDENT_FILL: f64 = 0.9;
@@ -300,8 +292,7 @@ impl RecordStore {
                     }
                 }
                 let pass = PassTwo { io_buffer_bytes, merge_read_bytes, run_prefix: self.spill_prefix.clone() };
-                let preload = (arena.capacity() as f64 * PRELOAD_SHARE) as usize;
-                let mut report = sort_groups(groups, resident, arena, preload, &pass, out)?;
+                let mut report = sort_groups(groups, resident, arena, &pass, out)?;
                 report.groups += resident;
                 report.resident_groups = resident;
                 report.temp_bytes = temp_bytes;

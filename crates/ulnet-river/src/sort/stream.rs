@@ -24,6 +24,13 @@ pub fn bytes_of(lines: &mut [Line]) -> &mut [u8] {
     unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr().cast::<u8>(), len) }
 }
 
+/// Window `i` of `window_bytes` (whole lines) among the windows laid end to end in `lines`
+/// (one per bucket, say).
+pub fn window(lines: &mut [Line], window_bytes: usize, i: usize) -> &mut [u8] {
+    let per = window_bytes / LINE;
+    bytes_of(&mut lines[i * per..(i + 1) * per])
+}
+
 /// Copies `src` to `dst` (as long): the whole lines of `dst` with non-temporal stores, the
 /// bytes before its first line boundary and after its last with ordinary ones (none when
 /// `dst` starts a line and is whole lines long). The non-temporal stores are weakly
