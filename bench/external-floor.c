@@ -18,6 +18,12 @@
 //                         its dirty pages are dropped, not written back.
 //   OUTPUT_SPLIT=1        each worker writes its own output file (OUTPUT.W), to tell the
 //                         disk's pace from contention on one file's inode.
+//   SPARE_BUDGET_MIB=N    the temporary files take at most N MiB (all workers together); the
+//                         rest of pass 1's temporary bytes go through the page cache into the
+//                         tail of the worker's own part of OUTPUT (its preallocated blocks),
+//                         pushed to the disk at once (`sync_file_range`). Pass 2 reads that
+//                         tail first, so the output overwrites it only after it was read; no
+//                         block is freed, so the file system has nothing to discard.
 // Left out, each of which the sort must do: choosing a record's destination, exchanging
 // records between nodes, staging records by key range, and sorting. So the time printed is a
 // floor for any sort with this design here, not a sort.
@@ -62,7 +68,7 @@ static void *aligned(size_t n) {
 }
 
 static long dirty_budget_kib;
-static size_t buffered_bytes;
+static size_t buffered_bytes, spare_total;
 
 // The machine's Dirty + Writeback, in KiB.
 static long dirty_kib(void) {
@@ -96,6 +102,25 @@ static void write_out(int direct, int buffered, const char *src, size_t len, siz
         die("pwrite tail");
 }
 
+// SPARE_ASYNC: a thread of its own starts the spare bytes' writeback, every millisecond.
+struct push {
+    int fd, done;
+    size_t from, to;  // [from, to) written; `from` falls as the worker writes
+};
+
+static void *push(void *arg) {
+    struct push *p = arg;
+    size_t pushed = p->to;
+    for (;;) {
+        int done = __atomic_load_n(&p->done, __ATOMIC_ACQUIRE);
+        size_t from = __atomic_load_n(&p->from, __ATOMIC_ACQUIRE);
+        if (from < pushed && sync_file_range(p->fd, from, pushed - from, SYNC_FILE_RANGE_WRITE)) die("sync_file_range");
+        pushed = from;
+        if (done) return NULL;
+        usleep(1000);
+    }
+}
+
 struct ring {
     pthread_mutex_t lock;
     pthread_cond_t changed;
@@ -103,6 +128,8 @@ struct ring {
     size_t len[RING];
     unsigned filled, emptied;
     int temp, punch;
+    int spare_fd;  // read first: `spare` bytes ending at `spare_end`
+    size_t spare, spare_end;
 };
 
 static void *loader(void *arg) {
@@ -113,6 +140,17 @@ static void *loader(void *arg) {
         pthread_mutex_unlock(&r->lock);
         char *b = r->buf[r->filled % RING];
         size_t got = 0;
+        if (r->spare) {
+            size_t n = r->spare < READ_PIECE ? r->spare : READ_PIECE;
+            if (pread(r->spare_fd, b, n, r->spare_end - r->spare) != (ssize_t)n) die("pread spare");
+            r->spare -= n;
+            pthread_mutex_lock(&r->lock);
+            r->len[r->filled % RING] = n;
+            r->filled++;
+            pthread_cond_broadcast(&r->changed);
+            pthread_mutex_unlock(&r->lock);
+            continue;
+        }
         off_t at = lseek(r->temp, 0, SEEK_CUR);
         for (ssize_t n; got < READ_PIECE && (n = read(r->temp, b + got, READ_PIECE - got)) > 0;) got += n;
         if (got && r->punch && fallocate(r->temp, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, at, got)) die("punch");
@@ -139,7 +177,15 @@ static void *worker(void *arg) {
     int in = open(input_path, O_RDONLY), temp = open(temp_path, O_RDWR | O_CREAT | O_TRUNC, 0600);
     if (in < 0 || temp < 0) die("open");
 
-    size_t kept = 0;
+    size_t kept = 0, spare = 0, temp_bytes = 0;
+    struct push pusher = {.fd = -1, .from = hi, .to = hi};
+    pthread_t push_thread;
+    size_t spare_budget = getenv("SPARE_BUDGET_MIB") ? ((size_t)atol(getenv("SPARE_BUDGET_MIB")) << 20) / workers : (size_t)-1;
+    int spare_fd = spare_budget != (size_t)-1 ? open(output_path, O_RDWR) : -1;
+    if (spare_fd >= 0 && getenv("SPARE_ASYNC")) {
+        pusher.fd = spare_fd;
+        pthread_create(&push_thread, NULL, push, &pusher);
+    }
     int temp_direct = getenv("TEMP_DIRECT") ? open(temp_path, O_WRONLY | O_DIRECT) : -1;
     char *stage = temp_direct >= 0 ? aligned(READ_PIECE + 4096) : NULL;
     size_t staged = 0, temp_off = 0;
@@ -157,7 +203,24 @@ static void *worker(void *arg) {
             temp_off += whole;
             memmove(stage, stage + whole, staged - whole);
             staged -= whole;
+        } else if ((getenv("SPARE_FIRST") ? len - resident_len > spare_budget + spare + (n - keep) && spare_fd >= 0
+                                           : temp_bytes + (n - keep) > spare_budget) &&
+                   ((n - keep) & ~(size_t)4095)) {
+            // Into the tail of this worker's output, from its end backwards, in 4 KiB
+            // multiples (the output is written with O_DIRECT); the rest to the file.
+            size_t m = (n - keep) & ~(size_t)4095;
+            spare += m;
+            for (size_t done = 0; done < m;) {  // in the same 64 KiB writes as the files
+                size_t k = m - done < WRITE_PIECE ? m - done : WRITE_PIECE;
+                if (pwrite(spare_fd, piece + keep + done, k, hi - spare + done) != (ssize_t)k) die("pwrite spare");
+                done += k;
+            }
+            if (!getenv("SPARE_ASYNC") && sync_file_range(spare_fd, hi - spare, m, SYNC_FILE_RANGE_WRITE))
+                die("sync_file_range");
+            __atomic_store_n(&pusher.from, hi - spare, __ATOMIC_RELEASE);
+            if (write(temp, piece + keep + m, n - keep - m) != (ssize_t)(n - keep - m)) die("write temp");
         } else {
+            temp_bytes += n - keep;
             for (size_t done = keep; done < n;) {
                 size_t m = n - done < WRITE_PIECE ? n - done : WRITE_PIECE;
                 if (write(temp, piece + done, m) != (ssize_t)m) die("write temp");
@@ -174,6 +237,11 @@ static void *worker(void *arg) {
         close(temp);
         temp = rd;
     }
+    if (pusher.fd >= 0) {
+        __atomic_store_n(&pusher.done, 1, __ATOMIC_RELEASE);
+        pthread_join(push_thread, NULL);
+    }
+    __atomic_add_fetch(&spare_total, spare, __ATOMIC_RELAXED);
     pass1_end[w] = now();
     pthread_barrier_wait(&between_passes);
 
@@ -189,7 +257,12 @@ static void *worker(void *arg) {
     }
     int direct = open(opath, O_WRONLY | O_DIRECT), buffered = open(opath, O_WRONLY);
     if (direct < 0 || buffered < 0) die("open output");
-    struct ring r = {.lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER, .temp = temp, .punch = getenv("PUNCH") != NULL};
+    struct ring r = {.lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER, .temp = temp, .punch = getenv("PUNCH") != NULL,
+                     .spare_fd = spare_fd, .spare = spare, .spare_end = hi};
+    if (spare && 2 * spare > len - kept) {
+        fprintf(stderr, "worker %d: the spare bytes (%zu) would be overwritten before they are read\n", w, spare);
+        exit(1);
+    }
     for (int i = 0; i < RING; i++) r.buf[i] = aligned(READ_PIECE);
     if (lseek(temp, 0, SEEK_SET) != 0) die("lseek");
     pthread_t load;
@@ -216,6 +289,7 @@ static void *worker(void *arg) {
     }
     unlink(temp_path);
     close(temp), close(in), close(direct), close(buffered);
+    if (spare_fd >= 0) close(spare_fd);
     return NULL;
 }
 
@@ -247,9 +321,9 @@ int main(int argc, char **argv) {
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     printf("{\"total_s\": %.3f, \"pass1_s\": %.3f, \"pass2_s\": %.3f, \"user_s\": %.2f, \"sys_s\": %.2f, "
-           "\"buffered_bytes\": %zu, \"max_rss_kib\": %ld, \"resident_bytes\": %zu, \"temp_bytes\": %zu}\n",
+           "\"buffered_bytes\": %zu, \"spare_bytes\": %zu, \"max_rss_kib\": %ld, \"resident_bytes\": %zu, \"temp_bytes\": %zu}\n",
            end - started, pass1, end - started - pass1, ru.ru_utime.tv_sec + ru.ru_utime.tv_usec * 1e-6,
-           ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6, buffered_bytes, ru.ru_maxrss, resident_total < input_len ? resident_total : input_len,
+           ru.ru_stime.tv_sec + ru.ru_stime.tv_usec * 1e-6, buffered_bytes, spare_total, ru.ru_maxrss, resident_total < input_len ? resident_total : input_len,
            resident_total < input_len ? input_len - resident_total : 0);
     return 0;
 }

@@ -28,10 +28,15 @@
 //! are the arena's memory, faulted in before or during the first pass: on a virtual
 //! machine that returns freed memory to its host, new memory costs a host fault per page,
 //! reused memory does not.
+//!
+//! Group bytes past what the page cache holds without writing back go into the output's
+//! own blocks instead of the files, where the second pass reads them before the output
+//! overwrites them (the `spare` module says why and where).
 
 use super::bucket::{copy_record, write_gathered, BucketArena, KeyBuckets};
 use super::radix::{entry, key, sort_entries};
 use super::scatter::Scatter;
+use super::spare::{Chunk, SpareCells, SpareRoom};
 use super::store::{emit_sorted, merge_runs, Run};
 use crate::error::RiverError;
 use crate::flow::{Sink, SpaceSink};
@@ -40,6 +45,7 @@ use crate::DiskSink;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::ops::Range;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -147,6 +153,8 @@ pub struct GroupFiles {
     bucket_counts: Vec<u64>,
     records: Vec<u64>,
     record_size: usize,
+    /// Where group bytes past the page cache's share go: the output's blocks.
+    spare: Option<SpareCells>,
 }
 
 impl GroupFiles {
@@ -182,6 +190,7 @@ impl GroupFiles {
             group_of,
             stage_bytes,
             record_size,
+            spare: None,
         };
         for i in 0..g.ranges.len() {
             let file = g.new_segment(i)?;
@@ -263,17 +272,94 @@ impl GroupFiles {
 
     /// Writes group `g`'s staged records (to a new file if its last is full).
     fn write_stage(&mut self, g: usize) -> Result<(), RiverError> {
+        let staged = &self.stages[g][..self.staged[g]];
+        if let Some(spare) = &mut self.spare {
+            let placed = spare
+                .try_write(g, staged)
+                .map_err(|e| RiverError::io(format!("writing group {g}'s bytes into the output"), e))?;
+            if placed {
+                self.staged[g] = 0;
+                return Ok(());
+            }
+        }
+        let stage = std::mem::take(&mut self.stages[g]);
+        let appended = self.append(g, &stage[..self.staged[g]]);
+        self.stages[g] = stage;
+        self.staged[g] = 0;
+        appended
+    }
+
+    /// Appends `bytes` to group `g`'s file (to a new one if its last is full).
+    fn append(&mut self, g: usize, bytes: &[u8]) -> Result<(), RiverError> {
         if self.segment_bytes[g] >= self.segment_max {
             self.files[g] = self.new_segment(g)?;
             self.segment_bytes[g] = 0;
         }
         let path = self.segments[g].last().expect("a group has a file");
         self.files[g]
-            .write_all(&self.stages[g][..self.staged[g]])
+            .write_all(bytes)
             .map_err(|e| RiverError::io(format!("appending to group {}", path.display()), e))?;
-        self.segment_bytes[g] += self.staged[g] as u64;
-        self.staged[g] = 0;
+        self.segment_bytes[g] += bytes.len() as u64;
+        if let Some(spare) = &mut self.spare {
+            spare.file_written(bytes.len());
+        }
         Ok(())
+    }
+
+    /// Puts group bytes past `room.files_budget` into the output's blocks from now on
+    /// (the groups from `first` on: the resident ones are read back before any), until
+    /// [`GroupFiles::settle_spare`].
+    pub fn use_spare(&mut self, room: SpareRoom, first: usize) {
+        assert!(self.spare.is_none(), "spare room is given once");
+        let cells = SpareCells::new(room, &self.ranges, self.buckets.len(), self.stage_bytes, first);
+        self.spare = Some(cells);
+    }
+
+    /// Once every partition's size is known, before the output is written: takes no more
+    /// bytes into the output, and moves those the output would overwrite before their
+    /// group is read (sampling misjudged where it starts) into the group's file. This
+    /// node's part of the output is `part`, in which `before` bytes (the records kept in
+    /// memory) come before the groups' records. Returns the bytes moved.
+    pub fn settle_spare(&mut self, part: Range<u64>, before: u64) -> Result<u64, RiverError> {
+        let Some(spare) = &mut self.spare else { return Ok(0) };
+        let rs = self.record_size as u64;
+        let mut starts = Vec::with_capacity(self.records.len());
+        let mut at = part.start + before;
+        for &r in &self.records {
+            starts.push(at);
+            at += r * rs;
+        }
+        let moved = spare.settle(&starts, part.end);
+        let mut bytes = 0u64;
+        let mut buffer = Vec::new();
+        for (g, chunk) in moved {
+            buffer.resize(chunk.len, 0);
+            self.spare
+                .as_ref()
+                .expect("settled above")
+                .file()
+                .read_exact_at(&mut buffer, chunk.at)
+                .map_err(|e| RiverError::io(format!("reading group {g}'s bytes back from the output"), e))?;
+            self.append(g, &buffer)?;
+            bytes += chunk.len as u64;
+        }
+        if bytes > 0 {
+            tracing::info!(bytes, "group bytes moved out of the output: their group starts earlier than sampled");
+        }
+        Ok(bytes)
+    }
+
+    /// Bytes of the groups in the output's blocks.
+    pub fn spare_bytes(&self) -> u64 {
+        self.spare.as_ref().map_or(0, SpareCells::bytes)
+    }
+
+    fn reader(&self, g: usize) -> GroupReader<'_> {
+        let (chunks, file) = match &self.spare {
+            Some(s) => (s.chunks(g), Some(s.file())),
+            None => (&[][..], None),
+        };
+        GroupReader { paths: &self.segments[g], next: 0, file: None, chunks, spare: file, chunk_read: 0 }
     }
 
     /// Writes what is staged and frees the staging buffers.
@@ -305,7 +391,7 @@ impl GroupFiles {
     ) -> Result<(), RiverError> {
         let rs = self.record_size;
         let read_err = |e| self.read_error(g, e);
-        let mut file = GroupReader::new(&self.segments[g]);
+        let mut file = self.reader(g);
         let bytes = self.records[g] as usize * rs;
         let room = (buffer.len() / rs).max(1) * rs;
         assert!(buffer.len() >= rs, "a buffer holds a record");
@@ -339,17 +425,15 @@ impl Drop for GroupFiles {
 }
 
 /// Reads a group's files one after another as one stream, removing each once read to its
-/// end (so that its page cache is freed then).
+/// end (so that its page cache is freed then), then its chunks in the output.
 struct GroupReader<'a> {
     paths: &'a [PathBuf],
     next: usize,
     file: Option<File>,
-}
-
-impl<'a> GroupReader<'a> {
-    fn new(paths: &'a [PathBuf]) -> Self {
-        GroupReader { paths, next: 0, file: None }
-    }
+    chunks: &'a [Chunk],
+    spare: Option<&'a File>,
+    /// Bytes of the first of `chunks` read.
+    chunk_read: usize,
 }
 
 impl Read for GroupReader<'_> {
@@ -359,7 +443,7 @@ impl Read for GroupReader<'_> {
                 Some(f) => f,
                 None => match self.paths.get(self.next) {
                     Some(p) => self.file.insert(File::open(p)?),
-                    None => return Ok(0),
+                    None => return self.read_chunk(buf),
                 },
             };
             let n = file.read(buf)?;
@@ -370,6 +454,23 @@ impl Read for GroupReader<'_> {
             let _ = std::fs::remove_file(&self.paths[self.next]);
             self.next += 1;
         }
+    }
+}
+
+impl GroupReader<'_> {
+    fn read_chunk(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let (Some(c), Some(spare)) = (self.chunks.first(), self.spare) else { return Ok(0) };
+        let n = (c.len - self.chunk_read).min(buf.len());
+        let n = spare.read_at(&mut buf[..n], c.at + self.chunk_read as u64)?;
+        if n == 0 && !buf.is_empty() {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the output is shorter than a chunk"));
+        }
+        self.chunk_read += n;
+        if self.chunk_read == c.len {
+            self.chunks = &self.chunks[1..];
+            self.chunk_read = 0;
+        }
+        Ok(n)
     }
 }
 
@@ -388,7 +489,7 @@ pub struct GroupReport {
     /// Whether the first group read back was read into memory of its own while the
     /// resident groups were written ([`sort_groups`]).
     pub preloaded: bool,
-    /// Bytes written to the group files.
+    /// Bytes written to the group files (and to the output's blocks, [`GroupFiles::use_spare`]).
     pub temp_bytes: u64,
 }
 
@@ -434,6 +535,7 @@ pub fn sort_groups<S: SpaceSink + ?Sized>(
     pass: &PassTwo,
     out: &mut S,
 ) -> Result<GroupReport, RiverError> {
+    assert!(groups.spare.as_ref().is_none_or(|s| !s.is_open()), "the output's cells are settled before it is written");
     groups.flush()?;
     // Nothing more is written: closed now, each file is freed (its page cache dropped, its
     // blocks released) when the loader removes it after reading it, not all at the end.
@@ -525,7 +627,7 @@ fn load_groups<'m>(
     let mut scatter = Scatter::default();
     for g in first..groups.len() {
         let read_err = |e| groups.read_error(g, e);
-        let mut file = GroupReader::new(&groups.segments[g]);
+        let mut file = groups.reader(g);
         let bytes = groups.records[g] as usize * rs;
         let msg = if g == first && bytes <= preload_bytes {
             let mut own = vec![0u8; bytes];
@@ -812,7 +914,7 @@ mod tests {
         let mut piece = vec![0u8; 3 * 100];
         for (g, range) in ranges.iter().enumerate() {
             let mut half = vec![0u8; groups.records()[g] as usize * 100];
-            let mut file = GroupReader::new(&groups.segments[g]);
+            let mut file = groups.reader(g);
             let starts = read_bucketed(&mut file, &groups, g, &mut half, &mut piece, &mut Scatter::default(), |e| {
                 RiverError::io("test", e)
             })
@@ -837,13 +939,63 @@ mod tests {
         groups.bucket_counts[full] -= 1;
         groups.bucket_counts[(full + 1) % (n / 3)] += 1;
         let mut half = vec![0u8; groups.records()[0] as usize * 100];
-        let mut file = GroupReader::new(&groups.segments[0]);
+        let mut file = groups.reader(0);
         let r = read_bucketed(&mut file, &groups, 0, &mut half, &mut piece, &mut Scatter::default(), |e| {
             RiverError::io("test", e)
         });
         assert!(matches!(r, Err(RiverError::Io { .. })), "{r:?}");
         drop(groups);
         assert_eq!(files_left(), 0, "dropping the groups removes their files");
+    }
+
+    #[test]
+    fn group_bytes_in_the_output_are_read_back_and_those_it_would_overwrite_first_move_to_the_files() {
+        let data = records(20_000, 7);
+        let samples: Vec<u128> = data.chunks(100).step_by(29).enumerate().map(|(i, r)| entry(r, i as u64)).collect();
+        let buckets = Arc::new(KeyBuckets::from_samples(0, u128::MAX, &samples, 4, 64));
+        let n = buckets.len();
+        let ranges = vec![0..n / 3, n / 3..2 * n / 3, 2 * n / 3..n];
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let file = File::options().create(true).truncate(true).read(true).write(true).open(&out).unwrap();
+        file.set_len(3_000_000).unwrap();
+        let mut groups =
+            GroupFiles::create(&dir.path().join("spill"), buckets.clone(), ranges.clone(), 100, 1400).unwrap();
+        // Expected at 0..2 MB; every byte past the files' budget (none) goes to the cells.
+        groups.use_spare(SpareRoom { file: Arc::new(file), part: 0..2_000_000, files_budget: 0 }, 0);
+        for r in data.chunks(100) {
+            groups.push(r).unwrap();
+        }
+        let in_cells = groups.spare_bytes();
+        assert!(in_cells > 50_000, "{in_cells}");
+        // The node's part turns out to start 0.5 MB in (as if that much stayed in memory):
+        // every group starts later than expected, so its lowest cells would be overwritten
+        // before it is read, and move to its file.
+        let moved = groups.settle_spare(0..2_500_000, 500_000).unwrap();
+        assert!(moved > 0 && moved < in_cells, "{moved} of {in_cells}");
+        assert_eq!(groups.spare_bytes() + moved, in_cells);
+        let mut start = 500_000;
+        for g in 0..ranges.len() {
+            let spare = groups.spare.as_ref().unwrap();
+            assert!(spare.chunks(g).iter().all(|c| c.at >= start), "group {g}");
+            start += groups.records()[g] * 100;
+        }
+        groups.flush().unwrap();
+        for (g, range) in ranges.iter().enumerate() {
+            let mut back = Vec::new();
+            groups
+                .drain(g, &mut [0u8; 300], |piece| {
+                    back.extend_from_slice(piece);
+                    Ok(())
+                })
+                .unwrap();
+            let mut got: Vec<&[u8]> = back.chunks(100).collect();
+            let mut want: Vec<&[u8]> =
+                data.chunks(100).filter(|r| range.contains(&buckets.bucket_of(key(r)))).collect();
+            got.sort();
+            want.sort();
+            assert_eq!(got, want, "group {g}");
+        }
     }
 
     #[test]

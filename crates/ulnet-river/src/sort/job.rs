@@ -66,6 +66,10 @@ pub struct SortJob {
     /// Pause after each output buffer handed to the writer, in ms (for failure tests:
     /// kills a node while it writes).
     pub write_delay_ms: u64,
+    /// External mode: bytes of group files a node leaves in the page cache before the rest
+    /// goes into the output's blocks (`None`: its share of the kernel's background
+    /// writeback threshold, [`super::spare::files_budget`]).
+    pub files_budget: Option<u64>,
     /// How the output is written.
     pub output_io: OutputIo,
 }
@@ -169,9 +173,14 @@ pub struct NodeReport {
     /// mode).
     #[serde(default)]
     pub resident_groups: usize,
-    /// Bytes written to temporary group files (external mode).
+    /// Bytes the first pass set aside for the second (external mode): the group files', and
+    /// the output's own blocks' (`spare_bytes` of them).
     #[serde(default)]
     pub temp_bytes: u64,
+    /// External mode: bytes of those kept in the output's own blocks instead of group
+    /// files (`spare`) and read back from there.
+    #[serde(default)]
+    pub spare_bytes: u64,
     /// How its partition was written: "direct" or "buffered".
     #[serde(default)]
     pub output_io: String,

@@ -12,6 +12,8 @@
 //! * [`bucket`]: records kept in key-range buckets as they arrive, sorted one bucket at a time.
 //! * [`store`]: the node's records, in memory or spilled to key-range groups; merging runs.
 //! * [`distribute`]: external mode's group files and the group-by-group second pass.
+//! * [`spare`]: group bytes past the page cache's share kept in the output's own blocks;
+//!   `writeback` pushes them to the disk as they are written.
 //! * [`launch`]: rank and size from Slurm's and MPI launchers' environments.
 //! * [`usage`]: CPU time, faults and context switches of a node, for its report.
 
@@ -23,9 +25,11 @@ pub mod launch;
 pub mod node;
 pub mod radix;
 mod scatter;
+pub mod spare;
 pub mod store;
 mod stream;
 pub mod usage;
+mod writeback;
 
 pub use job::{FormatChoice, NodeReport, OutputIo, SortJob, SortReport};
 pub use node::{run_node, NodePlace, Phase};

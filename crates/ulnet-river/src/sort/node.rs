@@ -20,6 +20,7 @@ use super::bucket::{KeyBuckets, BLOCK_BYTES};
 use super::claims::{Chunks, Dispenser, NO_CHUNK};
 use super::job::{FormatChoice, NodeReport, OutputIo, SortJob, SortReport};
 use super::radix::entry;
+use super::spare::{self, SpareRoom};
 use super::store::RecordStore;
 use super::usage::Usage;
 use crate::direct::{preallocate, DirectSink, BLOCK};
@@ -46,6 +47,7 @@ const TAG_DONE: u32 = 4;
 const TAG_COMMIT: u32 = 5;
 const TAG_CLAIM: u32 = 6;
 const TAG_CHUNK: u32 = 7;
+const TAG_SETTLED: u32 = 8;
 
 /// Places each node samples its slice at. 1,024: with 4 nodes the splitters land within
 /// about 1.5% of the ideal quantiles, for a millisecond of page reads.
@@ -609,7 +611,14 @@ pub fn run_node(
         }
     };
     let river = River::new(ep, rank, peers, store, river_config, Some(bell.clone()));
-    let ctx = NodeContext { job, river: &river, rank, size, total, inline_io, direct_output };
+    // Group bytes past the page cache's share go into the output's blocks when every node
+    // writes its part of one preallocated output directly.
+    let files_budget = if plan.arena_bytes.is_some() && direct_output && !job.partitioned {
+        job.files_budget.or_else(|| spare::files_budget(nodes_here))
+    } else {
+        None
+    };
+    let ctx = NodeContext { job, river: &river, rank, size, total, inline_io, direct_output, files_budget };
     let times = (launched, connected);
     let result = node_body(&ctx, sampled, &bell, &write_pool, &plan, times, progress);
     match result {
@@ -644,6 +653,9 @@ struct NodeContext<'a> {
     inline_io: bool,
     /// The output is written with direct I/O ([`DirectSink`]).
     direct_output: bool,
+    /// External mode with one preallocated output: bytes of group files before the rest
+    /// goes into the output ([`spare`]).
+    files_budget: Option<u64>,
 }
 
 fn node_body(
@@ -655,7 +667,7 @@ fn node_body(
     (launched_s, connected_s): (f64, f64),
     progress: &mut dyn FnMut(Phase, u64),
 ) -> Result<Option<SortReport>, RiverError> {
-    let NodeContext { job, river, rank, size, total, inline_io, direct_output } = *ctx;
+    let NodeContext { job, river, rank, size, total, inline_io, direct_output, files_budget } = *ctx;
     let since_start = || (now_ns().saturating_sub(job.start_unix_ns)) as f64 / 1e9;
     let input_err = |e: std::io::Error| RiverError::io(format!("reading {}", job.input.display()), e);
 
@@ -707,7 +719,30 @@ fn node_body(
     };
     let (low, high) = range_of(&splitters, rank);
     let buckets = KeyBuckets::from_samples(low, high, &mine, SAMPLES_PER_BUCKET, plan.max_buckets);
-    river.with_store(|s| s.set_buckets(Arc::new(buckets))).expect("the store is in the river")?;
+    let spare_room = match files_budget {
+        // Node 0 made the output before sending the splitters.
+        Some(files_budget) => {
+            let path = job.partial_output();
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(|e| RiverError::io(format!("opening {}", path.display()), e))?;
+            // Sampled splitters give each node about an equal share.
+            let part = total * rank as u64 / size as u64 * RECORD_SIZE as u64
+                ..total * (rank as u64 + 1) / size as u64 * RECORD_SIZE as u64;
+            Some(SpareRoom { file: Arc::new(file), part, files_budget })
+        }
+        None => None,
+    };
+    river
+        .with_store(|s| {
+            if let Some(room) = spare_room {
+                s.set_spare(room);
+            }
+            s.set_buckets(Arc::new(buckets))
+        })
+        .expect("the store is in the river")?;
     let t_ready = since_start();
 
     // Read and distribute.
@@ -759,7 +794,7 @@ fn node_body(
     let t_read_own = since_start();
     river.run_dry()?;
     let t_dry = since_start();
-    let store = river.take_store().expect("the store is taken once");
+    let mut store = river.take_store().expect("the store is taken once");
     let my_records = store.records();
     let spills = store.spills();
     let spill_s = store.spill_time().as_secs_f64();
@@ -769,7 +804,7 @@ fn node_body(
     for j in (0..size).filter(|&j| j != rank) {
         river.send_control(j, TAG_COUNT, &my_records.to_le_bytes())?;
     }
-    let mut locate = || -> Result<(Arc<File>, PathBuf, u64), RiverError> {
+    let receive_counts = || -> Result<Vec<u64>, RiverError> {
         let mut counts = vec![0u64; size];
         counts[rank] = my_records;
         for (j, count) in counts.iter_mut().enumerate().filter(|&(j, _)| j != rank) {
@@ -786,6 +821,32 @@ fn node_body(
                 reason: format!("partitions hold {} records, the input {total}", counts.iter().sum::<u64>()),
             });
         }
+        Ok(counts)
+    };
+    // Group bytes in the output: those it would overwrite before their group is read
+    // move to the group files, in every node before any node writes (each node's part is
+    // known only now, and another node's bytes may lie in it).
+    let mut known_counts = None;
+    let mut spare_bytes = 0;
+    if files_budget.is_some() {
+        let counts = receive_counts()?;
+        let start = counts[..rank].iter().sum::<u64>() * RECORD_SIZE as u64;
+        spare_bytes = store.spare_bytes();
+        let moved = store.settle_spare(start..start + my_records * RECORD_SIZE as u64)?;
+        spare_bytes -= moved;
+        for j in (0..size).filter(|&j| j != rank) {
+            river.send_control(j, TAG_SETTLED, b"")?;
+        }
+        for j in (0..size).filter(|&j| j != rank) {
+            river.recv_control(Some(j), TAG_SETTLED, STEP_TIMEOUT)?;
+        }
+        known_counts = Some(counts);
+    }
+    let mut locate = || -> Result<(Arc<File>, PathBuf, u64), RiverError> {
+        let counts = match known_counts.take() {
+            Some(c) => c,
+            None => receive_counts()?,
+        };
         let (file, path, offset) = if job.partitioned {
             let path = job.partial_partition_file(rank);
             let f = if direct_output {
@@ -859,6 +920,7 @@ fn node_body(
         runs: groups.runs,
         resident_groups: groups.resident_groups,
         temp_bytes: groups.temp_bytes,
+        spare_bytes,
         output_io,
         spill_s,
         records_sent: counters.records_sent,

@@ -11,6 +11,7 @@
 use super::bucket::{copy_record, write_gathered, BucketArena, KeyBuckets, BLOCK_BYTES};
 use super::distribute::{plan_groups, sort_groups, GroupFiles, GroupReport, PassTwo};
 use super::radix::{entry, key};
+use super::spare::SpareRoom;
 use crate::disk::DiskSource;
 use crate::error::RiverError;
 use crate::flow::{Sink, Source, SpaceSink};
@@ -57,6 +58,8 @@ pub struct RecordStore {
     /// the arena instead (this many groups; 0 once they outgrew it).
     resident: usize,
     spill_prefix: PathBuf,
+    /// Room in the output for group bytes past the page cache's share, once given.
+    spare: Option<SpareRoom>,
     spill_time: Duration,
     spills: usize,
     records: u64,
@@ -124,6 +127,7 @@ impl RecordStore {
             groups: None,
             resident: 0,
             spill_prefix,
+            spare: None,
             spill_time: Duration::ZERO,
             spills: 0,
             records: 0,
@@ -147,13 +151,12 @@ impl RecordStore {
                     // the resident groups' to the arena. Filling the arena with records of
                     // every group first would copy them all once more when it spills, and
                     // write the resident groups' share of them to files, to read back.
-                    self.groups = Some(GroupFiles::create(
-                        &self.spill_prefix,
-                        buckets.clone(),
-                        self.group_ranges.clone(),
-                        rs,
-                        stages,
-                    )?);
+                    let mut groups =
+                        GroupFiles::create(&self.spill_prefix, buckets.clone(), self.group_ranges.clone(), rs, stages)?;
+                    if let Some(room) = self.spare.take() {
+                        groups.use_spare(room, self.resident_planned);
+                    }
+                    self.groups = Some(groups);
                     self.resident = self.resident_planned;
                     // All of the arena is used (by the resident groups, then as the second
                     // pass's halves): fault it in at once, while the memory the kernel
@@ -169,6 +172,31 @@ impl RecordStore {
         let early = std::mem::take(&mut self.early);
         self.records -= (early.len() / rs) as u64;
         self.sink_records(&early)
+    }
+
+    /// Gives the store room in the output ([`super::spare`]) for the group bytes past
+    /// `room.files_budget`, should it spill; before its buckets are set.
+    pub fn set_spare(&mut self, room: SpareRoom) {
+        assert!(self.groups.is_none(), "room is given before the groups exist");
+        self.spare = Some(room);
+    }
+
+    /// Once every partition's size is known and before any node writes the output (this
+    /// node's part of it is `part`): moves the group bytes in the output that it would
+    /// overwrite before their group is read into the group files, and takes no more
+    /// there. Returns the bytes moved.
+    pub fn settle_spare(&mut self, part: Range<u64>) -> Result<u64, RiverError> {
+        self.spare = None;
+        let before = self.arena.as_ref().map_or(0, |a| a.records() * self.record_size as u64);
+        match self.groups.as_mut() {
+            Some(groups) => groups.settle_spare(part, before),
+            None => Ok(0),
+        }
+    }
+
+    /// Bytes of group records in the output's blocks ([`RecordStore::set_spare`]).
+    pub fn spare_bytes(&self) -> u64 {
+        self.groups.as_ref().map_or(0, GroupFiles::spare_bytes)
     }
 
     /// Records taken in.
@@ -208,13 +236,19 @@ impl RecordStore {
         let first_spill = self.groups.is_none();
         let mut groups = match self.groups.take() {
             Some(g) => g,
-            None => GroupFiles::create(
-                &self.spill_prefix,
-                buckets.clone(),
-                self.group_ranges.clone(),
-                self.record_size,
-                stage_budget(arena_bytes),
-            )?,
+            None => {
+                let mut groups = GroupFiles::create(
+                    &self.spill_prefix,
+                    buckets.clone(),
+                    self.group_ranges.clone(),
+                    self.record_size,
+                    stage_budget(arena_bytes),
+                )?;
+                if let Some(room) = self.spare.take() {
+                    groups.use_spare(room, self.resident_planned);
+                }
+                groups
+            }
         };
         let moved = move_to_files(&mut arena, &mut groups);
         self.groups = Some(groups);

@@ -112,6 +112,11 @@ pub struct SortArgs {
     /// Pause after each output buffer (ms): keeps a node writing long enough to kill it.
     #[arg(long, hide = true, default_value_t = 0)]
     debug_write_delay_ms: u64,
+    /// External mode: bytes of group files each node leaves in the page cache before the
+    /// rest goes into the output's blocks (default: its share of the kernel's background
+    /// writeback threshold). For tests of that path on small inputs.
+    #[arg(long, hide = true)]
+    debug_files_budget: Option<u64>,
     /// How the output is written: auto (direct in external mode, buffered in memory
     /// mode), buffered (page cache), direct (O_DIRECT into a preallocated file, whole
     /// blocks; falls back to buffered where the file system refuses it).
@@ -206,6 +211,7 @@ fn job_of(a: &SortArgs, job: String, nodes: usize, t0: u128) -> SortJob {
         read_delay_ms: a.debug_read_delay_ms,
         slow_node: a.debug_slow_node,
         write_delay_ms: a.debug_write_delay_ms,
+        files_budget: a.debug_files_budget,
         output_io: match a.output_io {
             OutputIoArg::Auto => OutputIo::Auto,
             OutputIoArg::Buffered => OutputIo::Buffered,
@@ -432,6 +438,9 @@ fn node_args(a: &SortArgs, job: &str, rank: usize, size: usize, t0: u128) -> Vec
     }
     if let Some(r) = a.debug_slow_node {
         v.extend(["--debug-slow-node".into(), r.to_string()]);
+    }
+    if let Some(b) = a.debug_files_budget {
+        v.extend(["--debug-files-budget".into(), b.to_string()]);
     }
     v
 }
