@@ -5,10 +5,16 @@
 // Each of WORKERS threads (default 2, one per core) takes its slice of INPUT.
 //   Pass 1: `pread` in 4 MiB pieces; of each piece, the resident share (RESIDENT_MIB over the
 //   input) is copied into memory faulted in beforehand, the rest written straight from the
-//   read buffer to the worker's temporary file in 64 KiB `write`s (the sort's piece size).
+//   read buffer to the worker's temporary file in 64 KiB `write`s (the sort's piece size),
+//   until the temporary files hold the sort's share of the kernel's background threshold for
+//   dirty data (0.8 of it, less what is dirty; `spare.rs`). The rest goes, in the same
+//   writes, through the page cache into the tail of the worker's own part of OUTPUT (its
+//   preallocated blocks, which are never freed, so the file system has nothing to discard),
+//   and a thread of its own starts its writeback every millisecond (`sync_file_range`).
 //   Pass 2: the resident bytes are written to OUTPUT with O_DIRECT in 1 MiB writes while a
-//   loader thread reads the temporary file back in 4 MiB pieces; the writer then writes those
-//   too, and the file is removed once read.
+//   loader thread reads the bytes in OUTPUT's tail, then the temporary file, back in 4 MiB
+//   pieces; the writer then writes those too (reaching the tail only after it was read), and
+//   the file is removed once read.
 // Variants, each a design the sort could take instead (BENCHMARKS.md, issue 8, 03:00 UTC):
 //   TEMP_DIRECT=1         temporary files written and read back with O_DIRECT (the disk takes
 //                         them during pass 1, and the page cache is left to the output).
@@ -18,12 +24,11 @@
 //                         its dirty pages are dropped, not written back.
 //   OUTPUT_SPLIT=1        each worker writes its own output file (OUTPUT.W), to tell the
 //                         disk's pace from contention on one file's inode.
-//   SPARE_BUDGET_MIB=N    the temporary files take at most N MiB (all workers together); the
-//                         rest of pass 1's temporary bytes go through the page cache into the
-//                         tail of the worker's own part of OUTPUT (its preallocated blocks),
-//                         pushed to the disk at once (`sync_file_range`). Pass 2 reads that
-//                         tail first, so the output overwrites it only after it was read; no
-//                         block is freed, so the file system has nothing to discard.
+//   SPARE_BUDGET_MIB=N    the temporary files take at most N MiB (all workers together)
+//                         before the rest goes to OUTPUT's tail; NO_SPARE=1: none goes there
+//                         (all temporary bytes to the files: the sort's design before 4ac455c).
+//   SPARE_INLINE=1        each worker starts the writeback of what it wrote there itself.
+//   SPARE_FIRST=1         the first temporary bytes go to OUTPUT's tail, the rest to the files.
 // Left out, each of which the sort must do: choosing a record's destination, exchanging
 // records between nodes, staging records by key range, and sorting. So the time printed is a
 // floor for any sort with this design here, not a sort.
@@ -102,7 +107,28 @@ static void write_out(int direct, int buffered, const char *src, size_t len, siz
         die("pwrite tail");
 }
 
-// SPARE_ASYNC: a thread of its own starts the spare bytes' writeback, every millisecond.
+// The machine's share for the temporary files (as `files_budget` in spare.rs): 0.8 of the
+// kernel's background threshold for dirty data, less what is dirty now, in bytes.
+static size_t files_budget(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) die("/proc/meminfo");
+    char line[256];
+    long v, free_kib = 0, file_kib = 0, dirty_kib = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "MemFree: %ld", &v) == 1) free_kib = v;
+        if (sscanf(line, "Active(file): %ld", &v) == 1 || sscanf(line, "Inactive(file): %ld", &v) == 1) file_kib += v;
+        if (sscanf(line, "Dirty: %ld", &v) == 1) dirty_kib = v;
+    }
+    fclose(f);
+    long ratio = 10, bytes = 0;
+    if ((f = fopen("/proc/sys/vm/dirty_background_bytes", "r"))) { if (fscanf(f, "%ld", &bytes) != 1) bytes = 0; fclose(f); }
+    if ((f = fopen("/proc/sys/vm/dirty_background_ratio", "r"))) { if (fscanf(f, "%ld", &ratio) != 1) ratio = 10; fclose(f); }
+    double threshold = bytes ? (double)bytes : (double)(free_kib + file_kib) * 1024 * ratio / 100;
+    double room = threshold - (double)dirty_kib * 1024;
+    return room > 0 ? (size_t)(room * 0.8) : 0;
+}
+
+// A thread of its own starts the spare bytes' writeback, every millisecond.
 struct push {
     int fd, done;
     size_t from, to;  // [from, to) written; `from` falls as the worker writes
@@ -180,9 +206,11 @@ static void *worker(void *arg) {
     size_t kept = 0, spare = 0, temp_bytes = 0;
     struct push pusher = {.fd = -1, .from = hi, .to = hi};
     pthread_t push_thread;
-    size_t spare_budget = getenv("SPARE_BUDGET_MIB") ? ((size_t)atol(getenv("SPARE_BUDGET_MIB")) << 20) / workers : (size_t)-1;
+    size_t spare_budget = getenv("NO_SPARE")           ? (size_t)-1
+                          : getenv("SPARE_BUDGET_MIB") ? ((size_t)atol(getenv("SPARE_BUDGET_MIB")) << 20) / workers
+                                                       : files_budget() / workers;
     int spare_fd = spare_budget != (size_t)-1 ? open(output_path, O_RDWR) : -1;
-    if (spare_fd >= 0 && getenv("SPARE_ASYNC")) {
+    if (spare_fd >= 0 && !getenv("SPARE_INLINE")) {
         pusher.fd = spare_fd;
         pthread_create(&push_thread, NULL, push, &pusher);
     }
@@ -215,7 +243,7 @@ static void *worker(void *arg) {
                 if (pwrite(spare_fd, piece + keep + done, k, hi - spare + done) != (ssize_t)k) die("pwrite spare");
                 done += k;
             }
-            if (!getenv("SPARE_ASYNC") && sync_file_range(spare_fd, hi - spare, m, SYNC_FILE_RANGE_WRITE))
+            if (getenv("SPARE_INLINE") && sync_file_range(spare_fd, hi - spare, m, SYNC_FILE_RANGE_WRITE))
                 die("sync_file_range");
             __atomic_store_n(&pusher.from, hi - spare, __ATOMIC_RELEASE);
             if (write(temp, piece + keep + m, n - keep - m) != (ssize_t)(n - keep - m)) die("write temp");
