@@ -76,7 +76,7 @@ enum Sizing {
 }
 
 /// Memory kept from the arena for the groups' staging buffers: a sixteenth of it, at most
-/// 2 MiB (32 stages of 64 KiB; more groups share it in smaller stages).
+/// 2 MiB (20 stages of 100 KiB; more groups share it in smaller stages).
 fn stage_budget(arena_bytes: usize) -> usize {
     (arena_bytes / 16).min(2 << 20)
 }
