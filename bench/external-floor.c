@@ -5,7 +5,8 @@
 // Each of WORKERS threads (default 2, one per core) takes its slice of INPUT.
 //   Pass 1: `pread` in 4 MiB pieces; of each piece, the resident share (RESIDENT_MIB over the
 //   input) is copied into memory faulted in beforehand, the rest written straight from the
-//   read buffer to the worker's temporary file in 64 KiB `write`s (the sort's piece size),
+//   read buffer to the worker's temporary file in `write`s of 100 KiB from page boundaries
+//   (the sort's stage size),
 //   until the temporary files hold the sort's share of the kernel's background threshold for
 //   dirty data (0.8 of it, less what is dirty; `spare.rs`). The rest goes, in the same
 //   writes, through the page cache into the tail of the worker's own part of OUTPUT (its
@@ -18,7 +19,7 @@
 // Variants, each a design the sort could take instead (BENCHMARKS.md, issue 8, 03:00 UTC):
 //   TEMP_DIRECT=1         temporary files written and read back with O_DIRECT (the disk takes
 //                         them during pass 1, and the page cache is left to the output).
-//   DIRTY_BUDGET_MIB=N    a piece of output goes through the page cache (64 KiB writes) while
+//   DIRTY_BUDGET_MIB=N    a piece of output goes through the page cache (100 KiB writes) while
 //                         the machine's Dirty + Writeback stays below N MiB, else O_DIRECT.
 //   PUNCH=1               pass 2 punches each piece out of the temporary file once read, so
 //                         its dirty pages are dropped, not written back.
@@ -44,7 +45,7 @@
 #include <unistd.h>
 
 #define READ_PIECE (4u << 20)
-#define WRITE_PIECE (64u << 10)
+#define WRITE_PIECE (100u << 10)  // the sort's stage: 1,024 records, 25 pages
 #define DIRECT_PIECE (1u << 20)
 #define RING 4
 
@@ -220,7 +221,9 @@ static void *worker(void *arg) {
     for (size_t off = lo; off < hi;) {
         size_t n = hi - off < READ_PIECE ? hi - off : READ_PIECE;
         if (pread(in, piece, n, off) != (ssize_t)n) die("pread");
-        size_t keep = (size_t)((double)resident_len * (off + n - lo) / len) - kept;
+        // In whole pages, so that every write to the temporary file starts on a page, as the
+        // sort's stages do.
+        size_t keep = ((size_t)((double)resident_len * (off + n - lo) / len) - kept) & ~(size_t)4095;
         memcpy(resident + kept, piece, keep);
         kept += keep;
         if (temp_direct >= 0) {
@@ -238,7 +241,7 @@ static void *worker(void *arg) {
             // multiples (the output is written with O_DIRECT); the rest to the file.
             size_t m = (n - keep) & ~(size_t)4095;
             spare += m;
-            for (size_t done = 0; done < m;) {  // in the same 64 KiB writes as the files
+            for (size_t done = 0; done < m;) {  // in the same writes as the files
                 size_t k = m - done < WRITE_PIECE ? m - done : WRITE_PIECE;
                 if (pwrite(spare_fd, piece + keep + done, k, hi - spare + done) != (ssize_t)k) die("pwrite spare");
                 done += k;
