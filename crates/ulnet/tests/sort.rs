@@ -211,6 +211,38 @@ fn a_key_repeated_past_the_memory_bound_is_merged_not_lost() {
 }
 
 #[test]
+fn group_bytes_the_output_would_overwrite_first_move_to_the_files() {
+    // Every boundary between the nodes' expected parts of the output moved 30 % of a part
+    // later: node 0 puts group bytes in cells past its real part, inside the next node's,
+    // which must not write there before node 0 has moved them out (and every record must
+    // still arrive once).
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.dat");
+    let output = dir.path().join("out.dat");
+    let n = 1_000_000u64;
+    let sum = gensort(&input, n, RecordFormat { ascii: false, skewed: true });
+    for nodes in ["2", "3"] {
+        let shift = (n * 3 / 10 / nodes.parse::<u64>().unwrap()).to_string();
+        let args = [
+            "--nodes",
+            nodes,
+            "--memory",
+            "24MiB",
+            "--verify",
+            "--debug-files-budget",
+            "0",
+            "--debug-expected-shift",
+            &shift,
+        ];
+        let r = sort_and_check(&input, &output, sum, n, &args);
+        let moved = per_node_counts(&r, "spare_moved_bytes");
+        assert!(moved[0] > 0, "node 0's cells past its part moved: {r}");
+        assert!(per_node_counts(&r, "spare_bytes").iter().all(|&b| b > 0), "{r}");
+        assert_eq!(std::fs::metadata(&output).unwrap().len(), n * 100, "the output keeps its length");
+    }
+}
+
+#[test]
 fn valsort_rejects_one_swapped_pair_naming_its_position() {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.dat");

@@ -70,6 +70,10 @@ pub struct SortJob {
     /// goes into the output's blocks (`None`: its share of the kernel's background
     /// writeback threshold, [`super::spare::files_budget`]).
     pub files_budget: Option<u64>,
+    /// External mode: records by which every boundary between two nodes' expected parts of
+    /// the output is moved later, as if sampling misjudged the partitions' sizes (for tests
+    /// of the group bytes the output would overwrite; 0 otherwise).
+    pub expected_shift: u64,
     /// How the output is written.
     pub output_io: OutputIo,
 }
@@ -181,6 +185,11 @@ pub struct NodeReport {
     /// files (`spare`) and read back from there.
     #[serde(default)]
     pub spare_bytes: u64,
+    /// Of the bytes that first went to the output's blocks, those moved to the group files
+    /// before the output was written: the output would have reached them before their group
+    /// was read (sampling misjudged where it starts).
+    #[serde(default)]
+    pub spare_moved_bytes: u64,
     /// How its partition was written: "direct" or "buffered".
     #[serde(default)]
     pub output_io: String,

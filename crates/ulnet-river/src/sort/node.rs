@@ -728,9 +728,14 @@ fn node_body(
                 .write(true)
                 .open(&path)
                 .map_err(|e| RiverError::io(format!("opening {}", path.display()), e))?;
-            // Sampled splitters give each node about an equal share.
-            let part = total * rank as u64 / size as u64 * RECORD_SIZE as u64
-                ..total * (rank as u64 + 1) / size as u64 * RECORD_SIZE as u64;
+            // Sampled splitters give each node about an equal share (each boundary between
+            // nodes moved by `expected_shift` records, for tests of a misjudged share).
+            let boundary = |r: usize| match r {
+                0 => 0,
+                r if r == size => total,
+                r => (total * r as u64 / size as u64 + job.expected_shift).min(total),
+            };
+            let part = boundary(rank) * RECORD_SIZE as u64..boundary(rank + 1) * RECORD_SIZE as u64;
             Some(SpareRoom { file: Arc::new(file), part, files_budget })
         }
         None => None,
@@ -827,13 +832,14 @@ fn node_body(
     // move to the group files, in every node before any node writes (each node's part is
     // known only now, and another node's bytes may lie in it).
     let mut known_counts = None;
-    let mut spare_bytes = 0;
+    let (mut spare_bytes, mut spare_moved_bytes) = (0, 0);
     if files_budget.is_some() {
         let counts = receive_counts()?;
         let start = counts[..rank].iter().sum::<u64>() * RECORD_SIZE as u64;
         spare_bytes = store.spare_bytes();
         let moved = store.settle_spare(start..start + my_records * RECORD_SIZE as u64)?;
         spare_bytes -= moved;
+        spare_moved_bytes = moved;
         for j in (0..size).filter(|&j| j != rank) {
             river.send_control(j, TAG_SETTLED, b"")?;
         }
@@ -921,6 +927,7 @@ fn node_body(
         resident_groups: groups.resident_groups,
         temp_bytes: groups.temp_bytes,
         spare_bytes,
+        spare_moved_bytes,
         output_io,
         spill_s,
         records_sent: counters.records_sent,

@@ -117,6 +117,11 @@ pub struct SortArgs {
     /// writeback threshold). For tests of that path on small inputs.
     #[arg(long, hide = true)]
     debug_files_budget: Option<u64>,
+    /// External mode: move every boundary between two nodes' expected parts of the output
+    /// this many records later (for tests of group bytes placed where the output would
+    /// overwrite them first).
+    #[arg(long, hide = true, default_value_t = 0)]
+    debug_expected_shift: u64,
     /// How the output is written: auto (direct in external mode, buffered in memory
     /// mode), buffered (page cache), direct (O_DIRECT into a preallocated file, whole
     /// blocks; falls back to buffered where the file system refuses it).
@@ -212,6 +217,7 @@ fn job_of(a: &SortArgs, job: String, nodes: usize, t0: u128) -> SortJob {
         slow_node: a.debug_slow_node,
         write_delay_ms: a.debug_write_delay_ms,
         files_budget: a.debug_files_budget,
+        expected_shift: a.debug_expected_shift,
         output_io: match a.output_io {
             OutputIoArg::Auto => OutputIo::Auto,
             OutputIoArg::Buffered => OutputIo::Buffered,
@@ -441,6 +447,9 @@ fn node_args(a: &SortArgs, job: &str, rank: usize, size: usize, t0: u128) -> Vec
     }
     if let Some(b) = a.debug_files_budget {
         v.extend(["--debug-files-budget".into(), b.to_string()]);
+    }
+    if a.debug_expected_shift > 0 {
+        v.extend(["--debug-expected-shift".into(), a.debug_expected_shift.to_string()]);
     }
     v
 }
