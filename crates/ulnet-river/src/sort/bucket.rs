@@ -120,11 +120,17 @@ const WINDOWS_BYTES_MAX: usize = 8 << 20;
 /// Records of a window: the fewest whole records that fill whole cache lines (16 of 100
 /// bytes: 25 lines).
 fn window_records(record_size: usize) -> usize {
-    let mut gcd = (record_size, stream::LINE);
+    fewest_records_filling(stream::LINE, record_size)
+}
+
+/// The fewest records of `record_size` bytes that fill a whole number of `unit`s (a cache
+/// line, a page).
+pub(super) fn fewest_records_filling(unit: usize, record_size: usize) -> usize {
+    let mut gcd = (record_size, unit);
     while gcd.1 != 0 {
         gcd = (gcd.1, gcd.0 % gcd.1);
     }
-    stream::LINE / gcd.0
+    unit / gcd.0
 }
 
 /// Records of a block: as many whole windows as [`BLOCK_BYTES`] holds (320 of 100 bytes),

@@ -33,7 +33,7 @@
 //! own blocks instead of the files, where the second pass reads them before the output
 //! overwrites them (the `spare` module says why and where).
 
-use super::bucket::{copy_record, write_gathered, BucketArena, KeyBuckets};
+use super::bucket::{copy_record, fewest_records_filling, write_gathered, BucketArena, KeyBuckets};
 use super::radix::{entry, key, sort_entries};
 use super::scatter::Scatter;
 use super::spare::{Chunk, SpareCells, SpareRoom};
@@ -81,11 +81,7 @@ const PAGE: usize = 4096;
 /// in 65,536 (BENCHMARKS.md, issue 8).
 fn stage_bytes(share: usize, record_size: usize) -> usize {
     let share = share.clamp(record_size, STAGE_BYTES_MAX.max(record_size));
-    let mut gcd = (record_size, PAGE);
-    while gcd.1 != 0 {
-        gcd = (gcd.1, gcd.0 % gcd.1);
-    }
-    let paged = record_size / gcd.0 * PAGE;
+    let paged = fewest_records_filling(PAGE, record_size) * record_size;
     let unit = if share >= paged { paged } else { record_size };
     share / unit * unit
 }
