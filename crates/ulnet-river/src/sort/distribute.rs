@@ -345,14 +345,12 @@ impl GroupFiles {
             at += r * rs;
         }
         let moved = spare.settle(&starts, part.end);
+        let output = spare.file().clone();
         let mut bytes = 0u64;
         let mut buffer = Vec::new();
         for (g, chunk) in moved {
             buffer.resize(chunk.len, 0);
-            self.spare
-                .as_ref()
-                .expect("settled above")
-                .file()
+            output
                 .read_exact_at(&mut buffer, chunk.at)
                 .map_err(|e| RiverError::io(format!("reading group {g}'s bytes back from the output"), e))?;
             self.append(g, &buffer)?;
@@ -371,7 +369,7 @@ impl GroupFiles {
 
     fn reader(&self, g: usize) -> GroupReader<'_> {
         let (chunks, file) = match &self.spare {
-            Some(s) => (s.chunks(g), Some(s.file())),
+            Some(s) => (s.chunks(g), Some(&**s.file())),
             None => (&[][..], None),
         };
         GroupReader { paths: &self.segments[g], next: 0, file: None, chunks, spare: file, chunk_read: 0 }

@@ -831,15 +831,14 @@ fn node_body(
     // Group bytes in the output: those it would overwrite before their group is read
     // move to the group files, in every node before any node writes (each node's part is
     // known only now, and another node's bytes may lie in it).
+    // Where our partition starts in the output: after every lower node's.
+    let offset_of = |counts: &[u64]| counts[..rank].iter().sum::<u64>() * RECORD_SIZE as u64;
     let mut known_counts = None;
-    let (mut spare_bytes, mut spare_moved_bytes) = (0, 0);
+    let mut spare_moved_bytes = 0;
     if files_budget.is_some() {
         let counts = receive_counts()?;
-        let start = counts[..rank].iter().sum::<u64>() * RECORD_SIZE as u64;
-        spare_bytes = store.spare_bytes();
-        let moved = store.settle_spare(start..start + my_records * RECORD_SIZE as u64)?;
-        spare_bytes -= moved;
-        spare_moved_bytes = moved;
+        let start = offset_of(&counts);
+        spare_moved_bytes = store.settle_spare(start..start + my_records * RECORD_SIZE as u64)?;
         for j in (0..size).filter(|&j| j != rank) {
             river.send_control(j, TAG_SETTLED, b"")?;
         }
@@ -867,7 +866,7 @@ fn node_body(
                 .write(true)
                 .open(&path)
                 .map_err(|e| RiverError::io(format!("opening {}", path.display()), e))?;
-            (f, path, counts[..rank].iter().sum::<u64>() * RECORD_SIZE as u64)
+            (f, path, offset_of(&counts))
         };
         Ok((Arc::new(file), path, offset))
     };
@@ -888,6 +887,8 @@ fn node_body(
         last_progress: Instant::now(),
         delay: Duration::from_millis(job.write_delay_ms),
     };
+    // Read back from the output in the second pass (those moved out are not).
+    let spare_bytes = store.spare_bytes();
     let groups = store.write_sorted(&mut out, plan.io_buffer_bytes, plan.merge_read_bytes)?;
     out.hand_over()?;
     let t_sorted = since_start();

@@ -138,7 +138,7 @@ impl SpareCells {
     }
 
     /// The output file the chunks are in.
-    pub fn file(&self) -> &File {
+    pub fn file(&self) -> &Arc<File> {
         &self.file
     }
 

@@ -151,12 +151,7 @@ impl RecordStore {
                     // the resident groups' to the arena. Filling the arena with records of
                     // every group first would copy them all once more when it spills, and
                     // write the resident groups' share of them to files, to read back.
-                    let mut groups =
-                        GroupFiles::create(&self.spill_prefix, buckets.clone(), self.group_ranges.clone(), rs, stages)?;
-                    if let Some(room) = self.spare.take() {
-                        groups.use_spare(room, self.resident_planned);
-                    }
-                    self.groups = Some(groups);
+                    self.groups = Some(self.create_groups(&buckets, stages)?);
                     self.resident = self.resident_planned;
                     // All of the arena is used (by the resident groups, then as the second
                     // pass's halves): fault it in at once, while the memory the kernel
@@ -172,6 +167,22 @@ impl RecordStore {
         let early = std::mem::take(&mut self.early);
         self.records -= (early.len() / rs) as u64;
         self.sink_records(&early)
+    }
+
+    /// The group files of the planned groups, staged in `stages` bytes in all, with the
+    /// room in the output if given.
+    fn create_groups(&mut self, buckets: &Arc<KeyBuckets>, stages: usize) -> Result<GroupFiles, RiverError> {
+        let mut groups = GroupFiles::create(
+            &self.spill_prefix,
+            buckets.clone(),
+            self.group_ranges.clone(),
+            self.record_size,
+            stages,
+        )?;
+        if let Some(room) = self.spare.take() {
+            groups.use_spare(room, self.resident_planned);
+        }
+        Ok(groups)
     }
 
     /// Gives the store room in the output ([`super::spare`]) for the group bytes past
@@ -236,19 +247,7 @@ impl RecordStore {
         let first_spill = self.groups.is_none();
         let mut groups = match self.groups.take() {
             Some(g) => g,
-            None => {
-                let mut groups = GroupFiles::create(
-                    &self.spill_prefix,
-                    buckets.clone(),
-                    self.group_ranges.clone(),
-                    self.record_size,
-                    stage_budget(arena_bytes),
-                )?;
-                if let Some(room) = self.spare.take() {
-                    groups.use_spare(room, self.resident_planned);
-                }
-                groups
-            }
+            None => self.create_groups(&buckets, stage_budget(arena_bytes))?,
         };
         let moved = move_to_files(&mut arena, &mut groups);
         self.groups = Some(groups);
