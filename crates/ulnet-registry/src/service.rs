@@ -41,27 +41,30 @@ pub fn registry_dir(data_dir: &Path) -> PathBuf {
 
 /// What [`prepare`] found.
 pub struct Prepared {
-    /// The log's records and whether its tail was refused.
+    /// The log's records, and the tail cut or refused.
     pub recovery: wal::Recovery,
     /// The node must take a new membership identity (its log lost what it promised).
     pub new_identity: bool,
 }
 
-/// Reads the registry's log in `data_dir` before the node starts. A refused tail (torn or
-/// corrupted record) is reported, and the node's membership identity is set aside
-/// (`ulnet_cluster::runtime::forget_identity`) so that it comes back as a new member:
-/// the old identity may have promised and acknowledged what the lost tail held.
+/// Reads the registry's log in `data_dir` before the node starts. A torn tail (a write
+/// whose fsync never returned) is cut and the node goes on as itself. A corrupted tail is
+/// reported, and the node's membership identity is set aside
+/// (`ulnet_cluster::runtime::forget_identity`) so that it comes back as a new member: the
+/// old identity may have promised and acknowledged what the lost tail held. The identity
+/// is set aside before the log is cut, so that a crash in between finds the corruption
+/// again rather than a clean log under the old identity.
 pub fn prepare(data_dir: &Path) -> std::io::Result<Prepared> {
-    let recovery = wal::recover(&registry_dir(data_dir))?;
-    let new_identity = recovery.refused.is_some();
-    if let Some(r) = &recovery.refused {
+    let scan = wal::scan(&registry_dir(data_dir))?;
+    let new_identity = scan.refused().is_some_and(|r| r.kind == wal::TailKind::Corrupt);
+    if let Some(r) = scan.refused().filter(|_| new_identity) {
         tracing::warn!(
             file = %r.file.display(), offset = r.offset, bytes = r.bytes, reason = %r.reason,
-            "registry log: refused a bad tail; this node rejoins as a new member and recovers the rest from its peers"
+            "registry log: refused a corrupted tail; this node rejoins as a new member and recovers the rest from its peers"
         );
         ulnet_cluster::runtime::forget_identity(data_dir)?;
     }
-    Ok(Prepared { recovery, new_identity })
+    Ok(Prepared { recovery: scan.cut()?, new_identity })
 }
 
 struct Running {

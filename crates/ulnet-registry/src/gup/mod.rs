@@ -232,9 +232,10 @@ pub enum Event {
 pub struct Recovered {
     /// The records, in log order (a snapshot record first, if any).
     pub records: Vec<Record>,
-    /// The log had a bad tail (checksum failure or torn record) that was refused: the node
-    /// may have lost promises and acknowledged entries, so it comes back as a new node
-    /// (the host must give it a new identity) that keeps only its committed prefix.
+    /// The log had a corrupted tail that was refused (not a torn one: a write whose fsync
+    /// never returned held nothing acted on, and is cut without this): the node may have
+    /// lost promises and acknowledged entries, so it comes back as a new node (the host must
+    /// give it a new identity) that keeps only its committed prefix.
     pub lost_tail: bool,
 }
 
