@@ -108,34 +108,66 @@ pub fn scan(dir: &Path) -> io::Result<Scan> {
     let mut out = Scan { dir: dir.to_path_buf(), segments: segs.clone(), records: Vec::new(), bad: None };
     for (i, path) in segs.iter().enumerate() {
         let mut bytes = fs::read(path)?;
-        let mut at = 0;
-        while at < bytes.len() {
-            match read_frame(&bytes[at..]) {
-                Ok((record, used)) => {
-                    out.records.push(record);
-                    at += used;
-                }
-                Err(error) => {
-                    let rest = bytes.split_off(at);
-                    let kind = tail::classify(&rest, at as u64, i + 1 == segs.len());
-                    let mut bytes_refused = rest.len() as u64;
-                    for later in &segs[i + 1..] {
-                        bytes_refused += fs::metadata(later)?.len();
-                    }
-                    let refused = RefusedTail {
-                        file: path.clone(),
-                        offset: at as u64,
-                        bytes: bytes_refused,
-                        reason: error.to_string(),
-                        kind,
-                    };
-                    out.bad = Some(BadTail { segment: i, rest, refused });
-                    return Ok(out);
-                }
+        let segment = read_segment(&bytes, i + 1 == segs.len());
+        out.records.extend(segment.records);
+        if let Some(end) = segment.end {
+            let rest = bytes.split_off(end.offset);
+            let mut bytes_refused = rest.len() as u64;
+            for later in &segs[i + 1..] {
+                bytes_refused += fs::metadata(later)?.len();
             }
+            let refused = RefusedTail {
+                file: path.clone(),
+                offset: end.offset as u64,
+                bytes: bytes_refused,
+                reason: end.error.to_string(),
+                kind: end.kind,
+            };
+            out.bad = Some(BadTail { segment: i, rest, refused });
+            return Ok(out);
         }
     }
     Ok(out)
+}
+
+/// The records of one segment file's bytes, and what ends them early.
+#[derive(Debug)]
+pub struct Segment {
+    /// The records up to the first frame that does not read.
+    pub records: Vec<Record>,
+    /// That frame, if there is one.
+    pub end: Option<SegmentEnd>,
+}
+
+/// The first frame of a segment that does not read.
+#[derive(Debug)]
+pub struct SegmentEnd {
+    /// Its offset in the segment.
+    pub offset: usize,
+    /// Why it does not read.
+    pub error: record::FrameError,
+    /// A torn write or corruption (see [`tail`]).
+    pub kind: TailKind,
+}
+
+/// Reads the frames of one segment's `bytes` (`last_segment`: no segment file follows it)
+/// as [`scan`] reads each file: for hosts that keep a log's bytes elsewhere (the simulator).
+pub fn read_segment(bytes: &[u8], last_segment: bool) -> Segment {
+    let mut records = Vec::new();
+    let mut at = 0;
+    while at < bytes.len() {
+        match read_frame(&bytes[at..]) {
+            Ok((record, used)) => {
+                records.push(record);
+                at += used;
+            }
+            Err(error) => {
+                let kind = tail::classify(&bytes[at..], at as u64, last_segment);
+                return Segment { records, end: Some(SegmentEnd { offset: at, error, kind }) };
+            }
+        }
+    }
+    Segment { records, end: None }
 }
 
 impl Scan {
