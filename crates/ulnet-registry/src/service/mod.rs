@@ -169,8 +169,9 @@ impl RegistryService {
     }
 
     /// The disk failed: the node can no longer make promises durable, so its registry stops
-    /// taking part (the others go on without it), everyone waiting is told why, and the
-    /// disk is tried again every [`disk::DISK_RETRY_INTERVAL`].
+    /// taking part (the others go on without it), everyone waiting is told why (a set it
+    /// took may still take effect: its messages may have left), and the disk is tried again
+    /// every [`disk::DISK_RETRY_INTERVAL`].
     fn stop(&mut self, error: WalError, now: Instant, ctx: &mut ServiceContext<'_>) {
         let mark = match std::mem::replace(&mut self.state, State::Waiting(Recovered::default())) {
             State::Running(run) => Some(run.wal.durable_mark()),
@@ -182,7 +183,10 @@ impl RegistryService {
         let why = stopped.cause().to_string();
         self.state = State::Stopped(stopped);
         for (_, token) in self.sets.drain() {
-            ctx.reply(token, Ok(refused(why.clone())));
+            // Its lock request or its entry may have left already: not refused, undecided.
+            let message = format!("{why}; the update may still take effect");
+            let answer = UpdateAnswer { outcome: Outcome::Indeterminate, seq: 0, message };
+            ctx.reply(token, Ok(client::encode_update_answer(&answer)));
         }
         for (_, token) in self.gets.drain() {
             ctx.reply(token, Ok(refused_get(why.clone())));
