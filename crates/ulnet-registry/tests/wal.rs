@@ -276,6 +276,52 @@ fn a_full_disk_fails_the_writer_with_no_space_and_the_cut_log_holds_every_fsynce
     assert_eq!(rec.recovered.records, (1..=durable).map(big).collect::<Vec<_>>());
 }
 
+#[test]
+fn a_snapshot_that_does_not_fit_leaves_the_log_before_it_whole() {
+    // The snapshot's rotation begins a new segment, whose write fails: the cut removes it,
+    // and the older segment (not yet deleted: the snapshot never became durable) stays.
+    let Some(fs) = SmallFs::mount("snapfull", 64 * 1024) else { return };
+    let dir = fs.0.join("registry");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut wal = InlineWal::open(&dir).unwrap();
+    for i in 1..=10 {
+        wal.append(i, &entry(i)).unwrap();
+    }
+    assert_eq!(wal.sync().unwrap(), Some(10));
+    wal.append(11, &entry(11)).unwrap();
+    let snapshot = Record::Snapshot {
+        snapshot: Snapshot {
+            seq: 11,
+            config: VotingConfig::new(vec![NodeId(1)]),
+            data: Arc::from(vec![7u8; 128 * 1024]),
+        },
+        node: NodeId(1),
+        incarnation: 1,
+        promised: Epoch::default(),
+        last_normal: None,
+        tail: Vec::new(),
+    };
+    wal.append(12, &snapshot).unwrap();
+    let error = wal.sync().unwrap_err();
+    assert!(matches!(error, WalError::NoSpace { .. }), "{error}");
+    let mark = wal.durable_mark();
+    drop(wal);
+    assert!(std::fs::read_dir(&dir).unwrap().count() >= 2, "the rotation began a new segment");
+    cut_to_durable(&dir, mark).unwrap();
+    let rec = recover(&dir).unwrap();
+    assert!(rec.refused.is_none(), "{:?}", rec.refused);
+    assert_eq!(
+        rec.recovered.records,
+        (1..=11).map(entry).collect::<Vec<_>>(),
+        "entry 11 was fsynced before the rotation"
+    );
+    // The disk takes writes again for what fits: a new writer appends after them.
+    let mut wal = InlineWal::open(&dir).unwrap();
+    wal.append(1, &Record::Commit { seq: 11 }).unwrap();
+    wal.append(2, &entry(12)).unwrap();
+    assert_eq!(wal.sync().unwrap(), Some(2));
+}
+
 /// A registry node with a real log, driven in-process.
 struct DiskNode {
     reg: Registry,
