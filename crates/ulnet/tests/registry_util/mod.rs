@@ -105,18 +105,29 @@ impl Cluster {
         self.dir.join(format!("n{i}.{}.log", self.starts[i]))
     }
 
+    /// Starts node `i`: the first time through the nodes started before it, a restart
+    /// through any other.
     pub fn spawn(&mut self, i: usize) {
+        let seeds: Vec<String> = (0..self.addrs.len())
+            .filter(|&j| j != i && (j < i || self.starts[i] > 0))
+            .map(|j| self.addrs[j].to_string())
+            .collect();
+        self.spawn_with_seeds(i, seeds);
+    }
+
+    /// Restarts node `i` with no seeds: it finds the others through the view it resumes
+    /// from its data directory.
+    pub fn spawn_without_seeds(&mut self, i: usize) {
+        self.spawn_with_seeds(i, Vec::new());
+    }
+
+    fn spawn_with_seeds(&mut self, i: usize, seeds: Vec<String>) {
         self.starts[i] += 1;
         let mut c = Command::new(env!("CARGO_BIN_EXE_ulnet"));
         c.args(["node", "--name", &format!("n{i}"), "--listen", &self.addrs[i].to_string()]);
         c.args(["--secret-file", self.dir.join("secret").to_str().unwrap()]);
         c.args(["--data-dir", self.data_dir(i).to_str().unwrap()]);
         c.args(&self.extra);
-        // First start: join through the nodes started before; a restart: through any other.
-        let seeds: Vec<String> = (0..self.addrs.len())
-            .filter(|&j| j != i && (j < i || self.starts[i] > 1))
-            .map(|j| self.addrs[j].to_string())
-            .collect();
         if !seeds.is_empty() {
             c.args(["--seeds", &seeds.join(",")]);
         }
