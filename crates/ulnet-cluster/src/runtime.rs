@@ -129,15 +129,27 @@ pub fn forget_identity(data_dir: &std::path::Path) -> std::io::Result<bool> {
     Ok(true)
 }
 
+/// Replaces `member.json` in `dir` with `d`, atomically: a failure (a full disk, say)
+/// leaves the previous file whole, and no partial temporary file behind.
 fn write_durable(dir: &std::path::Path, d: &Durable) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let tmp = dir.join("member.json.tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(serde_json::to_string(d).map_err(std::io::Error::other)?.as_bytes())?;
-    f.sync_all()?;
+    let written = std::fs::File::create(&tmp).and_then(|mut f| {
+        f.write_all(serde_json::to_string(d).map_err(std::io::Error::other)?.as_bytes())?;
+        f.sync_all()
+    });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     std::fs::rename(&tmp, dir.join("member.json"))?;
     std::fs::File::open(dir)?.sync_all()
 }
+
+/// How long the membership thread waits before it writes its durable state again after
+/// the disk refused it: meanwhile nothing leaves (to the others the node has failed), and
+/// it takes part again within this long after the disk takes writes.
+const DURABLE_RETRY: Duration = Duration::from_secs(1);
 
 impl Node {
     /// Starts the node and its services.
@@ -297,6 +309,7 @@ fn membership_loop(
         None => None,
     };
     let mut durable_written = u64::MAX;
+    let mut durable_failing = false;
     let mut buf = vec![0u8; crate::wire::PACKET_MAX];
     if let Some(v) = machine.view() {
         // Resuming from the data directory: services get the view the node comes back in
@@ -307,10 +320,20 @@ fn membership_loop(
     let own_port = socket.local_addr()?.port();
     machine.start(Instant::now());
     while !shared.stop.load(Ordering::Relaxed) {
-        // Durable state first: nothing a promise produced leaves before it is on disk.
+        // Durable state first: nothing a promise produced leaves before it is on disk — and
+        // while the disk refuses it, nothing leaves at all.
         if let Some(dir) = &config.data_dir {
             if machine.durable_version() != durable_written {
-                write_durable(dir, &machine.durable())?;
+                if let Err(e) = write_durable(dir, &machine.durable()) {
+                    if !std::mem::replace(&mut durable_failing, true) {
+                        tracing::error!(dir = %dir.display(), "membership stopped: its state cannot be written ({e}); retrying every {} s", DURABLE_RETRY.as_secs());
+                    }
+                    std::thread::sleep(DURABLE_RETRY);
+                    continue;
+                }
+                if std::mem::take(&mut durable_failing) {
+                    tracing::info!(dir = %dir.display(), "membership state written again: the node takes part again");
+                }
                 durable_written = machine.durable_version();
             }
         }

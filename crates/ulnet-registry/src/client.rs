@@ -112,6 +112,17 @@ pub struct RegistryStatus {
     pub voters: Vec<String>,
     /// Keys stored.
     pub keys: u64,
+    /// Why the registry is stopped and what it does about it (empty while it runs or waits
+    /// for its first view), as its clients are told: e.g. `registry stopped: no space left
+    /// on DIR; retrying every 1 s`.
+    #[serde(default)]
+    pub stopped: String,
+    /// Times a disk failure (no space, a quota, an I/O error) stopped the registry.
+    #[serde(default)]
+    pub disk_failures: u64,
+    /// Times the registry restarted in place from its log once the disk took writes again.
+    #[serde(default)]
+    pub restarts: u64,
 }
 
 /// Encodes a set request.

@@ -7,8 +7,8 @@
 //!
 //! [`Registry`] is the cluster database on top of it: keys and values applied in GUP order on
 //! every node, durable through the write-ahead log of [`wal`] (crc32c per record, fsync with
-//! group commit, snapshots and truncation, a torn or corrupted tail refused at start-up and
-//! recovered from the peers), with linearizable gets and watches.
+//! group commit, snapshots and truncation, a torn tail cut at start-up, a corrupted one
+//! refused and recovered from the peers), with linearizable gets and watches.
 //!
 //! [`service`] runs the registry inside `ulnet node` (the voting configuration follows the
 //! membership's views); [`client`] is its client protocol and library.

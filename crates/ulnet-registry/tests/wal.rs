@@ -1,6 +1,7 @@
-//! The write-ahead log on real files: group commit, snapshot segments, and start-up checks
-//! that refuse torn and corrupted tails (and say so) — then a 3-node registry over real logs
-//! where one node's log is damaged and it recovers what it lost from its peers.
+//! The write-ahead log on real files: group commit, snapshot segments, start-up checks
+//! that cut torn tails and refuse corrupted ones (and say which), a writer that fails on a
+//! full disk and is cut back to what it fsynced — then a 3-node registry over real logs
+//! where one node's log is corrupted and it recovers what it lost from its peers.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -8,7 +9,7 @@ use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ulnet_registry::gup::{Entry, Epoch, Gup, GupConfig, NodeId, Record, Snapshot, View, VotingConfig};
-use ulnet_registry::wal::{recover, InlineWal, Wal};
+use ulnet_registry::wal::{cut_to_durable, recover, scan, InlineWal, TailKind, Wal, WalError};
 use ulnet_registry::{Registry, RegistryEvent};
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -105,17 +106,21 @@ fn a_snapshot_starts_a_segment_and_drops_the_older_ones() {
 }
 
 #[test]
-fn a_torn_tail_is_refused_and_reported() {
+fn a_torn_tail_is_cut_and_the_node_keeps_its_identity() {
     let dir = temp_dir("torn");
     write(&dir, &(1..=50).map(entry).collect::<Vec<_>>());
     let seg = last_segment(&dir);
     let len = std::fs::metadata(&seg).unwrap().len();
     // A crash in the middle of the last write.
     std::fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(len - 5).unwrap();
-    let rec = recover(&dir).unwrap();
-    let refused = rec.refused.expect("the torn record is refused");
+    let scanned = scan(&dir).unwrap();
+    assert_eq!(scanned.refused().map(|r| r.kind), Some(TailKind::Torn));
+    assert_eq!(std::fs::metadata(&seg).unwrap().len(), len - 5, "a scan changes nothing on disk");
+    let rec = scanned.cut().unwrap();
+    let refused = rec.refused.expect("the torn record is cut");
     assert!(refused.reason.contains("torn"), "{}", refused.reason);
-    assert!(rec.recovered.lost_tail);
+    assert_eq!(refused.kind, TailKind::Torn);
+    assert!(!rec.recovered.lost_tail, "a write that never completed costs the node nothing it promised");
     assert_eq!(rec.recovered.records.len(), 49);
     // The bytes were set aside and the log cut: a second start finds a clean log.
     assert!(std::fs::read_dir(&dir).unwrap().any(|e| e.unwrap().file_name().to_string_lossy().contains("refused")));
@@ -141,10 +146,180 @@ fn a_flipped_bit_is_refused_with_everything_after_it() {
     let rec = recover(&dir).unwrap();
     let refused = rec.refused.expect("the corrupt record is refused");
     assert!(refused.reason.contains("checksum") || refused.reason.contains("length"), "{}", refused.reason);
+    assert_eq!(refused.kind, TailKind::Corrupt);
     assert!(rec.recovered.lost_tail);
     let n = rec.recovered.records.len();
     assert!((20..30).contains(&n), "kept the {n} records before the flip");
     assert_eq!(rec.recovered.records, (1..=n as u64).map(entry).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_flipped_bit_in_the_last_record_is_corruption_not_a_torn_write() {
+    // The last record was whole: it may have been fsynced and acknowledged.
+    let dir = temp_dir("lastflip");
+    write(&dir, &(1..=50).map(entry).collect::<Vec<_>>());
+    let seg = last_segment(&dir);
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let at = bytes.len() - 3;
+    bytes[at] ^= 0x10;
+    std::fs::write(&seg, &bytes).unwrap();
+    let rec = recover(&dir).unwrap();
+    assert_eq!(rec.refused.map(|r| r.kind), Some(TailKind::Corrupt));
+    assert!(rec.recovered.lost_tail);
+    assert_eq!(rec.recovered.records.len(), 49);
+}
+
+#[test]
+fn a_zero_filled_tail_is_torn() {
+    // A filesystem that extended the file for a write that never reached the disk.
+    let dir = temp_dir("zeros");
+    write(&dir, &(1..=50).map(entry).collect::<Vec<_>>());
+    let seg = last_segment(&dir);
+    let len = std::fs::metadata(&seg).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&seg).unwrap().set_len(len + 8192).unwrap();
+    let rec = recover(&dir).unwrap();
+    assert_eq!(rec.refused.map(|r| r.kind), Some(TailKind::Torn));
+    assert!(!rec.recovered.lost_tail);
+    assert_eq!(rec.recovered.records, (1..=50).map(entry).collect::<Vec<_>>());
+    assert_eq!(std::fs::metadata(&seg).unwrap().len(), len, "cut back to the last whole record");
+}
+
+#[test]
+fn a_writer_cut_back_to_its_durable_mark_keeps_exactly_what_it_fsynced() {
+    let dir = temp_dir("mark");
+    let mut wal = InlineWal::open(&dir).unwrap();
+    for i in 1..=20 {
+        wal.append(i, &entry(i)).unwrap();
+    }
+    assert_eq!(wal.sync().unwrap(), Some(20));
+    let mark = wal.durable_mark();
+    drop(wal);
+    // What a failing write leaves: part of a batch in the segment, and the first bytes of
+    // a segment that a snapshot's rotation began.
+    let seg = last_segment(&dir);
+    let mut f = std::fs::OpenOptions::new().append(true).open(&seg).unwrap();
+    let mut frame = Vec::new();
+    ulnet_registry::wal::record::frame_record(&entry(21), &mut frame);
+    std::io::Write::write_all(&mut f, &frame).unwrap();
+    std::io::Write::write_all(&mut f, &frame[..frame.len() / 2]).unwrap();
+    let later = seg.with_file_name("wal-00000000000000000002.log");
+    std::fs::write(&later, &frame[..7]).unwrap();
+    cut_to_durable(&dir, mark).unwrap();
+    assert!(!later.exists(), "the segment begun after the mark is removed");
+    let rec = recover(&dir).unwrap();
+    assert!(rec.refused.is_none(), "nothing torn is left: {:?}", rec.refused);
+    assert_eq!(rec.recovered.records, (1..=20).map(entry).collect::<Vec<_>>(), "the whole record 21 is gone too");
+}
+
+/// A small tmpfs mounted for one test (root only), unmounted when dropped.
+struct SmallFs(PathBuf);
+
+impl SmallFs {
+    fn mount(name: &str, bytes: u64) -> Option<SmallFs> {
+        let dir = temp_dir(name);
+        let mount = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(&dir)
+            .stderr(std::process::Stdio::piped())
+            .output();
+        match mount {
+            Ok(out) if out.status.success() => Some(SmallFs(dir)),
+            other => {
+                let why = other.map_or_else(|e| e.to_string(), |o| String::from_utf8_lossy(&o.stderr).into_owned());
+                eprintln!("skipped: mounting a small tmpfs needs root (mount: {})", why.trim());
+                None
+            }
+        }
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn a_full_disk_fails_the_writer_with_no_space_and_the_cut_log_holds_every_fsynced_record() {
+    let Some(fs) = SmallFs::mount("full", 64 * 1024) else { return };
+    let dir = fs.0.join("registry");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut wal = InlineWal::open(&dir).unwrap();
+    let big = |i: u64| Record::Entry {
+        seq: i,
+        entry: Entry::single(
+            NodeId(1),
+            ulnet_registry::gup::BatchId { incarnation: 1, counter: i },
+            vec![Arc::from(vec![b'x'; 3000])].into(),
+        ),
+    };
+    let mut durable = 0;
+    let error = loop {
+        let i = durable + 1;
+        wal.append(i, &big(i)).unwrap();
+        match wal.sync() {
+            Ok(Some(lsn)) => durable = lsn,
+            Ok(None) => unreachable!("a record was buffered"),
+            Err(e) => break e,
+        }
+        assert!(durable < 1000, "a 64 KiB filesystem never filled");
+    };
+    assert_eq!(error, WalError::NoSpace { dir: dir.clone() });
+    assert!(error.to_string().starts_with("no space left on "), "{error}");
+    assert_eq!(wal.sync(), Err(error.clone()), "a failed log stays failed");
+    let mark = wal.durable_mark();
+    drop(wal);
+    cut_to_durable(&dir, mark).unwrap();
+    let rec = recover(&dir).unwrap();
+    assert!(rec.refused.is_none());
+    assert_eq!(rec.recovered.records, (1..=durable).map(big).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_snapshot_that_does_not_fit_leaves_the_log_before_it_whole() {
+    // The snapshot's rotation begins a new segment, whose write fails: the cut removes it,
+    // and the older segment (not yet deleted: the snapshot never became durable) stays.
+    let Some(fs) = SmallFs::mount("snapfull", 64 * 1024) else { return };
+    let dir = fs.0.join("registry");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut wal = InlineWal::open(&dir).unwrap();
+    for i in 1..=10 {
+        wal.append(i, &entry(i)).unwrap();
+    }
+    assert_eq!(wal.sync().unwrap(), Some(10));
+    wal.append(11, &entry(11)).unwrap();
+    let snapshot = Record::Snapshot {
+        snapshot: Snapshot {
+            seq: 11,
+            config: VotingConfig::new(vec![NodeId(1)]),
+            data: Arc::from(vec![7u8; 128 * 1024]),
+        },
+        node: NodeId(1),
+        incarnation: 1,
+        promised: Epoch::default(),
+        last_normal: None,
+        tail: Vec::new(),
+    };
+    wal.append(12, &snapshot).unwrap();
+    let error = wal.sync().unwrap_err();
+    assert!(matches!(error, WalError::NoSpace { .. }), "{error}");
+    let mark = wal.durable_mark();
+    drop(wal);
+    assert!(std::fs::read_dir(&dir).unwrap().count() >= 2, "the rotation began a new segment");
+    cut_to_durable(&dir, mark).unwrap();
+    let rec = recover(&dir).unwrap();
+    assert!(rec.refused.is_none(), "{:?}", rec.refused);
+    assert_eq!(
+        rec.recovered.records,
+        (1..=11).map(entry).collect::<Vec<_>>(),
+        "entry 11 was fsynced before the rotation"
+    );
+    // The disk takes writes again for what fits: a new writer appends after them.
+    let mut wal = InlineWal::open(&dir).unwrap();
+    wal.append(1, &Record::Commit { seq: 11 }).unwrap();
+    wal.append(2, &entry(12)).unwrap();
+    assert_eq!(wal.sync().unwrap(), Some(2));
 }
 
 /// A registry node with a real log, driven in-process.

@@ -111,16 +111,70 @@
 //! sync waits — for a failed voter to return — rather than decide without the updates
 //! only they may hold.
 //!
-//! # Restarts and lost logs
+//! # Restarts, torn tails and lost logs
 //!
-//! A node that restarts with its log resumes its promises and its epoch. A node whose log
-//! lost its tail (a torn or corrupted record, refused at start-up) may have forgotten
-//! promises and acknowledged updates, so it must not come back as the same voter: the host
-//! gives it a new identity (a new membership id), under which it is an empty-handed joiner
-//! that keeps only the committed prefix it still holds and is brought up to date by state
-//! transfer. The old identity is a failed node: the next view drops it and the
-//! configuration follows. [`Gup::recover`] applies this rule itself when the log it is given
-//! belongs to another identity or lost its tail.
+//! A node that restarts with its log resumes its promises and its epoch. What it had
+//! persisted but not yet fsynced may be gone, wholly or in part — a crash, a power loss, a
+//! disk that filled in the middle of a write: the write-ahead log then ends inside a record
+//! (a *torn tail*), which the host cuts to the last whole record, and the node comes back
+//! under the same identity. That is safe because the machine acts on a record only once
+//! [`Gup::handle_durable`] says it is fsynced; what leaves before that depends on nothing
+//! the record holds being kept. A host may (and `ulnet node` does) send the messages of a
+//! batch of input before it fsyncs the batch's records; these are the messages that may
+//! leave ahead of their records, and why losing the records costs nothing:
+//!
+//! - [`Msg::Grant`], [`Msg::GrantCombined`], and the locker's [`Msg::Batch`] and
+//!   [`Msg::Catchup`] of entries it has not fsynced: a grant commits nothing. A position is
+//!   committed only by acknowledgements of durable prefixes, and the locker counts its own
+//!   log only up to its durable prefix. A locker that restarts never resumes granting in
+//!   its epoch (grants it forgot are not made again under the same epoch): its next view
+//!   starts a new epoch, whose sync decides from the logs of a quorum.
+//! - A sender's [`Msg::Batch`] and [`Msg::LockRequest`]: the update is the client's, not a
+//!   promise; receivers persist it and acknowledge their own durable copies.
+//! - [`Msg::SyncRequest`] after a [`Record::Promise`] of the new locker's epoch, and an
+//!   establishing [`Msg::Catchup`] of a decided log not yet fsynced (the answer to a late
+//!   member's state): the members answer with [`Msg::SyncState`] only once *their* promises
+//!   are durable, and the locker grants, counts commits and confirms reads in its epoch only
+//!   once its decided log and its [`Record::Normal`] are durable. A locker that loses them
+//!   syncs again (in the same epoch or a newer one) before it does anything else; members
+//!   that adopted the lost decided log report it as a log of that epoch, the newest there
+//!   is, so the next sync decides the same entries again.
+//! - [`Msg::Heartbeat`] and [`Msg::Committed`] carry commits worked out from durable
+//!   acknowledgements, and `granted` only as a hint for repairs.
+//! - [`Msg::Unlock`], [`Msg::ReadIndexRequest`], [`Msg::ReadIndexReply`] and
+//!   [`Msg::RepairRequest`] depend on no record of their sender.
+//!
+//! Every message that does depend on a record — an [`Msg::Ack`] (of the durable prefix
+//! only), a [`Msg::SyncState`] (after the promise and everything before it are durable),
+//! the acknowledgement of a heartbeat round (it reports the durable prefix, and a node that
+//! promised a newer epoch refuses the round), the locker's first grant in an epoch (after
+//! its decided log and [`Record::Normal`] are durable), a node becoming normal (after the
+//! adopted log is durable) — waits for [`Gup::handle_durable`]. So a record whose fsync did
+//! not return was never acknowledged, never answered a promise, and never granted anything
+//! that a quorum counted; a node that loses it is exactly a node that crashed before
+//! writing it, which the protocol survives (the simulator keeps a random part of the
+//! unfsynced records at every restart). Every acknowledged update is fsynced on a quorum of
+//! its configuration and stays there.
+//!
+//! The same holds when every log tears at once (a power loss, a disk that filled on every
+//! node): each node comes back as itself with its durable log, the view's locker syncs, and
+//! the sync decides the union of the logs of the newest epoch among a quorum of the
+//! configuration — which holds every acknowledged update, as above — and goes on from
+//! there. A host whose disk fails while it runs (no space, a quota, an I/O error) stops
+//! feeding the machine, drops it, cuts the log back to what its last successful fsync
+//! covered (what a failed fsync wrote may show in the page cache and not be on disk), and,
+//! once the disk takes writes again, recovers a new machine from the log under the same
+//! identity, as a restart would.
+//!
+//! A log whose durable prefix was damaged (corruption: a bad record followed by good ones,
+//! a whole record that fails its checksum — bit rot there cannot be told from an unfinished
+//! write, so it is not taken for one) may have forgotten promises and acknowledged updates,
+//! so its node must not come back as the same voter: the host gives it a new identity (a
+//! new membership id), under which it is an empty-handed joiner that keeps only the
+//! committed prefix it still holds and is brought up to date by state transfer. The old
+//! identity is a failed node: the next view drops it and the configuration follows.
+//! [`Gup::recover`] applies this rule itself when the log it is given belongs to another
+//! identity or lost its tail ([`Recovered::lost_tail`]).
 //!
 //! # Using the machine
 //!
@@ -232,9 +286,10 @@ pub enum Event {
 pub struct Recovered {
     /// The records, in log order (a snapshot record first, if any).
     pub records: Vec<Record>,
-    /// The log had a bad tail (checksum failure or torn record) that was refused: the node
-    /// may have lost promises and acknowledged entries, so it comes back as a new node
-    /// (the host must give it a new identity) that keeps only its committed prefix.
+    /// The log had a corrupted tail that was refused (not a torn one: a write whose fsync
+    /// never returned held nothing acted on, and is cut without this): the node may have
+    /// lost promises and acknowledged entries, so it comes back as a new node (the host must
+    /// give it a new identity) that keeps only its committed prefix.
     pub lost_tail: bool,
 }
 
@@ -397,8 +452,11 @@ impl Gup {
     }
 
     /// A participant rebuilt from its write-ahead log (empty for a node joining the cluster
-    /// for the first time). A log that lost its tail, or that belongs to another identity
-    /// (see [`Record::Boot`]), makes a fresh node that keeps only its committed prefix.
+    /// for the first time), after a restart of the process or of the machine alone (a host
+    /// whose disk failed and took writes again). A log cut at a torn tail resumes as
+    /// itself; one that lost a corrupted tail ([`Recovered::lost_tail`]), or that belongs to
+    /// another identity (see [`Record::Boot`]), makes a fresh node that keeps only its
+    /// committed prefix. See *Restarts, torn tails and lost logs* in the module documentation.
     pub fn recover(me: NodeId, config: GupConfig, recovered: Recovered, now: Instant) -> Self {
         let mut g = Self::empty(me, config, now);
         let mut identity: Option<NodeId> = None;

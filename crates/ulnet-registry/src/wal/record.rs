@@ -101,7 +101,8 @@ pub fn decode_record(payload: &[u8]) -> Result<Record, DecodeError> {
     Ok(record)
 }
 
-fn frame_crc(len: [u8; 4], payload: &[u8]) -> u32 {
+/// The checksum of a frame with length field `len` and `payload`.
+pub(super) fn frame_crc(len: [u8; 4], payload: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&len), payload)
 }
 
@@ -153,4 +154,17 @@ pub fn read_frame(buf: &[u8]) -> Result<(Record, usize), FrameError> {
     }
     let record = decode_record(payload).map_err(FrameError::Decode)?;
     Ok((record, FRAME_HEADER_BYTES + len))
+}
+
+/// Whether a whole frame whose checksum matches starts at the start of `buf` (its payload
+/// is not decoded): a cheap test to run at every offset of a damaged tail.
+pub fn frame_checks(buf: &[u8]) -> bool {
+    let Some(header) = buf.get(..FRAME_HEADER_BYTES) else { return false };
+    let len_bytes: [u8; 4] = header[..4].try_into().expect("4 bytes");
+    let len = u32::from_le_bytes(len_bytes) as usize;
+    let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+    len <= FRAME_PAYLOAD_MAX
+        && buf
+            .get(FRAME_HEADER_BYTES..FRAME_HEADER_BYTES + len)
+            .is_some_and(|payload| frame_crc(len_bytes, payload) == crc)
 }

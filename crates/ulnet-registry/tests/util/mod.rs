@@ -1,10 +1,15 @@
 //! GUP nodes inside the simulator, with a membership service in front of them.
 //!
 //! Each simulated node slot runs the state machine over a simulated disk (group-commit
-//! fsync; records not yet fsynced may survive a crash in part; a durable snapshot record
+//! fsync; of the bytes written but not yet fsynced a crash leaves any prefix — a write torn
+//! anywhere, sometimes followed by the zeros of a file extended for it — read back by the
+//! write-ahead log's own reader, which must cut it as a torn tail; a durable snapshot record
 //! deletes the records before it, as the real write-ahead log deletes older segments), a
 //! client that submits updates (plain ones, or registry sets and gets), and takes the views
-//! a membership oracle hands it. Every node reports what it applies to a shared [`World`],
+//! a membership oracle hands it. A disk can be made full: the next fsync fails, and the
+//! node does what `ulnet node`'s registry does — stops, drops what it had not fsynced, tries
+//! the disk again every [`DISK_RETRY`] and, once it takes writes, starts a new machine from
+//! its log in place, under the same identity and in the latest view. Every node reports what it applies to a shared [`World`],
 //! which checks total order at every step.
 //!
 //! The oracle behaves like the membership service: after a change of the world (crash,
@@ -29,6 +34,8 @@ use std::time::{Duration, Instant};
 use ulnet_registry::gup::{Entry, Event, Gup, GupConfig, NodeId, ReadId, Record, Recovered, UpdateId, View};
 use ulnet_registry::linearizability::{Action, Operation};
 use ulnet_registry::store::{Op, Store};
+use ulnet_registry::wal::record::frame_record;
+use ulnet_registry::wal::{read_segment, TailKind};
 use ulnet_sim::{Faults, Node, Sim, Violation, WorldChange};
 
 use ulnet_sim::NodeId as SlotId;
@@ -52,6 +59,8 @@ pub struct World {
     pub t0: Option<Instant>,
     /// An update to trace.
     pub trace: Option<Vec<u8>>,
+    /// Torn tails the write-ahead log's reader cut at restarts.
+    pub torn_tails_cut: u64,
     /// Which slot an identity lives in (identities of restarted nodes stay mapped to their
     /// slot: messages to an old identity reach whoever lives there now, as they would reach
     /// the same address).
@@ -106,6 +115,10 @@ fn mix(h: u64, entry: &Entry) -> u64 {
     x.wrapping_add(1)
 }
 
+/// How often a node stopped by its full disk tries it again (the service's
+/// `DISK_RETRY_INTERVAL`, on the simulator's time scale).
+pub const DISK_RETRY: Duration = Duration::from_millis(20);
+
 /// The simulated disk: fsynced records and records written but not yet fsynced.
 #[derive(Clone, Default)]
 pub struct Disk {
@@ -114,16 +127,67 @@ pub struct Disk {
 }
 
 impl Disk {
-    /// Everything written up to `lsn` is now durable. A durable snapshot record deletes
-    /// every record before it (the write-ahead log removes the older segments).
+    /// Everything written up to `lsn` is now durable.
     fn fsync(&mut self, lsn: u64) {
         let rest = self.written.split_off(self.written.partition_point(|(l, _)| *l <= lsn));
         let done = std::mem::replace(&mut self.written, rest);
         self.durable.extend(done.into_iter().map(|(_, r)| r));
+        self.drop_before_snapshot();
+    }
+
+    /// A durable snapshot record deletes every record before it (the write-ahead log removes
+    /// the older segments).
+    fn drop_before_snapshot(&mut self) {
         if let Some(at) = self.durable.iter().rposition(|r| matches!(r, Record::Snapshot { .. })) {
             self.durable.drain(..at);
         }
     }
+
+    /// What a crash leaves on this disk, read back as the write-ahead log reads it: the
+    /// fsynced records, then any prefix of the bytes written after them — now and then the
+    /// file was extended for the write and the part that never reached the disk reads as
+    /// zeros from a sector boundary. The reader must cut that as a torn tail.
+    fn after_crash(&self, rng: &mut StdRng) -> Result<(Vec<Record>, bool), String> {
+        let mut bytes = Vec::new();
+        for r in &self.durable {
+            frame_record(r, &mut bytes);
+        }
+        let durable_len = bytes.len();
+        for (_, r) in &self.written {
+            frame_record(r, &mut bytes);
+        }
+        let end = bytes.len();
+        let keep = rng.gen_range(durable_len..=end);
+        if keep < end && rng.gen_ratio(1, 3) {
+            // Extended to whole 4 KiB blocks; zeros from the sector where the write stopped.
+            let zeros_from = (keep / 512 * 512).max(durable_len);
+            bytes.resize(end.div_ceil(4096) * 4096, 0);
+            bytes[zeros_from..].iter_mut().for_each(|b| *b = 0);
+        } else {
+            bytes.truncate(keep);
+        }
+        let segment = read_segment(&bytes, true);
+        match segment.end {
+            Some(e) if e.kind == TailKind::Corrupt => Err(format!(
+                "a write torn at byte {keep} of {end} (fsynced up to {durable_len}) read as corruption at {}: {}",
+                e.offset, e.error
+            )),
+            end => Ok((segment.records, end.is_some())),
+        }
+    }
+}
+
+/// The registry state a host rebuilds from its log: the last snapshot in it (position,
+/// hash of the history, store).
+fn state_from(records: &[Record]) -> (u64, u64, Store) {
+    let (mut seq, mut hash, mut store) = (0, 0, Store::default());
+    for r in records {
+        if let Record::Snapshot { snapshot, .. } = r {
+            seq = snapshot.seq;
+            (hash, store) = parse_snapshot(&snapshot.data);
+        }
+    }
+    (seq, hash, store)
 }
 
 pub struct SimNode {
@@ -154,6 +218,14 @@ pub struct SimNode {
     pub last_view: Option<View>,
     /// A name for values this node submits that stays the same across identities.
     slot: u32,
+    config: GupConfig,
+    /// The disk refuses writes: the next fsync fails.
+    pub disk_full: bool,
+    /// Stopped by a failed fsync: when the disk is tried again.
+    stopped: Option<Instant>,
+    /// Times a failed fsync stopped the node, and times it started again in place.
+    pub disk_failures: u64,
+    pub restarts: u64,
 }
 
 fn snapshot_bytes(hash: u64, store: &Store) -> Arc<[u8]> {
@@ -167,17 +239,18 @@ fn parse_snapshot(data: &[u8]) -> (u64, Store) {
 }
 
 impl SimNode {
-    pub fn new(gup: Gup, slot: u32, world: Rc<RefCell<World>>, rng: StdRng, now: Instant) -> Self {
+    pub fn new(gup: Gup, config: GupConfig, slot: u32, world: Rc<RefCell<World>>, rng: StdRng, now: Instant) -> Self {
         world.borrow_mut().t0.get_or_insert(now);
         world.borrow_mut().slot_of.insert(gup.id(), slot);
-        let mut n = Self::new_inner(gup, slot, world, rng);
+        let mut n = Self::new_inner(gup, config, slot, world, rng);
         n.pump(now);
         n
     }
 
-    /// A restarted node: durable records, plus a random prefix of what was written but not
-    /// fsynced; with `lose_tail`, the last durable records are lost to corruption instead
-    /// and the node comes back as `new_identity`.
+    /// A restarted node: durable records, plus what the write-ahead log's reader keeps of
+    /// a torn prefix of what was written but not fsynced (see [`Disk::after_crash`]); with
+    /// `lose_tail`, the last durable records are lost to corruption instead and the node
+    /// comes back as `new_identity`.
     pub fn restart(old: SimNode, config: GupConfig, now: Instant, lose_tail: Option<NodeId>) -> Self {
         {
             // The crashed node's clients never learn how their sets ended.
@@ -194,24 +267,26 @@ impl SimNode {
             disk.durable.truncate(disk.durable.len() - cut);
             lost_tail = true;
         } else {
-            let keep = rng.gen_range(0..=disk.written.len());
-            disk.written.truncate(keep);
-            disk.fsync(u64::MAX);
+            match disk.after_crash(&mut rng) {
+                Ok((records, torn)) => {
+                    disk.durable = records;
+                    old.world.borrow_mut().torn_tails_cut += u64::from(torn);
+                }
+                Err(what) => old.world.borrow_mut().violations.push(format!("{}: {what}", old.me)),
+            }
+            disk.written.clear();
+            disk.drop_before_snapshot();
         }
         let records = disk.durable.clone();
-        // The state the host rebuilds: the last snapshot in the log.
-        let (mut seq, mut hash, mut store) = (0, 0, Store::default());
-        for r in &records {
-            if let Record::Snapshot { snapshot, .. } = r {
-                seq = snapshot.seq;
-                (hash, store) = parse_snapshot(&snapshot.data);
-            }
-        }
+        let (seq, hash, store) = state_from(&records);
         let me = lose_tail.unwrap_or(old.me);
-        let gup = Gup::recover(me, config, Recovered { records: records.clone(), lost_tail }, now);
-        let mut n = SimNode::new_inner(gup, old.slot, old.world, rng);
+        let gup = Gup::recover(me, config.clone(), Recovered { records: records.clone(), lost_tail }, now);
+        let mut n = SimNode::new_inner(gup, config, old.slot, old.world, rng);
         n.world.borrow_mut().slot_of.insert(me, old.slot);
         n.disk.durable = records;
+        n.disk_full = old.disk_full;
+        n.disk_failures = old.disk_failures;
+        n.restarts = old.restarts;
         n.state_seq = seq;
         n.state_hash = hash;
         n.store = store;
@@ -229,7 +304,7 @@ impl SimNode {
         n
     }
 
-    fn new_inner(gup: Gup, slot: u32, world: Rc<RefCell<World>>, rng: StdRng) -> Self {
+    fn new_inner(gup: Gup, config: GupConfig, slot: u32, world: Rc<RefCell<World>>, rng: StdRng) -> Self {
         let me = gup.id();
         Self {
             gup,
@@ -254,7 +329,49 @@ impl SimNode {
             gets: HashMap::new(),
             last_view: None,
             slot,
+            config,
+            disk_full: false,
+            stopped: None,
+            disk_failures: 0,
+            restarts: 0,
         }
+    }
+
+    /// Whether a failed fsync stopped the node (until its disk takes writes again).
+    pub fn stopped(&self) -> bool {
+        self.stopped.is_some()
+    }
+
+    /// An fsync failed: as `ulnet node`'s registry, stop — drop what was written but not
+    /// fsynced (the cut back to the durable mark), refuse the clients waiting — and try the
+    /// disk again later.
+    fn stop_for_disk(&mut self, now: Instant) {
+        self.disk.written.clear();
+        self.fsync = None;
+        self.stopped = Some(now + DISK_RETRY);
+        self.disk_failures += 1;
+        let mut w = self.world.borrow_mut();
+        for (_, (key, value, call)) in self.sets.drain() {
+            // Refused after it was submitted: it may still take effect.
+            w.history.push(Operation { key, action: Action::Set(value), call, ret: None });
+        }
+        self.gets.clear();
+        self.pending.clear();
+    }
+
+    /// The disk takes writes again: a new machine from the durable log, under the same
+    /// identity, in the latest view.
+    fn restart_in_place(&mut self, now: Instant) {
+        let records = self.disk.durable.clone();
+        (self.state_seq, self.state_hash, self.store) = state_from(&records);
+        self.gup = Gup::recover(self.me, self.config.clone(), Recovered { records, lost_tail: false }, now);
+        self.stopped = None;
+        self.restarts += 1;
+        self.pump(now);
+        if let Some(v) = self.last_view.clone() {
+            self.view(now, v);
+        }
+        self.next_submit = self.submit_every.map(|d| now + d);
     }
 
     pub fn start_client(&mut self, every: Duration, now: Instant) {
@@ -271,8 +388,10 @@ impl SimNode {
         if self.last_view.as_ref().is_none_or(|v| v.id < view.id) {
             self.last_view = Some(view.clone());
         }
-        self.gup.handle_view(now, view);
-        self.pump(now);
+        if self.stopped.is_none() {
+            self.gup.handle_view(now, view);
+            self.pump(now);
+        }
     }
 
     pub fn submit_value(&mut self, now: Instant, value: Vec<u8>) -> Option<UpdateId> {
@@ -397,12 +516,29 @@ impl SimNode {
 impl Node for SimNode {
     type Msg = (u64, Vec<u8>);
     fn handle_message(&mut self, now: Instant, _from: SlotId, (from, msg): (u64, Vec<u8>)) {
+        if self.stopped.is_some() {
+            return;
+        }
         self.gup.handle_message(now, NodeId(from), &msg);
         self.pump(now);
     }
 
     fn handle_timeout(&mut self, now: Instant) {
+        if let Some(retry) = self.stopped {
+            if retry <= now {
+                if self.disk_full {
+                    self.stopped = Some(now + DISK_RETRY);
+                } else {
+                    self.restart_in_place(now);
+                }
+            }
+            return;
+        }
         if let Some((at, upto)) = self.fsync {
+            if at <= now && self.disk_full {
+                self.stop_for_disk(now);
+                return;
+            }
             if at <= now {
                 self.disk.fsync(upto);
                 self.fsync = self.disk.written.last().map(|(l, _)| (now + self.fsync_delay, *l));
@@ -445,6 +581,9 @@ impl Node for SimNode {
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
+        if self.stopped.is_some() {
+            return self.stopped;
+        }
         [self.gup.poll_timeout(), self.fsync.map(|f| f.0), self.next_submit].into_iter().flatten().min()
     }
 }
@@ -482,6 +621,8 @@ pub struct Cluster {
     registry_keys: u32,
     /// The clients' submission period while they run.
     client_every: Option<Duration>,
+    /// Slots whose disk refuses writes (kept across crashes: the disk stays full).
+    full: Vec<bool>,
     /// Print every event about this update (debugging a failing seed; also taken from
     /// `ULNET_TRACE_VALUE`).
     pub trace: Option<Vec<u8>>,
@@ -529,7 +670,7 @@ impl Cluster {
                 Gup::recover(id, config.clone(), Recovered::default(), now)
             };
             let node_rng = StdRng::seed_from_u64(seed.wrapping_mul(1000) + slot as u64);
-            sim.add_node(SimNode::new(gup, slot, world.clone(), node_rng, now));
+            sim.add_node(SimNode::new(gup, config.clone(), slot, world.clone(), node_rng, now));
         }
         for slot in n..total {
             // Joiners wait, crashed, for the plan to start them.
@@ -549,6 +690,7 @@ impl Cluster {
             corrupt_on_restart: 0.0,
             corrupt_restarts_left: 1,
             crashed_configs: vec![None; total as usize],
+            full: vec![false; total as usize],
             chaos_views_per_s: 0.0,
             chaos_id: 1_000_000,
             rng,
@@ -580,6 +722,15 @@ impl Cluster {
     pub fn locker_slot(&self) -> u32 {
         let id = self.views.last().and_then(|v| v.locker()).expect("a view");
         self.world.borrow().slot_of[&id]
+    }
+
+    /// Makes the disk of `slot` refuse writes, or take them again (a crashed node finds its
+    /// disk so when it restarts).
+    pub fn set_disk_full(&mut self, slot: u32, full: bool) {
+        self.full[slot as usize] = full;
+        if let Some(n) = self.node_mut(slot) {
+            n.disk_full = full;
+        }
     }
 
     /// Installs a view of `members` (identities) at every live node at once.
@@ -696,6 +847,7 @@ impl Cluster {
         }
         let mut first_starts: Vec<usize> = Vec::new();
         let started = self.started.clone();
+        let full = self.full.clone();
         let mut rng_draw = StdRng::seed_from_u64(self.sim.random_below(u64::MAX));
         let mut restarted: Vec<usize> = Vec::new();
         // The smallest voter set of any configuration a node holds (crashed ones too).
@@ -738,7 +890,9 @@ impl Cluster {
             if let Some(id) = identity {
                 new_identities.push((slot.0 as usize, id));
             }
-            SimNode::restart(old, config.clone(), now, identity)
+            let mut n = SimNode::restart(old, config.clone(), now, identity);
+            n.disk_full = full[slot.0 as usize];
+            n
         });
         for s in first_starts {
             self.started[s] = true;

@@ -90,7 +90,7 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
         let prepared = ulnet_registry::service::prepare(dir).context("reading the registry's log")?;
         if prepared.new_identity {
             eprintln!(
-                "ulnet node: the registry's log lost its tail; joining as a new member to recover it from the peers"
+                "ulnet node: the registry's log was corrupted; joining as a new member to recover it from the peers"
             );
         }
         let gup = if a.profile == "local" {

@@ -161,6 +161,12 @@ fn status(a: StatusArgs) -> Result<i32> {
             s.keys
         );
         println!("voters: {}", s.voters.join(", "));
+        if !s.stopped.is_empty() {
+            println!("{}", s.stopped);
+        }
+        if s.disk_failures > 0 {
+            println!("disk failures: {}, restarts in place: {}", s.disk_failures, s.restarts);
+        }
     }
     Ok(0)
 }

@@ -7,8 +7,14 @@
 //! starts: a node whose log is empty and whose first view holds only itself (view 1: it
 //! formed the cluster) creates the registry's first configuration; any other node with an
 //! empty log joins, is brought up to date by state transfer and then voted in; a node with
-//! a log recovers from it. A node whose log lost its tail must come back under a new
+//! a log recovers from it. A torn tail (a write whose fsync never returned) is cut and the
+//! node goes on as itself; a node whose log was corrupted must come back under a new
 //! membership id: [`prepare`] sees to it before the node starts.
+//!
+//! When the disk fails under a running registry (no space, a quota, an I/O error), the
+//! registry stops, its clients are told why and that it retries, and it starts again in
+//! place from its log once the disk takes writes again ([`disk`]); `registry status` shows
+//! the cause and counts the stops and restarts.
 //!
 //! Everything runs on the node's control thread. Input (GUP messages, client requests) is
 //! handed to the machine as it comes; its output is collected once per batch in `on_tick`,
@@ -17,10 +23,13 @@
 //! (group commit without a writer thread: two thread switches fewer per batch, which
 //! counts when 32 nodes share two cores).
 
+pub mod disk;
+
 use crate::client::{self, GetAnswer, Outcome, RegistryStatus, UpdateAnswer};
 use crate::gup::{GupConfig, NodeId, Recovered, UpdateId, View};
-use crate::wal::{self, InlineWal};
+use crate::wal::{self, InlineWal, WalError};
 use crate::{GetId, Registry, RegistryEvent, SetError};
+use disk::Stopped;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -41,27 +50,30 @@ pub fn registry_dir(data_dir: &Path) -> PathBuf {
 
 /// What [`prepare`] found.
 pub struct Prepared {
-    /// The log's records and whether its tail was refused.
+    /// The log's records, and the tail cut or refused.
     pub recovery: wal::Recovery,
     /// The node must take a new membership identity (its log lost what it promised).
     pub new_identity: bool,
 }
 
-/// Reads the registry's log in `data_dir` before the node starts. A refused tail (torn or
-/// corrupted record) is reported, and the node's membership identity is set aside
-/// (`ulnet_cluster::runtime::forget_identity`) so that it comes back as a new member:
-/// the old identity may have promised and acknowledged what the lost tail held.
+/// Reads the registry's log in `data_dir` before the node starts. A torn tail (a write
+/// whose fsync never returned) is cut and the node goes on as itself. A corrupted tail is
+/// reported, and the node's membership identity is set aside
+/// (`ulnet_cluster::runtime::forget_identity`) so that it comes back as a new member: the
+/// old identity may have promised and acknowledged what the lost tail held. The identity
+/// is set aside before the log is cut, so that a crash in between finds the corruption
+/// again rather than a clean log under the old identity.
 pub fn prepare(data_dir: &Path) -> std::io::Result<Prepared> {
-    let recovery = wal::recover(&registry_dir(data_dir))?;
-    let new_identity = recovery.refused.is_some();
-    if let Some(r) = &recovery.refused {
+    let scan = wal::scan(&registry_dir(data_dir))?;
+    let new_identity = scan.refused().is_some_and(|r| r.kind == wal::TailKind::Corrupt);
+    if let Some(r) = scan.refused().filter(|_| new_identity) {
         tracing::warn!(
             file = %r.file.display(), offset = r.offset, bytes = r.bytes, reason = %r.reason,
-            "registry log: refused a bad tail; this node rejoins as a new member and recovers the rest from its peers"
+            "registry log: refused a corrupted tail; this node rejoins as a new member and recovers the rest from its peers"
         );
         ulnet_cluster::runtime::forget_identity(data_dir)?;
     }
-    Ok(Prepared { recovery, new_identity })
+    Ok(Prepared { recovery: scan.cut()?, new_identity })
 }
 
 struct Running {
@@ -69,16 +81,30 @@ struct Running {
     wal: InlineWal,
 }
 
+/// Where the registry of a node is in its life.
+enum State {
+    /// Waiting for the first view, with the log [`prepare`] read.
+    Waiting(Recovered),
+    /// Boxed: the machine is large, and a registry spends its life in this state.
+    Running(Box<Running>),
+    /// Stopped by its disk (see [`disk`]).
+    Stopped(Stopped),
+}
+
 /// The registry service. See the module documentation.
 pub struct RegistryService {
     dir: PathBuf,
     config: GupConfig,
     snapshot_every: u64,
-    recovered: Option<Recovered>,
-    run: Option<Running>,
-    failed: bool,
+    state: State,
+    /// The latest view: a registry that starts again in place starts from it.
+    view: Option<View>,
     sets: HashMap<UpdateId, ReplyToken>,
     gets: HashMap<GetId, ReplyToken>,
+    /// Times a disk failure stopped the registry.
+    disk_failures: u64,
+    /// Times it started again in place from its log.
+    restarts: u64,
 }
 
 impl RegistryService {
@@ -88,11 +114,12 @@ impl RegistryService {
             dir: registry_dir(data_dir),
             config: Registry::config(config),
             snapshot_every: SNAPSHOT_EVERY,
-            recovered: Some(prepared.recovery.recovered),
-            run: None,
-            failed: false,
+            state: State::Waiting(prepared.recovery.recovered),
+            view: None,
             sets: HashMap::new(),
             gets: HashMap::new(),
+            disk_failures: 0,
+            restarts: 0,
         }
     }
 
@@ -102,9 +129,9 @@ impl RegistryService {
         self
     }
 
-    /// Starts the registry at the first view.
-    fn start(&mut self, me: NodeId, view: &View, now: Instant) {
-        let Some(recovered) = self.recovered.take() else { return };
+    /// Starts the registry from `recovered` (the log's records) in `view`: the machine, the
+    /// store, and a new log segment to append to.
+    fn open(&self, me: NodeId, view: &View, recovered: Recovered, now: Instant) -> Result<Running, WalError> {
         let records = recovered.records.clone();
         let first_node = records.is_empty() && view.id == 1 && view.members == [me];
         let gup = if first_node {
@@ -114,54 +141,104 @@ impl RegistryService {
             crate::gup::Gup::recover(me, self.config.clone(), recovered, now)
         };
         let reg = Registry::recover(gup, &records, self.snapshot_every);
-        match InlineWal::open(&self.dir) {
-            Ok(wal) => self.run = Some(Running { reg, wal }),
-            Err(e) => self.fail(&format!("cannot open the log in {}: {e}", self.dir.display())),
+        let wal = InlineWal::open(&self.dir).map_err(|e| WalError::from_io(&self.dir, &e))?;
+        Ok(Running { reg, wal })
+    }
+
+    /// Starts the registry from `recovered` at `now` (its first start, or again in place),
+    /// in the latest view — or stops it when the log cannot be opened.
+    fn start(&mut self, me: NodeId, recovered: Recovered, now: Instant) {
+        let Some(view) = self.view.clone() else {
+            self.state = State::Waiting(recovered);
+            return;
+        };
+        let mark = match &self.state {
+            State::Stopped(s) => s.mark(),
+            _ => None,
+        };
+        match self.open(me, &view, recovered, now) {
+            Ok(mut run) => {
+                run.reg.handle_view(now, view);
+                self.state = State::Running(Box::new(run));
+            }
+            Err(e) => {
+                self.disk_failures += 1;
+                self.state = State::Stopped(Stopped::new(&self.dir, e, mark, now));
+            }
         }
     }
 
     /// The disk failed: the node can no longer make promises durable, so its registry stops
-    /// taking part (the others go on without it; restart it on a working disk).
-    fn fail(&mut self, why: &str) {
-        tracing::error!("registry stopped: {why}");
-        self.failed = true;
-        self.run = None;
+    /// taking part (the others go on without it), everyone waiting is told why (a set it
+    /// took may still take effect: its messages may have left), and the disk is tried again
+    /// every [`disk::DISK_RETRY_INTERVAL`].
+    fn stop(&mut self, error: WalError, now: Instant, ctx: &mut ServiceContext<'_>) {
+        let mark = match std::mem::replace(&mut self.state, State::Waiting(Recovered::default())) {
+            State::Running(run) => Some(run.wal.durable_mark()),
+            State::Stopped(s) => s.mark(),
+            State::Waiting(_) => None,
+        };
+        self.disk_failures += 1;
+        let stopped = Stopped::new(&self.dir, error, mark, now);
+        let why = stopped.cause().to_string();
+        self.state = State::Stopped(stopped);
+        for (_, token) in self.sets.drain() {
+            // Its lock request or its entry may have left already: not refused, undecided.
+            let message = format!("{why}; the update may still take effect");
+            let answer = UpdateAnswer { outcome: Outcome::Indeterminate, seq: 0, message };
+            ctx.reply(token, Ok(client::encode_update_answer(&answer)));
+        }
+        for (_, token) in self.gets.drain() {
+            ctx.reply(token, Ok(refused_get(why.clone())));
+        }
+    }
+
+    /// A stopped registry whose disk takes writes again starts in place from its log.
+    fn try_restart(&mut self, now: Instant, ctx: &mut ServiceContext<'_>) {
+        let State::Stopped(stopped) = &mut self.state else { return };
+        let Some(recovered) = stopped.try_reopen(&self.dir, now) else { return };
+        self.restarts += 1;
+        self.start(NodeId(ctx.me().id.0), recovered, now);
     }
 
     fn status(&self, me: &MemberId) -> RegistryStatus {
-        let Some(run) = &self.run else {
-            return RegistryStatus { node: me.to_string(), ..RegistryStatus::default() };
+        let mut status = RegistryStatus {
+            node: me.to_string(),
+            disk_failures: self.disk_failures,
+            restarts: self.restarts,
+            ..RegistryStatus::default()
+        };
+        let run = match &self.state {
+            State::Running(run) => run,
+            State::Stopped(s) => return RegistryStatus { stopped: s.cause().to_string(), ..status },
+            State::Waiting(_) => return status,
         };
         let g = run.reg.gup();
-        RegistryStatus {
-            node: me.to_string(),
-            running: true,
-            epoch: {
-                let e = g.epoch();
-                format!("e{}.{}/{}", e.view, e.round, MemberId(e.locker.0))
-            },
-            normal: g.is_normal(),
-            locker: g.is_locker(),
-            applied: g.applied(),
-            committed: g.committed(),
-            voters: g
-                .applied_config()
-                .map(|c| c.voters.iter().map(|n| MemberId(n.0).to_string()).collect())
-                .unwrap_or_default(),
-            keys: run.reg.store().len() as u64,
-        }
+        let e = g.epoch();
+        status.running = true;
+        status.epoch = format!("e{}.{}/{}", e.view, e.round, MemberId(e.locker.0));
+        status.normal = g.is_normal();
+        status.locker = g.is_locker();
+        status.applied = g.applied();
+        status.committed = g.committed();
+        status.voters = g
+            .applied_config()
+            .map(|c| c.voters.iter().map(|n| MemberId(n.0).to_string()).collect())
+            .unwrap_or_default();
+        status.keys = run.reg.store().len() as u64;
+        status
     }
 
     /// Hands the machine's output to the node: records to the log, answers to the clients
     /// waiting, messages to the other members.
-    fn drain(&mut self, ctx: &mut ServiceContext<'_>) {
-        let Some(run) = &mut self.run else { return };
+    fn drain(&mut self, now: Instant, ctx: &mut ServiceContext<'_>) {
+        let State::Running(run) = &mut self.state else { return };
         let mut failure = None;
         while let Some(ev) = run.reg.poll_event() {
             match ev {
                 RegistryEvent::Persist { lsn, record } => {
                     if let Err(e) = run.wal.append(lsn, &record) {
-                        failure = Some(e.to_string());
+                        failure = Some(e);
                         break;
                     }
                 }
@@ -197,8 +274,8 @@ impl RegistryService {
                 RegistryEvent::Changed { .. } => {}
             }
         }
-        if let Some(why) = failure {
-            self.fail_pending(&why, ctx);
+        if let Some(error) = failure {
+            self.stop(error, now, ctx);
             return;
         }
         while let Some((to, bytes)) = run.reg.poll_transmit() {
@@ -206,22 +283,10 @@ impl RegistryService {
         }
     }
 
-    /// The log failed: answer everyone waiting, and stop.
-    fn fail_pending(&mut self, why: &str, ctx: &mut ServiceContext<'_>) {
-        for (_, token) in self.sets.drain() {
-            ctx.reply(token, Ok(refused(format!("registry stopped: {why}"))));
-        }
-        for (_, token) in self.gets.drain() {
-            ctx.reply(token, Ok(refused_get(format!("registry stopped: {why}"))));
-        }
-        self.fail(why);
-    }
-
     fn not_running(&self) -> String {
-        if self.failed {
-            "this node's registry stopped after a disk failure".into()
-        } else {
-            "this node's registry has not started (no view yet)".into()
+        match &self.state {
+            State::Stopped(s) => s.cause().to_string(),
+            _ => "this node's registry has not started (no view yet)".into(),
         }
     }
 }
@@ -249,18 +314,20 @@ impl Service for RegistryService {
 
     fn on_view(&mut self, view: &ulnet_cluster::View, ctx: &mut ServiceContext<'_>) {
         let now = Instant::now();
-        let me = NodeId(ctx.me().id.0);
         let view = View::new(view.id, view.members.iter().map(|m| NodeId(m.id.0)).collect());
-        if self.run.is_none() && !self.failed {
-            self.start(me, &view, now);
-        }
-        if let Some(run) = &mut self.run {
-            run.reg.handle_view(now, view);
+        self.view = Some(view.clone());
+        match &mut self.state {
+            State::Waiting(recovered) => {
+                let recovered = std::mem::take(recovered);
+                self.start(NodeId(ctx.me().id.0), recovered, now);
+            }
+            State::Running(run) => run.reg.handle_view(now, view),
+            State::Stopped(_) => {}
         }
     }
 
     fn on_message(&mut self, from: MemberId, data: &[u8], _ctx: &mut ServiceContext<'_>) {
-        if let Some(run) = &mut self.run {
+        if let State::Running(run) = &mut self.state {
             run.reg.handle_message(Instant::now(), NodeId(from.0), data);
         }
     }
@@ -272,8 +339,8 @@ impl Service for RegistryService {
             ctx.reply(reply, Ok(json));
             return;
         }
-        let not_running = self.not_running();
-        let Some(run) = &mut self.run else {
+        let State::Running(run) = &mut self.state else {
+            let not_running = self.not_running();
             let answer = if method == client::METHOD_GET { refused_get(not_running) } else { refused(not_running) };
             ctx.reply(reply, Ok(answer));
             return;
@@ -307,29 +374,36 @@ impl Service for RegistryService {
     }
 
     fn on_tick(&mut self, now: Instant, ctx: &mut ServiceContext<'_>) {
-        if self.run.as_ref().is_some_and(|r| r.reg.poll_timeout().is_some_and(|t| t <= now)) {
-            self.run.as_mut().expect("checked").reg.handle_timeout(now);
+        self.try_restart(now, ctx);
+        if let State::Running(run) = &mut self.state {
+            if run.reg.poll_timeout().is_some_and(|t| t <= now) {
+                run.reg.handle_timeout(now);
+            }
         }
-        self.drain(ctx);
+        self.drain(now, ctx);
     }
 
     fn on_sent(&mut self, now: Instant, ctx: &mut ServiceContext<'_>) {
         // The batch's records: one write and one fsync for all, after its messages left.
-        let Some(run) = &mut self.run else { return };
+        let State::Running(run) = &mut self.state else { return };
         if !run.wal.pending() {
             return;
         }
         match run.wal.sync() {
             Ok(Some(lsn)) => {
                 run.reg.handle_durable(now, lsn);
-                self.drain(ctx);
+                self.drain(now, ctx);
             }
             Ok(None) => {}
-            Err(e) => self.fail_pending(&e.to_string(), ctx),
+            Err(e) => self.stop(e, now, ctx),
         }
     }
 
     fn poll_timeout(&self) -> Option<Instant> {
-        self.run.as_ref().and_then(|r| r.reg.poll_timeout())
+        match &self.state {
+            State::Running(run) => run.reg.poll_timeout(),
+            State::Stopped(s) => s.next_try(),
+            State::Waiting(_) => None,
+        }
     }
 }
