@@ -440,18 +440,60 @@ fn slurm_environment_one_host_over_shared_memory() {
     });
 }
 
+/// The environment srun gives rank `rank` of 2 on two hosts.
+fn slurm_two_hosts(rank: usize) -> Vec<(String, String)> {
+    env(&[
+        ("SLURM_PROCID", rank.to_string()),
+        ("SLURM_NTASKS", "2".into()),
+        ("SLURM_STEP_NODELIST", "127.0.0.1,127.0.0.2".into()),
+        ("SLURM_NNODES", "2".into()),
+        ("SLURM_JOB_ID", "4711".into()),
+        ("SLURMD_NODENAME", format!("127.0.0.{}", rank + 1)),
+    ])
+}
+
 #[test]
 fn slurm_environment_many_hosts_over_tcp() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "sort-secret").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     launched_by_environment("slurm", 2, |rank| {
-        env(&[
-            ("SLURM_PROCID", rank.to_string()),
-            ("SLURM_NTASKS", "2".into()),
-            ("SLURM_STEP_NODELIST", "127.0.0.1,127.0.0.2".into()),
-            ("SLURM_NNODES", "2".into()),
-            ("SLURM_JOB_ID", "4711".into()),
-            ("SLURMD_NODENAME", format!("127.0.0.{}", rank + 1)),
-        ])
+        let mut e = slurm_two_hosts(rank);
+        e.push(("ULNET_SECRET_FILE".into(), secret.display().to_string()));
+        e
     });
+}
+
+#[test]
+fn slurm_across_hosts_without_a_secret_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.dat");
+    let output = dir.path().join("out.dat");
+    gensort(&input, 1000, RecordFormat::BINARY);
+    let port = free_port().to_string();
+    let children: Vec<_> = (0..2)
+        .map(|rank| {
+            Command::new(ULNET)
+                .args(["sort", "--launcher", "slurm", "--port", &port])
+                .args(["--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()])
+                .envs(slurm_two_hosts(rank))
+                .env_remove("ULNET_SECRET_FILE")
+                .env_remove("ULNET_SECRET")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (rank, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "rank {rank}: {err}");
+        assert!(err.contains("no cluster secret") && err.contains("--secret-file"), "rank {rank}: {err}");
+    }
+    assert!(!output.exists());
 }
 
 #[test]

@@ -69,31 +69,30 @@ pub enum SecretError {
 /// says so, with a warning, else read from the file `ULNET_SECRET_FILE` names; without
 /// any of them, refused.
 pub fn for_server(file: Option<&Path>, insecure: bool) -> Result<Vec<u8>, SecretError> {
-    match file {
-        Some(path) => read_file(path),
-        None if insecure => {
-            eprintln!(
-                "ulnet: warning: running without a cluster secret (--insecure-no-secret): any process that reaches \
-                 its address can join and call every service; for development on one host only"
-            );
-            Ok(Vec::new())
-        }
-        None => file_from_env().map_or(Err(SecretError::Missing), |path| read_file(&path)),
+    if file.is_none() && insecure {
+        eprintln!(
+            "ulnet: warning: running without a cluster secret (--insecure-no-secret): any process that reaches \
+             this command's address can connect and call it; for development on one host only"
+        );
+        return Ok(Vec::new());
     }
+    given(file)?.ok_or(SecretError::Missing)
 }
 
 /// The secret of a client command: read from `file` (`--secret-file`), else from the file
 /// `ULNET_SECRET_FILE` names, else the empty secret.
 pub fn for_client(file: Option<&Path>) -> Result<Vec<u8>, SecretError> {
-    match file {
-        Some(path) => read_file(path),
-        None => file_from_env().map_or(Ok(Vec::new()), |path| read_file(&path)),
-    }
+    Ok(given(file)?.unwrap_or_default())
 }
 
-/// The file `ULNET_SECRET_FILE` names, if it is set and not empty.
-fn file_from_env() -> Option<PathBuf> {
-    std::env::var_os(SECRET_FILE_ENV).filter(|v| !v.is_empty()).map(PathBuf::from)
+/// The secret read from `file` (`--secret-file`), else from the file `ULNET_SECRET_FILE`
+/// names (when set and not empty); `None` without either.
+pub fn given(file: Option<&Path>) -> Result<Option<Vec<u8>>, SecretError> {
+    let from_env = || std::env::var_os(SECRET_FILE_ENV).filter(|v| !v.is_empty()).map(PathBuf::from);
+    match file.map(Path::to_path_buf).or_else(from_env) {
+        Some(path) => read_file(&path).map(Some),
+        None => Ok(None),
+    }
 }
 
 /// Reads the secret from `path`: its bytes without trailing whitespace; warns when other
@@ -124,13 +123,32 @@ fn others_may_access(mode: u32) -> bool {
     mode & 0o077 != 0
 }
 
-/// Writes a new random secret into `path`, which must not exist, readable by its owner
-/// only; returns the secret as [`read_file`] reads it back. For commands that start their
-/// own cluster (the demo).
+/// A new random secret: 32 bytes from the kernel's generator.
+pub fn random() -> std::io::Result<Vec<u8>> {
+    let mut secret = vec![0u8; 32];
+    rustix::rand::getrandom(&mut secret, rustix::rand::GetRandomFlags::empty())?;
+    Ok(secret)
+}
+
+/// `bytes` as lowercase hexadecimal digits, two per byte.
+pub fn to_hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The bytes `hex` spells ([`to_hex`]'s inverse); `None` when it is not an even number of
+/// hexadecimal digits.
+pub fn from_hex(hex: &str) -> Option<Vec<u8>> {
+    if !hex.len().is_multiple_of(2) || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok()).collect()
+}
+
+/// Writes a new [`random`] secret into `path` (in hexadecimal), which must not exist,
+/// readable by its owner only; returns the secret as [`read_file`] reads it back. For
+/// commands that start their own cluster (the demo).
 pub fn write_new_file(path: &Path) -> anyhow::Result<Vec<u8>> {
-    let mut random = [0u8; 32];
-    rustix::rand::getrandom(&mut random, rustix::rand::GetRandomFlags::empty())?;
-    let hex: String = random.iter().map(|b| format!("{b:02x}")).collect();
+    let hex = to_hex(&random()?);
     let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)?;
     writeln!(f, "{hex}")?;
     Ok(read_file(path)?)
@@ -180,6 +198,17 @@ mod tests {
         assert_eq!(secret.len(), 64);
         assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
         assert!(write_new_file(&path).is_err(), "an existing file is never overwritten");
+    }
+
+    #[test]
+    fn hex_spells_the_bytes_back() {
+        let bytes = [0u8, 1, 0x7f, 0x80, 0xff];
+        assert_eq!(to_hex(&bytes), "00017f80ff");
+        assert_eq!(from_hex(&to_hex(&bytes)).unwrap(), bytes);
+        assert_eq!(from_hex(""), Some(Vec::new()));
+        for bad in ["0", "0g", "+1", "ééé"] {
+            assert_eq!(from_hex(bad), None, "{bad}");
+        }
     }
 
     #[test]
