@@ -1,7 +1,8 @@
 //! Commands that write a size chosen up front check the room first: `gensort` refuses a
 //! count its file system cannot hold, or no file can, with both figures and without
-//! touching the file. Each runs on a small tmpfs mounted in a mount namespace of its own
-//! (needs root; skips with the reason otherwise).
+//! touching the file; `sort` refuses an output its file system cannot hold before any node
+//! starts. Each runs on a small tmpfs mounted in a mount namespace of its own (needs root;
+//! skips with the reason otherwise).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -102,4 +103,30 @@ fn gensort_refuses_what_the_file_system_cannot_hold_and_writes_what_fits() {
     let out = fs.ulnet(&["gensort", "20000", file]);
     assert!(stderr_of(&out).contains("counting the"), "{}", stderr_of(&out));
     assert_eq!(std::fs::metadata(fs.seen_from_here("x.dat")).unwrap().len(), 900_000);
+}
+
+#[test]
+fn sort_refuses_an_output_the_file_system_cannot_hold() {
+    let Some(fs) = SmallFs::new() else { return };
+    let inputs = tempfile::tempdir().unwrap();
+    let big = inputs.path().join("big.dat");
+    let small = inputs.path().join("small.dat");
+    for (path, records) in [(&big, "20000"), (&small, "5000")] {
+        let out = Command::new(ULNET).args(["gensort", records, path.to_str().unwrap()]).output().unwrap();
+        assert!(out.status.success(), "{}", stderr_of(&out));
+    }
+    let output = fs.path("out.dat");
+    let output = output.to_str().unwrap();
+    for extra in [&[][..], &["--partitioned"]] {
+        let mut args = vec!["sort", "--nodes", "2", "--input", big.to_str().unwrap(), "--output", output];
+        args.extend_from_slice(extra);
+        let out = fs.ulnet(&args);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {}", stderr_of(&out));
+        let err = stderr_of(&out);
+        assert!(err.contains("needs 2.0 MB") && err.contains("has 1.0 MB free"), "{extra:?}: {err}");
+        assert_eq!(std::fs::read_dir(fs.seen_from_here("")).unwrap().count(), 0, "{extra:?}: nothing written");
+    }
+    let out = fs.ulnet(&["sort", "--nodes", "2", "--input", small.to_str().unwrap(), "--output", output]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(std::fs::metadata(fs.seen_from_here("out.dat")).unwrap().len(), 500_000);
 }

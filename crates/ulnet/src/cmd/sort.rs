@@ -33,6 +33,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ulnet_river::mesh::{MeshConfig, MeshTransport};
 use ulnet_river::sort::launch::{from_mpi, from_slurm};
 use ulnet_river::sort::{run_node, FormatChoice, NodePlace, OutputIo, Phase, SortJob, SortReport};
+use ulnet_sortbench::room::{self, Replaced};
 
 /// How the nodes are started.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -357,6 +358,10 @@ fn run_from_environment(a: SortArgs, t0: u128) -> Result<i32> {
     let Some(p) = placement else {
         bail!("--launcher {:?} but no Slurm or MPI rank variables are set: start it with srun or mpirun", a.launcher)
     };
+    // Every rank checks, so that all refuse together rather than some wait for the others.
+    if let Ok(input) = std::fs::metadata(&a.input) {
+        check_output_room(&a, input.len(), p.single_host)?;
+    }
     if p.single_host {
         // While this process has one thread (see `Endpoint::prepare_shm`).
         ulnet_core::Endpoint::prepare_shm();
@@ -393,6 +398,17 @@ fn run_from_environment(a: SortArgs, t0: u128) -> Result<i32> {
         print_report(&r, a.json)?;
     }
     Ok(0)
+}
+
+/// Refuses an output its file system cannot hold before any node starts: the sorted
+/// records take the input's size, and an output already there stays until the new one is
+/// renamed over it. Partitions on several hosts (`--partitioned`) each take a share known
+/// only after sampling, on file systems this process may not see: not checked.
+fn check_output_room(a: &SortArgs, input_bytes: u64, one_host: bool) -> Result<()> {
+    if a.partitioned && !one_host {
+        return Ok(());
+    }
+    room::check(&a.output, u128::from(input_bytes), Replaced::AfterRename).context("the sorted records")
 }
 
 fn job_records(job: &SortJob) -> u64 {
@@ -521,6 +537,7 @@ fn launch(mut a: SortArgs, t0: u128) -> Result<i32> {
     if !(1..=256).contains(&size) {
         bail!("--nodes must be between 1 and 256");
     }
+    check_output_room(&a, meta.len(), !ssh)?;
     let job = format!("{}-{:x}", std::process::id(), t0 % (1 << 32));
     let sort_job = job_of(&a, job.clone(), size, t0);
     let secret_line = format!("{}\n", secret::to_hex(&launched_secret(&a)?));
