@@ -130,23 +130,21 @@ fn the_secret_file_may_come_from_ulnet_secret_file() {
     assert!(stderr_of(&out).contains("wrong or missing --secret-file"), "{}", stderr_of(&out));
 }
 
+/// Runs `c` (given an empty secret file), which must refuse it: exit 2, naming the cause.
+fn refuses_the_empty_file(c: &mut Command) {
+    let out = run_to_end(c).expect("the command went on with an empty secret");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains("is empty"), "{}", stderr_of(&out));
+}
+
 #[test]
 fn an_empty_secret_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let empty = secret_file(dir.path(), "secret", " \n", 0o600);
     let addr = free_addrs(1, 30)[0].to_string();
-    let out = run_to_end(ulnet(&["node", "--name", "a", "--listen", &addr]).arg("--secret-file").arg(&empty))
-        .expect("the node started with an empty secret");
-    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
-    assert!(stderr_of(&out).contains("is empty"), "{}", stderr_of(&out));
-    // The same file named by the environment, and for a client.
-    let out = run_to_end(ulnet(&["node", "--name", "a", "--listen", &addr]).env("ULNET_SECRET_FILE", &empty))
-        .expect("the node started with an empty secret");
-    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
-    let out = run_to_end(ulnet(&["registry", "get", "k", "--connect", &addr]).arg("--secret-file").arg(&empty))
-        .expect("a client ends");
-    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
-    assert!(stderr_of(&out).contains("is empty"), "{}", stderr_of(&out));
+    refuses_the_empty_file(ulnet(&["node", "--name", "a", "--listen", &addr]).arg("--secret-file").arg(&empty));
+    refuses_the_empty_file(ulnet(&["node", "--name", "a", "--listen", &addr]).env("ULNET_SECRET_FILE", &empty));
+    refuses_the_empty_file(ulnet(&["registry", "get", "k", "--connect", &addr]).arg("--secret-file").arg(&empty));
 }
 
 #[test]
