@@ -42,7 +42,7 @@ class Cluster:
         self.profile, self.base, self.dir = profile, base_port, workdir
         self.procs = {}
         self.secret = os.path.join(workdir, "secret")
-        with open(self.secret, "w") as f:
+        with open(os.open(self.secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
             f.write("bench-secret\n")
 
     def addr(self, i):

@@ -9,11 +9,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=$1; n=32; WORK=/var/tmp/ulnet-registry-bench-roles; SECS=5
 rm -rf $WORK && mkdir -p $WORK
+. bench/lib/registry-nodes.sh
+make_cluster_secret "$WORK"
 pids=(); seeds=""
 cleanup() { for p in "${pids[@]:-}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
 trap cleanup EXIT
 for i in $(seq 0 $((n - 1))); do
-  "$BIN" node --name "n$i" --listen "127.0.0.1:$((28000 + i))" ${seeds:+--seeds "$seeds"} --data-dir "$WORK/n$i" >"$WORK/n$i.log" 2>&1 &
+  "$BIN" node --name "n$i" --listen "127.0.0.1:$((28000 + i))" ${seeds:+--seeds "$seeds"} --data-dir "$WORK/n$i" --secret-file "$WORK/secret" >"$WORK/n$i.log" 2>&1 &
   pids+=($!); seeds=${seeds:-127.0.0.1:28000}
 done
 addrs=$(seq -s, 28000 $((28000 + n - 1)) | sed 's/\([0-9]*\)/127.0.0.1:\1/g')

@@ -66,7 +66,7 @@ if want member; then
   # (ULNET_TRACE_SAMPLE=1): at 15 datagrams/s the clock reads cost nothing, and the default
   # 1 ms ticker would make most inter-arrival times within a burst zero.
   : > "$OUT/member-run.txt"
-  head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$T/secret"
+  (umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$T/secret")
   base=$((40000 + RANDOM % 20000)); pids=()
   for i in $(seq 0 7); do
     port=$((base + i)); seeds=()

@@ -19,6 +19,7 @@ use anyhow::Context;
 use clap::Parser;
 
 use crate::gen::{write_records, RecordFormat};
+use crate::room::{self, Replaced};
 use crate::valsort::{parse_summaries, KeyOrder, Summary, Validator, ValsortError};
 
 /// Arguments of `gensort`: generate Sort Benchmark input records.
@@ -104,8 +105,13 @@ pub fn run_gensort(args: &GensortArgs) -> anyhow::Result<i32> {
 
 /// Runs gensort, writing its messages (the checksum with `-c`, or an error) to
 /// `messages`; returns the exit code: 0, or 1 when the file cannot be created.
-/// An error is returned when writing the records fails.
+/// An error is returned when the records do not fit on the file system (checked
+/// before the file is touched, see [`crate::room`]) or writing them fails.
 pub fn run_gensort_to(args: &GensortArgs, messages: &mut dyn Write) -> anyhow::Result<i32> {
+    // Every format's records are RECORD_SIZE bytes (ascii ones end in "\r\n").
+    let needed = u128::from(args.num_records) * crate::RECORD_SIZE as u128;
+    room::check(&args.file, needed, Replaced::InPlace)
+        .with_context(|| format!("{} records of {} bytes", args.num_records, crate::RECORD_SIZE))?;
     let mut file = match File::create(&args.file) {
         Ok(f) => f,
         Err(e) => {

@@ -12,7 +12,7 @@
 //!   combining per-partition summaries ([`combine`]), the 280-byte summary
 //!   record.
 //! * [`cli`]: the two programs' arguments and entry points for the `ulnet`
-//!   command.
+//!   command; gensort checks first that its file fits ([`room`]).
 //!
 //! A record is 100 bytes; its key is the first 10 bytes, compared as unsigned
 //! bytes.
@@ -35,6 +35,7 @@ pub mod checksum;
 pub mod cli;
 pub mod gen;
 pub mod rand16;
+pub mod room;
 pub mod valsort;
 
 pub use checksum::Checksum;

@@ -72,9 +72,19 @@ fn main() {
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            eprintln!("ulnet: error: {}", one_line(&e));
-            std::process::exit(1);
+            eprintln!("ulnet: error: {}", cmd::secret::explain_refused_handshake(one_line(&e)));
+            std::process::exit(exit_code(&e));
         }
+    }
+}
+
+/// The exit code of a failed command: 2 when it had no usable cluster secret (as for a
+/// command line clap refuses), else 1.
+fn exit_code(e: &anyhow::Error) -> i32 {
+    if e.chain().any(|cause| cause.is::<cmd::secret::SecretError>()) {
+        cmd::secret::SECRET_EXIT_CODE
+    } else {
+        1
     }
 }
 

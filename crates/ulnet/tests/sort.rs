@@ -387,19 +387,23 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// Starts `size` processes of `ulnet sort` with per-rank environments, as srun or mpirun
-/// would, and checks the output node 0 reports.
-fn launched_by_environment(launcher: &str, size: usize, env_of: impl Fn(usize) -> Vec<(String, String)>) {
-    let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("in.dat");
-    let output = dir.path().join("out.dat");
-    let sum = gensort(&input, 200_000, RecordFormat::ASCII);
+/// Starts `size` processes of `ulnet sort --launcher LAUNCHER ARGS` with per-rank
+/// environments (and no cluster secret but what they give), as srun or mpirun would, and
+/// waits for them all.
+fn run_ranks(
+    launcher: &str,
+    size: usize,
+    args: &[&str],
+    env_of: impl Fn(usize) -> Vec<(String, String)>,
+) -> Vec<Output> {
     let port = free_port().to_string();
     let children: Vec<_> = (0..size)
         .map(|rank| {
             Command::new(ULNET)
-                .args(["sort", "--launcher", launcher, "--port", &port, "--json", "--verify"])
-                .args(["--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()])
+                .args(["sort", "--launcher", launcher, "--port", &port])
+                .args(args)
+                .env_remove("ULNET_SECRET_FILE")
+                .env_remove("ULNET_SECRET")
                 .envs(env_of(rank))
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
@@ -408,7 +412,18 @@ fn launched_by_environment(launcher: &str, size: usize, env_of: impl Fn(usize) -
                 .unwrap()
         })
         .collect();
-    let outs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().unwrap()).collect();
+    children.into_iter().map(|c| c.wait_with_output().unwrap()).collect()
+}
+
+/// Sorts with `size` ranks started as srun or mpirun would, and checks the output node 0
+/// reports.
+fn launched_by_environment(launcher: &str, size: usize, env_of: impl Fn(usize) -> Vec<(String, String)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.dat");
+    let output = dir.path().join("out.dat");
+    let sum = gensort(&input, 200_000, RecordFormat::ASCII);
+    let files = ["--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()];
+    let outs = run_ranks(launcher, size, &[&["--json", "--verify"][..], &files].concat(), env_of);
     for (rank, o) in outs.iter().enumerate() {
         assert!(o.status.success(), "rank {rank}: {}", String::from_utf8_lossy(&o.stderr));
     }
@@ -440,18 +455,44 @@ fn slurm_environment_one_host_over_shared_memory() {
     });
 }
 
+/// The environment srun gives rank `rank` of 2 on two hosts.
+fn slurm_two_hosts(rank: usize) -> Vec<(String, String)> {
+    env(&[
+        ("SLURM_PROCID", rank.to_string()),
+        ("SLURM_NTASKS", "2".into()),
+        ("SLURM_STEP_NODELIST", "127.0.0.1,127.0.0.2".into()),
+        ("SLURM_NNODES", "2".into()),
+        ("SLURM_JOB_ID", "4711".into()),
+        ("SLURMD_NODENAME", format!("127.0.0.{}", rank + 1)),
+    ])
+}
+
 #[test]
 fn slurm_environment_many_hosts_over_tcp() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("secret");
+    std::fs::write(&secret, "sort-secret").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     launched_by_environment("slurm", 2, |rank| {
-        env(&[
-            ("SLURM_PROCID", rank.to_string()),
-            ("SLURM_NTASKS", "2".into()),
-            ("SLURM_STEP_NODELIST", "127.0.0.1,127.0.0.2".into()),
-            ("SLURM_NNODES", "2".into()),
-            ("SLURM_JOB_ID", "4711".into()),
-            ("SLURMD_NODENAME", format!("127.0.0.{}", rank + 1)),
-        ])
+        let mut e = slurm_two_hosts(rank);
+        e.push(("ULNET_SECRET_FILE".into(), secret.display().to_string()));
+        e
     });
+}
+
+#[test]
+fn slurm_across_hosts_without_a_secret_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.dat");
+    let output = dir.path().join("out.dat");
+    gensort(&input, 1000, RecordFormat::BINARY);
+    let files = ["--input", input.to_str().unwrap(), "--output", output.to_str().unwrap()];
+    for (rank, out) in run_ranks("slurm", 2, &files, slurm_two_hosts).into_iter().enumerate() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "rank {rank}: {err}");
+        assert!(err.contains("no cluster secret") && err.contains("--secret-file"), "rank {rank}: {err}");
+    }
+    assert!(!output.exists());
 }
 
 #[test]

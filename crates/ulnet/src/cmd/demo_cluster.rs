@@ -1,8 +1,10 @@
 //! The membership step of `ulnet demo`: five local `ulnet node` processes form a cluster,
-//! one is killed, and the survivors agree on a new view without it.
+//! one is killed, and the survivors agree on a new view without it. The cluster's secret is
+//! made for the step, in a directory of its own that it removes.
 
 use anyhow::{bail, Result};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use ulnet_cluster::runtime::{query_status, StatusReport};
@@ -29,13 +31,16 @@ fn free_ports(n: usize) -> Result<Vec<u16>> {
 
 fn wait_for(
     addrs: &[SocketAddr],
+    secret: &[u8],
     timeout: Duration,
     ok: impl Fn(&[StatusReport]) -> bool,
 ) -> Result<Vec<StatusReport>> {
     let deadline = Instant::now() + timeout;
     loop {
-        let reports: Vec<StatusReport> =
-            addrs.iter().filter_map(|a| query_status(&a.to_string(), b"", Duration::from_millis(500)).ok()).collect();
+        let reports: Vec<StatusReport> = addrs
+            .iter()
+            .filter_map(|a| query_status(&a.to_string(), secret, Duration::from_millis(500)).ok())
+            .collect();
         if reports.len() == addrs.len() && ok(&reports) {
             return Ok(reports);
         }
@@ -52,6 +57,18 @@ fn agreed(r: &[StatusReport], size: usize) -> bool {
 
 /// Runs the step; returns whether it showed what it should.
 pub fn run() -> Result<bool> {
+    let dir = std::env::temp_dir().join(format!("ulnet-demo-cluster-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let result = run_in(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+/// The step, with its secret file in `dir`.
+fn run_in(dir: &Path) -> Result<bool> {
+    let secret_file = dir.join("secret");
+    let secret = super::secret::write_new_file(&secret_file)?;
     let exe = std::env::current_exe()?;
     let addrs: Vec<SocketAddr> =
         free_ports(NODES)?.into_iter().map(|p| SocketAddr::from(([127, 0, 0, 1], p))).collect();
@@ -60,6 +77,7 @@ pub fn run() -> Result<bool> {
     for (i, a) in addrs.iter().enumerate() {
         let mut c = Command::new(&exe);
         c.args(["node", "--name", &format!("demo-{i}"), "--listen", &a.to_string()]);
+        c.arg("--secret-file").arg(&secret_file);
         if i > 0 {
             c.args(["--seeds", &addrs[0].to_string()]);
         }
@@ -68,7 +86,7 @@ pub fn run() -> Result<bool> {
         );
     }
     let result = (|| -> Result<bool> {
-        let r = wait_for(&addrs, Duration::from_secs(10), |r| agreed(r, NODES))?;
+        let r = wait_for(&addrs, &secret, Duration::from_secs(10), |r| agreed(r, NODES))?;
         println!("view {}: {}", r[0].view, r[0].members.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", "));
         let victim = NODES - 1;
         eprintln!("killing demo-{victim} (SIGKILL)");
@@ -76,7 +94,7 @@ pub fn run() -> Result<bool> {
         children[victim].kill()?;
         let _ = children[victim].wait();
         let survivors = &addrs[..victim];
-        let r = wait_for(survivors, Duration::from_secs(10), |r| agreed(r, NODES - 1))?;
+        let r = wait_for(survivors, &secret, Duration::from_secs(10), |r| agreed(r, NODES - 1))?;
         let alive: Vec<&str> = r[0].members.iter().filter(|m| m.state != "dead").map(|m| m.name.as_str()).collect();
         println!(
             "view {} (agreed by all {} survivors {:.2} s after the kill): {}",

@@ -1,7 +1,8 @@
 //! The registry step of `ulnet demo`: five `ulnet node` processes with data directories
 //! run the replicated registry; updates are acknowledged, the locker is killed (SIGKILL),
 //! updates go on through the survivors, the killed node restarts and catches up, and every
-//! key is read back on every node.
+//! key is read back on every node. The cluster's secret is made for the step, in its
+//! directory.
 
 use anyhow::{bail, Context, Result};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
@@ -32,6 +33,8 @@ fn free_addrs(n: usize) -> Result<Vec<SocketAddr>> {
 
 struct Nodes {
     dir: std::path::PathBuf,
+    secret_file: std::path::PathBuf,
+    secret: Vec<u8>,
     addrs: Vec<SocketAddr>,
     procs: Vec<Option<Child>>,
 }
@@ -41,6 +44,7 @@ impl Nodes {
         let mut c = Command::new(std::env::current_exe()?);
         c.args(["node", "--name", &format!("reg-{i}"), "--listen", &self.addrs[i].to_string()]);
         c.args(["--data-dir", self.dir.join(format!("reg-{i}")).to_str().context("path")?]);
+        c.arg("--secret-file").arg(&self.secret_file);
         let seeds: Vec<String> =
             (0..NODES).filter(|&j| j != i && (j < i || restart)).map(|j| self.addrs[j].to_string()).collect();
         if !seeds.is_empty() {
@@ -52,7 +56,7 @@ impl Nodes {
     }
 
     fn client(&self, i: usize) -> Option<RegistryClient> {
-        RegistryClient::connect(&self.addrs[i].to_string(), b"", Duration::from_secs(3)).ok()
+        RegistryClient::connect(&self.addrs[i].to_string(), &self.secret, Duration::from_secs(3)).ok()
     }
 
     fn status(&self, i: usize) -> Option<RegistryStatus> {
@@ -112,7 +116,10 @@ pub fn run() -> Result<bool> {
     let dir = std::env::temp_dir().join(format!("ulnet-demo-registry-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
-    let mut n = Nodes { dir, addrs: free_addrs(NODES)?, procs: (0..NODES).map(|_| None).collect() };
+    let secret_file = dir.join("secret");
+    let procs = (0..NODES).map(|_| None).collect();
+    let mut n = Nodes { dir, secret_file, secret: Vec::new(), addrs: free_addrs(NODES)?, procs };
+    n.secret = super::secret::write_new_file(&n.secret_file)?;
     eprintln!("\nulnet demo: registry — {NODES} `ulnet node` processes replicate a registry (durable logs)");
     for i in 0..NODES {
         n.spawn(i, false)?;
@@ -152,6 +159,8 @@ pub fn run() -> Result<bool> {
     // The contract's command line, once, on the restarted node.
     let cli = Command::new(std::env::current_exe()?)
         .args(["registry", "get", "key-7", "--connect", &n.addrs[locker].to_string()])
+        .arg("--secret-file")
+        .arg(&n.secret_file)
         .env("ULNET_LOG", "error")
         .stderr(Stdio::null())
         .output()?;

@@ -11,6 +11,7 @@ pub mod demo_rma;
 pub mod demo_trace;
 pub mod node;
 pub mod registry;
+pub mod secret;
 pub mod sort;
 pub mod sort_demo;
 pub mod stats;

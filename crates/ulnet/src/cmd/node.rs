@@ -25,9 +25,15 @@ pub struct NodeArgs {
     /// DIR/registry). The registry runs only on nodes with a data directory.
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// File holding the cluster secret.
+    /// File holding the cluster secret (every node and client of the cluster uses the same;
+    /// make one with `head -c 32 /dev/urandom > F; chmod 600 F`). Default: the file
+    /// ULNET_SECRET_FILE names. Required unless --insecure-no-secret.
     #[arg(long)]
     secret_file: Option<PathBuf>,
+    /// Run without a cluster secret (even when ULNET_SECRET_FILE is set): anyone who reaches
+    /// --listen can join and call every service. For development on one host.
+    #[arg(long, conflicts_with = "secret_file")]
+    insecure_no_secret: bool,
     /// Append one JSON line per membership event to this file.
     #[arg(long)]
     events_json: Option<PathBuf>,
@@ -59,7 +65,8 @@ pub struct StatusArgs {
     /// The node to ask.
     #[arg(long)]
     connect: String,
-    /// File holding the cluster secret.
+    /// File holding the cluster secret (default: the file ULNET_SECRET_FILE names; none: the
+    /// empty secret of an --insecure-no-secret node).
     #[arg(long)]
     secret_file: Option<PathBuf>,
     /// Print one JSON object.
@@ -67,20 +74,13 @@ pub struct StatusArgs {
     json: bool,
 }
 
+/// The secret of a client command that talks to a node (see [`super::secret`]).
 pub fn read_secret(file: &Option<PathBuf>) -> Result<Vec<u8>> {
-    match file {
-        Some(f) => {
-            let s = std::fs::read(f).with_context(|| format!("reading the secret file {}", f.display()))?;
-            Ok(s.trim_ascii_end().to_vec())
-        }
-        None => {
-            tracing::warn!("no --secret-file: using the empty secret (development only)");
-            Ok(Vec::new())
-        }
-    }
+    Ok(super::secret::for_client(file.as_deref())?)
 }
 
 pub fn run_node(a: NodeArgs) -> Result<i32> {
+    let secret = super::secret::for_server(a.secret_file.as_deref(), a.insecure_no_secret)?;
     let Some(protocol) = Config::profile(&a.profile) else { bail!("unknown profile {} (local, lan, wan)", a.profile) };
     if a.name.len() > ulnet_cluster::view::NAME_MAX {
         bail!("--name is longer than {} bytes", ulnet_cluster::view::NAME_MAX);
@@ -111,7 +111,7 @@ pub fn run_node(a: NodeArgs) -> Result<i32> {
         listen: a.listen,
         seeds: a.seeds,
         data_dir: a.data_dir,
-        secret: read_secret(&a.secret_file)?,
+        secret,
         protocol,
         events_json: a.events_json,
         metrics: a.metrics,

@@ -30,7 +30,8 @@ pub struct Connect {
     /// The node to ask (its --listen address).
     #[arg(long)]
     connect: String,
-    /// File holding the cluster secret.
+    /// File holding the cluster secret (default: the file ULNET_SECRET_FILE names; none: the
+    /// empty secret of an --insecure-no-secret node).
     #[arg(long)]
     secret_file: Option<PathBuf>,
     /// How long to wait for an answer, in milliseconds.
@@ -77,7 +78,8 @@ pub struct LoadArgs {
     /// Nodes to spread the clients over (client c uses node c mod N), comma-separated.
     #[arg(long, value_delimiter = ',')]
     connect: Vec<String>,
-    /// File holding the cluster secret.
+    /// File holding the cluster secret (default: the file ULNET_SECRET_FILE names; none: the
+    /// empty secret of an --insecure-no-secret node).
     #[arg(long)]
     secret_file: Option<PathBuf>,
     /// Concurrent clients, each with one request at a time.

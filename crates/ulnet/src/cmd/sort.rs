@@ -9,15 +9,23 @@
 //!   host by `srun` or `mpirun`; its rank and the number of nodes come from the launcher's
 //!   environment. Node 0 prints the report.
 //!
+//! TCP channels prove a cluster secret (see [`super::secret`]): the one given
+//! (`--secret-file`, `ULNET_SECRET_FILE`, or the older `ULNET_SECRET` holding the secret
+//! itself). The local and ssh launchers hand it to their nodes on standard input, never on
+//! a command line other users of a host can read, and make a new one for the run when none
+//! is given; nodes started by srun or mpirun on several hosts cannot agree on one by
+//! themselves, so they refuse to start without one (unless `--insecure-no-secret`).
+//!
 //! Nodes report progress and their result as JSON lines on standard output; the launcher
 //! draws progress bars on standard error and prints the report (a table, or one JSON object
 //! with `--json`). A node that dies fails the sort with a message naming it, and no output
 //! file appears.
 
+use super::secret::{self, SecretError};
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
@@ -25,6 +33,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ulnet_river::mesh::{MeshConfig, MeshTransport};
 use ulnet_river::sort::launch::{from_mpi, from_slurm};
 use ulnet_river::sort::{run_node, FormatChoice, NodePlace, OutputIo, Phase, SortJob, SortReport};
+use ulnet_sortbench::room::{self, Replaced};
 
 /// How the nodes are started.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -96,9 +105,15 @@ pub struct SortArgs {
     /// Path of ulnet on the remote hosts (default: this executable's path).
     #[arg(long)]
     remote_ulnet: Option<String>,
-    /// File holding the cluster secret for TCP channels.
+    /// File holding the cluster secret for TCP channels between hosts (default: the file
+    /// ULNET_SECRET_FILE names, else the secret ULNET_SECRET holds). The ssh launcher makes a
+    /// new one for the run when none is given; slurm and mpirun across hosts need one.
     #[arg(long)]
     secret_file: Option<PathBuf>,
+    /// Connect the nodes over TCP without a cluster secret: anyone who reaches --port can
+    /// join the sort. For development on one host.
+    #[arg(long, conflicts_with = "secret_file")]
+    insecure_no_secret: bool,
     /// Print each node's process id on stderr as it starts (for tests and debugging).
     #[arg(long, hide = true)]
     print_pids: bool,
@@ -166,6 +181,10 @@ pub struct SortNodeArgs {
     /// Stop when standard input closes: the launcher (or the ssh session to it) is gone.
     #[arg(long)]
     watch_stdin: bool,
+    /// Read the cluster secret from the first line of standard input, in hexadecimal, as
+    /// the launcher writes it.
+    #[arg(long)]
+    secret_stdin: bool,
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -226,11 +245,36 @@ fn job_of(a: &SortArgs, job: String, nodes: usize, t0: u128) -> SortJob {
     }
 }
 
-fn secret(a: &SortArgs) -> Result<Vec<u8>> {
-    match &a.secret_file {
-        Some(f) => std::fs::read(f).with_context(|| format!("reading the secret file {}", f.display())),
-        None => Ok(std::env::var("ULNET_SECRET").unwrap_or_default().into_bytes()),
+/// The secret given for TCP channels: `--secret-file`, the file `ULNET_SECRET_FILE` names,
+/// or the secret `ULNET_SECRET` holds (the older way, kept for the scripts that use it).
+fn given_secret(a: &SortArgs) -> Result<Option<Vec<u8>>, SecretError> {
+    let from_env = || std::env::var("ULNET_SECRET").ok().filter(|s| !s.is_empty()).map(String::into_bytes);
+    Ok(secret::given(a.secret_file.as_deref())?.or_else(from_env))
+}
+
+/// The secret of a node that connects over TCP by itself (started by srun or mpirun): the
+/// one given, or the empty one with `--insecure-no-secret`; refused without either.
+fn tcp_secret(a: &SortArgs) -> Result<Vec<u8>, SecretError> {
+    if a.insecure_no_secret {
+        return secret::for_server(None, true);
     }
+    given_secret(a)?.ok_or(SecretError::Missing)
+}
+
+/// The secret for the nodes the local and ssh launchers start: the one given, the empty
+/// one with `--insecure-no-secret`, else a new one for the run.
+fn launched_secret(a: &SortArgs) -> Result<Vec<u8>> {
+    match tcp_secret(a) {
+        Err(SecretError::Missing) => Ok(secret::random()?),
+        other => Ok(other?),
+    }
+}
+
+/// The secret the launcher writes on the first line of a node's standard input.
+fn secret_from_launcher() -> Result<Vec<u8>> {
+    let mut line = String::new();
+    std::io::stdin().read_line(&mut line).context("reading the cluster secret from the launcher")?;
+    secret::from_hex(line.trim_end()).context("the launcher's secret line is not hexadecimal")
 }
 
 /// `ulnet sort`.
@@ -259,7 +303,13 @@ pub fn run_node_command(n: SortNodeArgs) -> Result<i32> {
     };
     let mut mesh = MeshConfig::shm(&n.job, n.rank, n.size);
     mesh.transport = transport;
-    mesh.secret = secret(&n.sort)?;
+    mesh.secret = if n.secret_stdin {
+        secret_from_launcher()?
+    } else if n.tcp {
+        tcp_secret(&n.sort)?
+    } else {
+        Vec::new()
+    };
     let job = job_of(&n.sort, n.job.clone(), n.size, n.t0);
     if n.watch_stdin {
         // A node whose launcher died (or whose ssh session was cut) must not linger holding
@@ -308,12 +358,17 @@ fn run_from_environment(a: SortArgs, t0: u128) -> Result<i32> {
     let Some(p) = placement else {
         bail!("--launcher {:?} but no Slurm or MPI rank variables are set: start it with srun or mpirun", a.launcher)
     };
+    // Every rank checks, so that all refuse together rather than some wait for the others.
+    if let Ok(input) = std::fs::metadata(&a.input) {
+        check_output_room(&a, input.len(), p.single_host)?;
+    }
     if p.single_host {
         // While this process has one thread (see `Endpoint::prepare_shm`).
         ulnet_core::Endpoint::prepare_shm();
     }
     let mut mesh = MeshConfig::shm(&p.job, p.rank, p.size);
     if !p.single_host {
+        mesh.secret = tcp_secret(&a)?;
         mesh.transport = MeshTransport::Tcp {
             coordinator: p.coordinator.clone(),
             bind_host: "0.0.0.0".into(),
@@ -325,7 +380,6 @@ fn run_from_environment(a: SortArgs, t0: u128) -> Result<i32> {
             }),
         };
     }
-    mesh.secret = secret(&a)?;
     let job = job_of(&a, p.job.clone(), p.size, t0);
     let bars = (p.rank == 0 && !a.json).then(|| Bars::new(job_records(&job)));
     let mut progress = |phase: Phase, records: u64| {
@@ -344,6 +398,17 @@ fn run_from_environment(a: SortArgs, t0: u128) -> Result<i32> {
         print_report(&r, a.json)?;
     }
     Ok(0)
+}
+
+/// Refuses an output its file system cannot hold before any node starts: the sorted
+/// records take the input's size, and an output already there stays until the new one is
+/// renamed over it. Partitions on several hosts (`--partitioned`) each take a share known
+/// only after sampling, on file systems this process may not see: not checked.
+fn check_output_room(a: &SortArgs, input_bytes: u64, one_host: bool) -> Result<()> {
+    if a.partitioned && !one_host {
+        return Ok(());
+    }
+    room::check(&a.output, u128::from(input_bytes), Replaced::AfterRename).context("the sorted records")
 }
 
 fn job_records(job: &SortJob) -> u64 {
@@ -409,7 +474,8 @@ fn shell_quote(s: &str) -> String {
 
 /// The arguments every node gets: the job as the launcher was given it.
 fn node_args(a: &SortArgs, job: &str, rank: usize, size: usize, t0: u128) -> Vec<String> {
-    let mut v: Vec<String> = vec!["sort-node".into(), "--watch-stdin".into(), "--job".into(), job.into()];
+    let mut v: Vec<String> = vec!["sort-node".into(), "--watch-stdin".into(), "--secret-stdin".into()];
+    v.extend(["--job".into(), job.into()]);
     v.extend(["--rank".into(), rank.to_string(), "--size".into(), size.to_string(), "--t0".into(), t0.to_string()]);
     v.extend(["--input".into(), a.input.display().to_string(), "--output".into(), a.output.display().to_string()]);
     if let Some(m) = a.memory {
@@ -428,9 +494,6 @@ fn node_args(a: &SortArgs, job: &str, rank: usize, size: usize, t0: u128) -> Vec
         if on {
             v.push(flag.into());
         }
-    }
-    if let Some(f) = &a.secret_file {
-        v.extend(["--secret-file".into(), f.display().to_string()]);
     }
     if a.debug_write_delay_ms > 0 {
         v.extend(["--debug-write-delay-ms".into(), a.debug_write_delay_ms.to_string()]);
@@ -474,8 +537,10 @@ fn launch(mut a: SortArgs, t0: u128) -> Result<i32> {
     if !(1..=256).contains(&size) {
         bail!("--nodes must be between 1 and 256");
     }
+    check_output_room(&a, meta.len(), !ssh)?;
     let job = format!("{}-{:x}", std::process::id(), t0 % (1 << 32));
     let sort_job = job_of(&a, job.clone(), size, t0);
+    let secret_line = format!("{}\n", secret::to_hex(&launched_secret(&a)?));
     let exe = std::env::current_exe()?;
     let remote_exe = a.remote_ulnet.clone().unwrap_or_else(|| exe.display().to_string());
     let coordinator =
@@ -520,7 +585,13 @@ fn launch(mut a: SortArgs, t0: u128) -> Result<i32> {
         if a.print_pids {
             eprintln!("ulnet sort: node {rank} pid {}", child.id());
         }
-        stdins.push(child.stdin.take());
+        let mut stdin = child.stdin.take();
+        if let Some(s) = stdin.as_mut() {
+            // A node that cannot take it has ended, and its exit status and stderr say why
+            // below.
+            let _ = s.write_all(secret_line.as_bytes());
+        }
+        stdins.push(stdin);
         let err = child.stderr.take().expect("piped stderr");
         let log = log.clone();
         std::thread::spawn(move || {

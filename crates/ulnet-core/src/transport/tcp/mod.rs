@@ -19,6 +19,11 @@ pub struct TcpConfig {
     pub secret: Vec<u8>,
 }
 
+/// What a failed connect says when the peer did not prove our cluster secret (the two
+/// sides hold different secrets, or one holds none); commands look for it to name the
+/// likely cause.
+pub const SECRET_REFUSED: &str = "peer failed to prove the cluster secret";
+
 /// Longest a connection handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -27,7 +32,7 @@ fn handshake_error(e: handshake::HandshakeError) -> ConnectError {
         handshake::HandshakeError::Io(io) => ConnectError::Io(io),
         handshake::HandshakeError::NotUlnet => ConnectError::Handshake("peer is not a ulnet endpoint"),
         handshake::HandshakeError::Version(_) => ConnectError::Handshake("peer speaks another protocol version"),
-        handshake::HandshakeError::BadSecret => ConnectError::Handshake("peer failed to prove the cluster secret"),
+        handshake::HandshakeError::BadSecret => ConnectError::Handshake(SECRET_REFUSED),
     }
 }
 
