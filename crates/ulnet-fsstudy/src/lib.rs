@@ -24,6 +24,7 @@
 
 pub mod clock;
 pub mod format;
+pub mod passthrough;
 pub mod reader;
 pub mod recorder;
 pub mod writer;
