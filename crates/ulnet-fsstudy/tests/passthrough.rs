@@ -102,6 +102,27 @@ fn data_written_and_read_through_the_mount_is_the_backing_files_data() {
     let mut rest = Vec::new();
     r.read_to_end(&mut rest).expect("read");
     assert_eq!(rest, pattern(4095, 2)[4000..]);
+    // A file that grows and shrinks under an open reader (large reads come from a mapping
+    // of the backing file, which follows the file's size).
+    let reader = fs::File::open(f.m("f5.bin")).expect("open");
+    let mut big = vec![0u8; 1 << 20];
+    reader.read_exact_at(&mut big, 1 << 20).expect("a large read");
+    assert_eq!(big, pattern(3 << 20, 5)[1 << 20..2 << 20]);
+    fs::OpenOptions::new().append(true).open(f.b("f5.bin")).expect("open").write_all(&[9u8; 100_000]).expect("grow");
+    let mut grown = vec![0u8; 100_000];
+    reader.read_exact_at(&mut grown, 3 << 20).expect("read what was added");
+    assert_eq!(grown, vec![9u8; 100_000]);
+    fs::OpenOptions::new().write(true).open(f.b("f5.bin")).expect("open").set_len(2 << 20).expect("shrink");
+    let n = reader.read_at(&mut big, (2 << 20) - 10).expect("read across the new end");
+    assert_eq!(n, 10, "a read stops at the new end");
+    fs::OpenOptions::new().write(true).open(f.b("f5.bin")).expect("open").set_len(3 << 20).expect("restore");
+    fs::File::options()
+        .write(true)
+        .open(f.b("f5.bin"))
+        .expect("open")
+        .write_all_at(&pattern(3 << 20, 5)[2 << 20..], 2 << 20)
+        .expect("restore");
+    drop(reader);
     // Truncation by open and by set_len.
     fs::OpenOptions::new().write(true).truncate(true).open(f.m("f3.bin")).expect("truncating open");
     assert_eq!(fs::metadata(f.b("f3.bin")).expect("stat").len(), 0);

@@ -250,7 +250,7 @@ impl Passthrough {
         let inode = self.inode(ino)?;
         let fd = sys::reopen(inode.fd.as_fd(), flags).map_err(errno)?;
         let size = rustix::fs::fstat(&fd).map(|st| st.st_size as u64).unwrap_or(0);
-        let h = self.handles.add_file(OpenFile { fd, file: inode.id });
+        let h = self.handles.add_file(OpenFile { fd, file: inode.id, map: Default::default() });
         Ok((inode.id, h, size))
     }
 
@@ -269,14 +269,26 @@ impl Passthrough {
             Err(e) => return Err(errno(e)),
         };
         let attr = self.lookup_entry(parent, name)?;
-        let h = self.handles.add_file(OpenFile { fd, file: attr.ino.0 });
+        let h = self.handles.add_file(OpenFile { fd, file: attr.ino.0, map: Default::default() });
         Ok((attr, h, new))
     }
 
     fn read_of(&self, fh: FileHandle, offset: u64, size: u32, reply: ReplyData) -> Served<usize> {
         let open = self.handles.file(fh.0).ok_or(Errno::EBADF)?;
+        let want = (size as usize).min(READ_MAX);
+        if let Ok(st) = rustix::fs::fstat(&open.fd) {
+            let file_size = st.st_size as u64;
+            let end = offset.saturating_add(want as u64).min(file_size);
+            if offset >= file_size {
+                reply.data(&[]);
+                return Ok(0);
+            }
+            if let Some(map) = open.map.covering(&open.fd, end, file_size, want) {
+                reply.data(&map[offset as usize..end as usize]);
+                return Ok((end - offset) as usize);
+            }
+        }
         READ_BUF.with_borrow_mut(|buf| {
-            let want = (size as usize).min(READ_MAX);
             if buf.len() < want {
                 buf.resize(want, 0);
             }

@@ -14,6 +14,8 @@ pub struct OpenFile {
     pub fd: OwnedFd,
     /// The inode id.
     pub file: u64,
+    /// The mapping large reads are served from.
+    pub map: super::mapped::FileMap,
 }
 
 /// A directory entry as listed.

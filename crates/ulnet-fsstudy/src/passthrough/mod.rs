@@ -1,6 +1,7 @@
 //! Collection: a FUSE pass-through that serves a directory unchanged and records every
 //! request made to it ([`fs`]), with its inode and handle tables ([`inodes`],
-//! [`handles`]) and the calls it makes on the backing files ([`sys`]); mounting it and
+//! [`handles`]), the calls it makes on the backing files ([`sys`]) and the mappings large
+//! reads are served from ([`mapped`]); mounting it and
 //! running a command inside it ([`mount`]).
 //!
 //! What a FUSE pass-through sees is what reaches the file system through the kernel's VFS:
@@ -16,6 +17,7 @@
 pub mod fs;
 pub mod handles;
 pub mod inodes;
+pub mod mapped;
 pub mod mount;
 pub mod sys;
 
