@@ -27,4 +27,5 @@ pub mod format;
 pub mod passthrough;
 pub mod reader;
 pub mod recorder;
+pub mod snapshot;
 pub mod writer;
