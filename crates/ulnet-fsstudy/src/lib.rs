@@ -22,6 +22,7 @@
 //! - [`report`]: the study as JSON, Markdown and SVG.
 #![deny(missing_docs)]
 
+pub mod analysis;
 pub mod clock;
 pub mod format;
 pub mod passthrough;
