@@ -25,6 +25,7 @@
 pub mod analysis;
 pub mod clock;
 pub mod format;
+pub mod generator;
 pub mod passthrough;
 pub mod reader;
 pub mod recorder;
