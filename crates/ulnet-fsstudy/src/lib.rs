@@ -29,5 +29,6 @@ pub mod generator;
 pub mod passthrough;
 pub mod reader;
 pub mod recorder;
+pub mod report;
 pub mod snapshot;
 pub mod writer;

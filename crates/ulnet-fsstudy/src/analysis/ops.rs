@@ -98,6 +98,8 @@ pub struct Operations {
     pub lookup_failed_share: f64,
     /// Share of opens and creates that failed.
     pub open_failed_share: f64,
+    /// Share of the failed lookups, opens and creates that failed for a missing name.
+    pub open_errors_missing_share: f64,
     /// Share of reads that failed.
     pub read_failed_share: f64,
     /// Share of writes that failed.
@@ -227,6 +229,11 @@ fn mix_and_errors(traces: &[Trace], out: &mut Operations) {
     }
     out.kinds.sort_by(|a, b| b.count.cmp(&a.count));
     out.categories = cats.into_iter().collect();
+    let opening = |k: &u8| matches!(OpKind::from_u8(*k), Some(OpKind::Lookup | OpKind::Open | OpKind::Create));
+    let failed_opening: u64 = errors.iter().filter(|((k, _), _)| opening(k)).map(|(_, n)| n).sum();
+    let missing: u64 =
+        errors.iter().filter(|((k, e), _)| opening(k) && *e == -i64::from(libc::ENOENT)).map(|(_, n)| n).sum();
+    out.open_errors_missing_share = share(missing, failed_opening);
     out.errors =
         errors.into_iter().map(|((k, e), count)| ErrorCount { op: name(k), errno: errno_name(e), count }).collect();
     out.errors.sort_by(|a, b| b.count.cmp(&a.count));

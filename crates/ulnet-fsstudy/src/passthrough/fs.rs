@@ -146,9 +146,9 @@ impl Passthrough {
         Begun { start_ns: self.sink.now_ns(), pid }
     }
 
-    /// Records `op` as served for `b`, ending now.
-    fn record(&self, b: Begun, kind: OpKind, op: Op) {
-        let end = self.sink.now_ns();
+    /// Records `op` as served for `b`, its reply sent at `end_ns` (taken before replying:
+    /// the next request of a program can arrive as soon as the reply is sent).
+    fn record(&self, b: Begun, end: u64, kind: OpKind, op: Op) {
         self.sink.record(Record::Op(Op {
             kind: kind as u8,
             start_ns: b.start_ns,
@@ -273,35 +273,36 @@ impl Passthrough {
         Ok((attr, h, new))
     }
 
-    fn read_of(&self, fh: FileHandle, offset: u64, size: u32, reply: ReplyData) -> Served<usize> {
-        let open = self.handles.file(fh.0).ok_or(Errno::EBADF)?;
+    /// Serves a read and replies; returns the bytes read and when the reply went.
+    fn read_of(&self, fh: FileHandle, offset: u64, size: u32, reply: ReplyData) -> (Served<usize>, u64) {
+        let Some(open) = self.handles.file(fh.0) else {
+            let end = self.sink.now_ns();
+            reply.error(Errno::EBADF);
+            return (Err(Errno::EBADF), end);
+        };
         let want = (size as usize).min(READ_MAX);
         if let Ok(st) = rustix::fs::fstat(&open.fd) {
             let file_size = st.st_size as u64;
-            let end = offset.saturating_add(want as u64).min(file_size);
-            if offset >= file_size {
-                reply.data(&[]);
-                return Ok(0);
-            }
-            if let Some(map) = open.map.covering(&open.fd, end, file_size, want) {
-                reply.data(&map[offset as usize..end as usize]);
-                return Ok((end - offset) as usize);
+            let stop = offset.saturating_add(want as u64).min(file_size);
+            let map = (offset < file_size).then(|| open.map.covering(&open.fd, stop, file_size, want)).flatten();
+            if offset >= file_size || map.is_some() {
+                let data = map.as_deref().map_or(&[][..], |m| &m[offset as usize..stop as usize]);
+                let end = self.sink.now_ns();
+                reply.data(data);
+                return (Ok(data.len()), end);
             }
         }
         READ_BUF.with_borrow_mut(|buf| {
             if buf.len() < want {
                 buf.resize(want, 0);
             }
-            match sys::pread_full(&open.fd, &mut buf[..want], offset) {
-                Ok(n) => {
-                    reply.data(&buf[..n]);
-                    Ok(n)
-                }
-                Err(e) => {
-                    reply.error(errno(e));
-                    Err(errno(e))
-                }
+            let r = sys::pread_full(&open.fd, &mut buf[..want], offset).map_err(errno);
+            let end = self.sink.now_ns();
+            match &r {
+                Ok(n) => reply.data(&buf[..*n]),
+                Err(e) => reply.error(*e),
             }
+            (r, end)
         })
     }
 
@@ -403,9 +404,15 @@ impl fuser::Filesystem for Passthrough {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let b = self.begin(req);
         let r = self.lookup_entry(parent.0, name);
+        let end = self.sink.now_ns();
         self.reply_entry(reply, &r);
         let file = r.as_ref().map_or(0, |a| a.ino.0);
-        self.record(b, OpKind::Lookup, Op { file, other: parent.0, result: result_of(&r, |_| 1), ..Op::default() });
+        self.record(
+            b,
+            end,
+            OpKind::Lookup,
+            Op { file, other: parent.0, result: result_of(&r, |_| 1), ..Op::default() },
+        );
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -415,6 +422,7 @@ impl fuser::Filesystem for Passthrough {
     fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let b = self.begin(req);
         let r = self.getattr_of(ino);
+        let end = self.sink.now_ns();
         match &r {
             Ok(attr) => reply.attr(&self.ttl, attr),
             Err(e) => reply.error(*e),
@@ -426,7 +434,7 @@ impl fuser::Filesystem for Passthrough {
             result: result_of(&r, |_| 0),
             ..Op::default()
         };
-        self.record(b, OpKind::Getattr, op);
+        self.record(b, end, OpKind::Getattr, op);
     }
 
     fn setattr(
@@ -450,6 +458,7 @@ impl fuser::Filesystem for Passthrough {
         use setattr_bits::*;
         let b = self.begin(req);
         let r = self.setattr_of(ino, mode, uid, gid, size, atime, mtime, fh);
+        let end = self.sink.now_ns();
         match &r {
             Ok(attr) => reply.attr(&self.ttl, attr),
             Err(e) => reply.error(*e),
@@ -468,19 +477,20 @@ impl fuser::Filesystem for Passthrough {
             result: result_of(&r, |_| 0),
             ..Op::default()
         };
-        self.record(b, OpKind::Setattr, op);
+        self.record(b, end, OpKind::Setattr, op);
     }
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
         let b = self.begin(req);
         let r =
             self.inode(ino).and_then(|inode| rustix::fs::readlinkat(inode.fd.as_fd(), c"", Vec::new()).map_err(errno));
+        let end = self.sink.now_ns();
         match &r {
             Ok(target) => reply.data(target.as_bytes()),
             Err(e) => reply.error(*e),
         }
         let result = result_of(&r, |t| t.as_bytes().len() as i64);
-        self.record(b, OpKind::Readlink, Op { file: ino.0, result, ..Op::default() });
+        self.record(b, end, OpKind::Readlink, Op { file: ino.0, result, ..Op::default() });
     }
 
     fn mknod(
@@ -499,9 +509,10 @@ impl fuser::Filesystem for Passthrough {
             rustix::fs::mknodat(dir.fd.as_fd(), name, kind, perm, u64::from(rdev)).map_err(errno)?;
             self.lookup_entry(parent.0, name)
         });
+        let end = self.sink.now_ns();
         self.reply_entry(reply, &r);
         let file = r.as_ref().map_or(0, |a| a.ino.0);
-        self.record(b, OpKind::Mknod, Op { file, other: parent.0, result: result_of(&r, |_| 1), ..Op::default() });
+        self.record(b, end, OpKind::Mknod, Op { file, other: parent.0, result: result_of(&r, |_| 1), ..Op::default() });
     }
 
     fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, _umask: u32, reply: ReplyEntry) {
@@ -510,25 +521,33 @@ impl fuser::Filesystem for Passthrough {
             rustix::fs::mkdirat(dir.fd.as_fd(), name, Mode::from_raw_mode(mode & 0o7777)).map_err(errno)?;
             self.lookup_entry(parent.0, name)
         });
+        let end = self.sink.now_ns();
         self.reply_entry(reply, &r);
         let file = r.as_ref().map_or(0, |a| a.ino.0);
-        self.record(b, OpKind::Mkdir, Op { file, other: parent.0, result: result_of(&r, |_| 1), ..Op::default() });
+        self.record(b, end, OpKind::Mkdir, Op { file, other: parent.0, result: result_of(&r, |_| 1), ..Op::default() });
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let b = self.begin(req);
         let r = self.remove(parent.0, name, AtFlags::empty());
+        let end = self.sink.now_ns();
         empty(reply, &r);
         let other = r.as_ref().map_or(0, |id| *id);
-        self.record(b, OpKind::Unlink, Op { file: parent.0, other, result: result_of(&r, |_| 0), ..Op::default() });
+        self.record(
+            b,
+            end,
+            OpKind::Unlink,
+            Op { file: parent.0, other, result: result_of(&r, |_| 0), ..Op::default() },
+        );
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let b = self.begin(req);
         let r = self.remove(parent.0, name, AtFlags::REMOVEDIR);
+        let end = self.sink.now_ns();
         empty(reply, &r);
         let other = r.as_ref().map_or(0, |id| *id);
-        self.record(b, OpKind::Rmdir, Op { file: parent.0, other, result: result_of(&r, |_| 0), ..Op::default() });
+        self.record(b, end, OpKind::Rmdir, Op { file: parent.0, other, result: result_of(&r, |_| 0), ..Op::default() });
     }
 
     fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
@@ -537,9 +556,15 @@ impl fuser::Filesystem for Passthrough {
             rustix::fs::symlinkat(target, dir.fd.as_fd(), link_name).map_err(errno)?;
             self.lookup_entry(parent.0, link_name)
         });
+        let end = self.sink.now_ns();
         self.reply_entry(reply, &r);
         let file = r.as_ref().map_or(0, |a| a.ino.0);
-        self.record(b, OpKind::Symlink, Op { file, other: parent.0, result: result_of(&r, |_| 1), ..Op::default() });
+        self.record(
+            b,
+            end,
+            OpKind::Symlink,
+            Op { file, other: parent.0, result: result_of(&r, |_| 1), ..Op::default() },
+        );
     }
 
     fn rename(
@@ -554,10 +579,11 @@ impl fuser::Filesystem for Passthrough {
     ) {
         let b = self.begin(req);
         let r = self.rename_of((parent.0, name), (newparent.0, newname), flags);
+        let end = self.sink.now_ns();
         empty(reply, &r);
         let (file, other) = r.as_ref().copied().unwrap_or((0, 0));
         let op = Op { file, other, flags: flags.bits(), result: result_of(&r, |_| 0), ..Op::default() };
-        self.record(b, OpKind::Rename, op);
+        self.record(b, end, OpKind::Rename, op);
     }
 
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
@@ -567,9 +593,11 @@ impl fuser::Filesystem for Passthrough {
             rustix::fs::linkat(inode.fd.as_fd(), c"", dir.fd.as_fd(), newname, AtFlags::EMPTY_PATH).map_err(errno)?;
             self.lookup_entry(newparent.0, newname)
         });
+        let end = self.sink.now_ns();
         self.reply_entry(reply, &r);
         self.record(
             b,
+            end,
             OpKind::Link,
             Op { file: ino.0, other: newparent.0, result: result_of(&r, |_| 1), ..Op::default() },
         );
@@ -578,6 +606,7 @@ impl fuser::Filesystem for Passthrough {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let b = self.begin(req);
         let r = self.open_of(ino, flags.0);
+        let end = self.sink.now_ns();
         match &r {
             Ok((_, h, _)) => reply.opened(FileHandle(*h), FopenFlags::FOPEN_DIRECT_IO),
             Err(e) => reply.error(*e),
@@ -585,7 +614,7 @@ impl fuser::Filesystem for Passthrough {
         let (handle, file_size) = r.as_ref().map_or((0, 0), |(_, h, s)| (*h, *s));
         let op =
             Op { file: ino.0, handle, file_size, flags: flags.0 as u32, result: result_of(&r, |_| 0), ..Op::default() };
-        self.record(b, OpKind::Open, op);
+        self.record(b, end, OpKind::Open, op);
     }
 
     fn read(
@@ -600,7 +629,7 @@ impl fuser::Filesystem for Passthrough {
         reply: ReplyData,
     ) {
         let b = self.begin(req);
-        let r = self.read_of(fh, offset, size, reply);
+        let (r, end) = self.read_of(fh, offset, size, reply);
         let op = Op {
             file: ino.0,
             handle: fh.0,
@@ -609,7 +638,7 @@ impl fuser::Filesystem for Passthrough {
             result: result_of(&r, |n| *n as i64),
             ..Op::default()
         };
-        self.record(b, OpKind::Read, op);
+        self.record(b, end, OpKind::Read, op);
     }
 
     fn write(
@@ -630,6 +659,7 @@ impl fuser::Filesystem for Passthrough {
             .file(fh.0)
             .ok_or(Errno::EBADF)
             .and_then(|open| sys::pwrite_full(&open.fd, data, offset).map_err(errno));
+        let end = self.sink.now_ns();
         match &r {
             Ok(n) => reply.written(*n as u32),
             Err(e) => reply.error(*e),
@@ -642,7 +672,7 @@ impl fuser::Filesystem for Passthrough {
             result: result_of(&r, |n| *n as i64),
             ..Op::default()
         };
-        self.record(b, OpKind::Write, op);
+        self.record(b, end, OpKind::Write, op);
     }
 
     fn flush(&self, req: &Request, ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
@@ -650,8 +680,14 @@ impl fuser::Filesystem for Passthrough {
         // A local backing file has nothing to report at close: flush succeeds when the
         // handle is open.
         let r = self.handles.file(fh.0).map(|_| ()).ok_or(Errno::EBADF);
+        let end = self.sink.now_ns();
         empty(reply, &r);
-        self.record(b, OpKind::Flush, Op { file: ino.0, handle: fh.0, result: result_of(&r, |_| 0), ..Op::default() });
+        self.record(
+            b,
+            end,
+            OpKind::Flush,
+            Op { file: ino.0, handle: fh.0, result: result_of(&r, |_| 0), ..Op::default() },
+        );
     }
 
     fn release(
@@ -668,9 +704,10 @@ impl fuser::Filesystem for Passthrough {
         let r = self.handles.remove_file(fh.0).ok_or(Errno::EBADF);
         let file_size =
             r.as_ref().ok().and_then(|open| rustix::fs::fstat(&open.fd).ok()).map_or(0, |st| st.st_size as u64);
+        let end = self.sink.now_ns();
         empty(reply, &r);
         let op = Op { file: ino.0, handle: fh.0, file_size, result: result_of(&r, |_| 0), ..Op::default() };
-        self.record(b, OpKind::Release, op);
+        self.record(b, end, OpKind::Release, op);
     }
 
     fn fsync(&self, req: &Request, ino: INodeNo, fh: FileHandle, datasync: bool, reply: ReplyEmpty) {
@@ -682,10 +719,11 @@ impl fuser::Filesystem for Passthrough {
                 rustix::fs::fsync(&open.fd).map_err(errno)
             }
         });
+        let end = self.sink.now_ns();
         empty(reply, &r);
         let op =
             Op { file: ino.0, handle: fh.0, flags: u32::from(datasync), result: result_of(&r, |_| 0), ..Op::default() };
-        self.record(b, OpKind::Fsync, op);
+        self.record(b, end, OpKind::Fsync, op);
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -695,32 +733,36 @@ impl fuser::Filesystem for Passthrough {
             let fd = rustix::fs::openat(inode.fd.as_fd(), c".", how, Mode::empty()).map_err(errno)?;
             Ok(self.handles.add_dir(OpenDir { fd, file: inode.id, entries: Mutex::new(None) }))
         });
+        let end = self.sink.now_ns();
         match &r {
             Ok(h) => reply.opened(FileHandle(*h), FopenFlags::empty()),
             Err(e) => reply.error(*e),
         }
         let handle = r.as_ref().map_or(0, |h| *h);
         let op = Op { file: ino.0, handle, flags: flags.0 as u32, result: result_of(&r, |_| 0), ..Op::default() };
-        self.record(b, OpKind::Opendir, op);
+        self.record(b, end, OpKind::Opendir, op);
     }
 
     fn readdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let b = self.begin(req);
         let r = self.readdir_of(fh, offset, &mut reply);
+        let end = self.sink.now_ns();
         match &r {
             Ok(_) => reply.ok(),
             Err(e) => reply.error(*e),
         }
         let op = Op { file: ino.0, handle: fh.0, offset, result: result_of(&r, |(_, n)| *n), ..Op::default() };
-        self.record(b, OpKind::Readdir, op);
+        self.record(b, end, OpKind::Readdir, op);
     }
 
     fn releasedir(&self, req: &Request, ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
         let b = self.begin(req);
         let r = self.handles.remove_dir(fh.0).map(|_| ()).ok_or(Errno::EBADF);
+        let end = self.sink.now_ns();
         empty(reply, &r);
         self.record(
             b,
+            end,
             OpKind::Releasedir,
             Op { file: ino.0, handle: fh.0, result: result_of(&r, |_| 0), ..Op::default() },
         );
@@ -729,9 +771,11 @@ impl fuser::Filesystem for Passthrough {
     fn fsyncdir(&self, req: &Request, ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
         let b = self.begin(req);
         let r = self.handles.dir(fh.0).ok_or(Errno::EBADF).and_then(|d| rustix::fs::fsync(&d.fd).map_err(errno));
+        let end = self.sink.now_ns();
         empty(reply, &r);
         self.record(
             b,
+            end,
             OpKind::Fsyncdir,
             Op { file: ino.0, handle: fh.0, result: result_of(&r, |_| 0), ..Op::default() },
         );
@@ -740,6 +784,7 @@ impl fuser::Filesystem for Passthrough {
     fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs) {
         let b = self.begin(req);
         let r = self.inode(ino).and_then(|inode| rustix::fs::fstatvfs(inode.fd.as_fd()).map_err(errno));
+        let end = self.sink.now_ns();
         match &r {
             Ok(s) => reply.statfs(
                 s.f_blocks,
@@ -753,7 +798,7 @@ impl fuser::Filesystem for Passthrough {
             ),
             Err(e) => reply.error(*e),
         }
-        self.record(b, OpKind::Statfs, Op { file: ino.0, result: result_of(&r, |_| 0), ..Op::default() });
+        self.record(b, end, OpKind::Statfs, Op { file: ino.0, result: result_of(&r, |_| 0), ..Op::default() });
     }
 
     fn setxattr(
@@ -771,9 +816,10 @@ impl fuser::Filesystem for Passthrough {
             let flags = rustix::fs::XattrFlags::from_bits_retain(flags as u32);
             rustix::fs::setxattr(path.as_str(), name, value, flags).map_err(errno)
         });
+        let end = self.sink.now_ns();
         empty(reply, &r);
         let op = Op { file: ino.0, size: value.len() as u64, result: result_of(&r, |_| 0), ..Op::default() };
-        self.record(b, OpKind::Setxattr, op);
+        self.record(b, end, OpKind::Setxattr, op);
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -784,9 +830,10 @@ impl fuser::Filesystem for Passthrough {
             buf.truncate(n);
             Ok(buf)
         });
+        let end = self.sink.now_ns();
         reply_xattr(reply, size, &r);
         let op = Op { file: ino.0, size: u64::from(size), result: result_of(&r, |v| v.len() as i64), ..Op::default() };
-        self.record(b, OpKind::Getxattr, op);
+        self.record(b, end, OpKind::Getxattr, op);
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
@@ -797,16 +844,18 @@ impl fuser::Filesystem for Passthrough {
             buf.truncate(n);
             Ok(buf)
         });
+        let end = self.sink.now_ns();
         reply_xattr(reply, size, &r);
         let op = Op { file: ino.0, size: u64::from(size), result: result_of(&r, |v| v.len() as i64), ..Op::default() };
-        self.record(b, OpKind::Listxattr, op);
+        self.record(b, end, OpKind::Listxattr, op);
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let b = self.begin(req);
         let r = self.xattr_path(ino).and_then(|(_, path)| rustix::fs::removexattr(path.as_str(), name).map_err(errno));
+        let end = self.sink.now_ns();
         empty(reply, &r);
-        self.record(b, OpKind::Removexattr, Op { file: ino.0, result: result_of(&r, |_| 0), ..Op::default() });
+        self.record(b, end, OpKind::Removexattr, Op { file: ino.0, result: result_of(&r, |_| 0), ..Op::default() });
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
@@ -815,9 +864,10 @@ impl fuser::Filesystem for Passthrough {
             let access = rustix::fs::Access::from_bits_retain(mask.bits() as u32);
             rustix::fs::accessat(CWD, sys::proc_path(inode.fd.as_fd()), access, AtFlags::empty()).map_err(errno)
         });
+        let end = self.sink.now_ns();
         empty(reply, &r);
         let op = Op { file: ino.0, flags: mask.bits() as u32, result: result_of(&r, |_| 0), ..Op::default() };
-        self.record(b, OpKind::Access, op);
+        self.record(b, end, OpKind::Access, op);
     }
 
     fn create(
@@ -832,6 +882,7 @@ impl fuser::Filesystem for Passthrough {
     ) {
         let b = self.begin(req);
         let r = self.create_of(parent.0, name, mode, flags);
+        let end = self.sink.now_ns();
         match &r {
             Ok((attr, h, _)) => {
                 reply.created(&self.ttl, attr, Generation(0), FileHandle(*h), FopenFlags::FOPEN_DIRECT_IO)
@@ -848,7 +899,7 @@ impl fuser::Filesystem for Passthrough {
             result: result_of(&r, |(_, _, new)| i64::from(*new)),
             ..Op::default()
         };
-        self.record(b, OpKind::Create, op);
+        self.record(b, end, OpKind::Create, op);
     }
 
     fn fallocate(
@@ -866,6 +917,7 @@ impl fuser::Filesystem for Passthrough {
             let how = rustix::fs::FallocateFlags::from_bits_retain(mode as u32);
             rustix::fs::fallocate(&open.fd, how, offset, length).map_err(errno)
         });
+        let end = self.sink.now_ns();
         empty(reply, &r);
         let op = Op {
             file: ino.0,
@@ -876,7 +928,7 @@ impl fuser::Filesystem for Passthrough {
             result: result_of(&r, |_| 0),
             ..Op::default()
         };
-        self.record(b, OpKind::Fallocate, op);
+        self.record(b, end, OpKind::Fallocate, op);
     }
 
     fn lseek(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
@@ -889,6 +941,7 @@ impl fuser::Filesystem for Passthrough {
             };
             rustix::fs::seek(&open.fd, to).map_err(errno)
         });
+        let end = self.sink.now_ns();
         match &r {
             Ok(pos) => reply.offset(*pos as i64),
             Err(e) => reply.error(*e),
@@ -901,7 +954,7 @@ impl fuser::Filesystem for Passthrough {
             result: result_of(&r, |p| *p as i64),
             ..Op::default()
         };
-        self.record(b, OpKind::Lseek, op);
+        self.record(b, end, OpKind::Lseek, op);
     }
 }
 

@@ -151,20 +151,18 @@ impl Mounted {
     /// Unmounts (detaching the mount if a process still uses it), lets the serving threads
     /// end, and finishes the trace file.
     pub fn finish(self) -> Result<TraceSummary, CollectError> {
-        let unmount_err =
-            |source: rustix::io::Errno| CollectError::Unmount { path: self.mountpoint.clone(), source: source.into() };
-        let detached_busy = match rustix::mount::unmount(&self.mountpoint, rustix::mount::UnmountFlags::empty()) {
+        let unmount_err = |source: std::io::Error| CollectError::Unmount { path: self.mountpoint.clone(), source };
+        // Unmounting ends the kernel's session and with it the serving threads; a mount
+        // still in use is detached instead, and its threads left to end with its last user.
+        let detached_busy = match self.session.umount_and_join() {
             Ok(()) => false,
-            Err(rustix::io::Errno::BUSY) => {
-                rustix::mount::unmount(&self.mountpoint, rustix::mount::UnmountFlags::DETACH).map_err(unmount_err)?;
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                rustix::mount::unmount(&self.mountpoint, rustix::mount::UnmountFlags::DETACH)
+                    .map_err(|e| unmount_err(e.into()))?;
                 true
             }
             Err(e) => return Err(unmount_err(e)),
         };
-        if !detached_busy {
-            // The kernel ends the session when the mount is gone: the threads return.
-            let _ = self.session.join();
-        }
         let written = self.recorder.finish()?;
         Ok(TraceSummary { output: self.output, written, detached_busy })
     }
