@@ -247,7 +247,7 @@ fn patterns(o: &mut String, s: &Study) {
     o.push_str("## Access patterns (cf. Table 9.3)\n\nShares of the opens of each mode (and of their bytes). Thesis: 68% of read-only opens whole-file sequential (Sprite 78%); 58% of read-only bytes sequential (Sprite 89%).\n\n");
     let rows = s.sessions.patterns.iter().map(|r| {
         let n = r.opens;
-        let b = r.bytes_whole_file + r.bytes_sequential + r.bytes_random;
+        let b = r.bytes();
         let sh = |x: u64, of: u64| pct(crate::analysis::dist::share(x, of));
         vec![
             r.mode.clone(),

@@ -99,10 +99,10 @@ pub fn content(snapshots: &[Snapshot]) -> Option<Content> {
             match NodeKind::from_u8(e.kind) {
                 Some(NodeKind::File) => {
                     c.files += 1;
-                    c.bytes += e.size;
+                    c.bytes = c.bytes.saturating_add(e.size);
                     c.sizes.push(e.size as f64);
                     let t = types.entry(ext(&e.path)).or_default();
-                    (t.0, t.1) = (t.0 + 1, t.1 + e.size);
+                    (t.0, t.1) = (t.0 + 1, t.1.saturating_add(e.size));
                     depths.push(f64::from(e.depth));
                     modified.push((now - e.modified_ns as f64) / 86_400e9);
                     accessed.push((now - e.accessed_ns as f64) / 86_400e9);

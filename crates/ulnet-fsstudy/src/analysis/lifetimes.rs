@@ -130,7 +130,7 @@ fn note(alive: &mut HashMap<u64, Born>, kind: OpKind, op: &crate::format::Op) {
             born.last_close_ns = Some(op.end_ns());
             born.size = op.file_size;
         }
-        OpKind::Write => born.size = born.size.max(op.offset + op.result as u64),
+        OpKind::Write => born.size = born.size.max(op.offset.saturating_add(op.result as u64)),
         OpKind::Open => born.opens += 1,
         OpKind::Getattr | OpKind::Setattr => born.size = op.file_size,
         _ => {}

@@ -230,7 +230,7 @@ fn inputs_summary(inputs: &Inputs) -> InputsSummary {
         traces: inputs.traces.iter().map(|t| t.path.display().to_string()).collect(),
         snapshots: inputs.snapshots.iter().map(|s| s.path.display().to_string()).collect(),
         operations: inputs.traces.iter().map(|t| t.ops.len() as u64).sum(),
-        dropped: inputs.traces.iter().map(|t| t.dropped).sum(),
+        dropped: inputs.traces.iter().fold(0u64, |a, t| a.saturating_add(t.dropped)),
         traced_s: inputs.traces.iter().map(span).sum(),
         damage: inputs.damage.iter().map(|(p, d)| format!("{}: {d}", p.display())).collect(),
     }

@@ -110,12 +110,17 @@ impl Session {
 
     /// Bytes read.
     pub fn bytes_read(&self) -> u64 {
-        self.accesses.iter().filter(|a| !a.write).map(|a| a.len).sum()
+        self.accesses.iter().filter(|a| !a.write).fold(0u64, |acc, a| acc.saturating_add(a.len))
     }
 
     /// Bytes written.
     pub fn bytes_written(&self) -> u64 {
-        self.accesses.iter().filter(|a| a.write).map(|a| a.len).sum()
+        self.accesses.iter().filter(|a| a.write).fold(0u64, |acc, a| acc.saturating_add(a.len))
+    }
+
+    /// Bytes read and written.
+    pub fn bytes_moved(&self) -> u64 {
+        self.bytes_read().saturating_add(self.bytes_written())
     }
 
     /// The accesses in the order they were made, requests overlapping in time put in
@@ -168,7 +173,7 @@ impl Session {
         let mut current: Option<(u64, u64)> = None; // (end, bytes)
         for a in self.ordered().into_iter().filter(|a| a.len > 0) {
             current = match current {
-                Some((end, bytes)) if a.offset == end => Some((a.end(), bytes + a.len)),
+                Some((end, bytes)) if a.offset == end => Some((a.end(), bytes.saturating_add(a.len))),
                 Some((_, bytes)) => {
                     runs.push(bytes);
                     Some((a.end(), a.len))
@@ -260,6 +265,18 @@ pub struct PatternRow {
     pub bytes_sequential: u64,
     /// By random sessions.
     pub bytes_random: u64,
+}
+
+impl PatternRow {
+    /// Bytes moved sequentially (whole-file and other).
+    pub fn sequential_bytes(&self) -> u64 {
+        self.bytes_whole_file.saturating_add(self.bytes_sequential)
+    }
+
+    /// Bytes moved.
+    pub fn bytes(&self) -> u64 {
+        self.sequential_bytes().saturating_add(self.bytes_random)
+    }
 }
 
 /// Read-ahead opportunity (thesis 9.9.1).
@@ -373,8 +390,8 @@ pub fn summarize(sessions: &[Session]) -> Sessions {
     let mut out = Sessions {
         opens: files.len() as u64,
         dir_opens: (sessions.len() - files.len()) as u64,
-        bytes_read: files.iter().map(|s| s.bytes_read()).sum(),
-        bytes_written: files.iter().map(|s| s.bytes_written()).sum(),
+        bytes_read: files.iter().fold(0u64, |a, s| a.saturating_add(s.bytes_read())),
+        bytes_written: files.iter().fold(0u64, |a, s| a.saturating_add(s.bytes_written())),
         opens_without_data: (files.len() - data.len()) as u64,
         patterns: pattern_rows(&data),
         ..Sessions::default()
@@ -400,12 +417,16 @@ fn pattern_rows(data: &[&Session]) -> Vec<PatternRow> {
         .map(|mode| {
             let mut row = PatternRow { mode: mode_name(mode).into(), ..PatternRow::default() };
             for s in data.iter().filter(|s| s.mode() == mode) {
-                let bytes = s.bytes_read() + s.bytes_written();
+                let bytes = s.bytes_moved();
                 row.opens += 1;
                 match s.pattern() {
-                    Some(Pattern::WholeFile) => (row.whole_file += 1, row.bytes_whole_file += bytes),
-                    Some(Pattern::Sequential) => (row.sequential += 1, row.bytes_sequential += bytes),
-                    _ => (row.random += 1, row.bytes_random += bytes),
+                    Some(Pattern::WholeFile) => {
+                        (row.whole_file += 1, row.bytes_whole_file = row.bytes_whole_file.saturating_add(bytes))
+                    }
+                    Some(Pattern::Sequential) => {
+                        (row.sequential += 1, row.bytes_sequential = row.bytes_sequential.saturating_add(bytes))
+                    }
+                    _ => (row.random += 1, row.bytes_random = row.bytes_random.saturating_add(bytes)),
                 };
             }
             row
@@ -464,7 +485,7 @@ fn runs_and_sizes(data: &[&Session], out: &mut Sessions) {
             ("weighted by bytes".into(), cdf_points(&by_bytes, 300)),
         ],
     ));
-    let session_bytes: Vec<f64> = data.iter().map(|s| (s.bytes_read() + s.bytes_written()) as f64).collect();
+    let session_bytes: Vec<f64> = data.iter().map(|s| s.bytes_moved() as f64).collect();
     out.session_bytes = percentiles(&session_bytes);
     let sizes: Vec<f64> = data.iter().map(|s| s.size_at_close.unwrap_or(s.size_at_open) as f64).collect();
     out.file_size_at_close = percentiles(&sizes);

@@ -251,29 +251,24 @@ fn mix_and_errors(traces: &[Trace], out: &mut Operations) {
     ));
 }
 
-/// Bytes moved per interval of `interval_s` seconds, over each trace's span.
+/// Bytes moved per interval of `interval_s` seconds, over each trace's span. Only the
+/// active intervals are kept (a trace's span bounds nothing a file could forge).
 fn activity(traces: &[Trace], interval_s: f64) -> Activity {
-    let width = (interval_s * 1e9) as u64;
+    let width = ((interval_s * 1e9) as u64).max(1);
     let mut out = Activity { interval_s, ..Activity::default() };
     let mut rates = Vec::new();
     for t in traces {
         let (Some(first), Some(last)) = (t.ops.first(), t.ops.last()) else { continue };
-        let bins = ((last.start_ns - first.start_ns) / width + 1) as usize;
-        let mut bytes = vec![(0u64, false); bins];
+        let mut active: BTreeMap<u64, u64> = BTreeMap::new();
         for op in &t.ops {
-            let b = &mut bytes[((op.start_ns - first.start_ns) / width) as usize];
-            b.1 = true;
+            let bytes = active.entry((op.start_ns - first.start_ns) / width).or_default();
             if matches!(op.op_kind(), Some(OpKind::Read | OpKind::Write)) && !op.failed() {
-                b.0 += op.result as u64;
+                *bytes = bytes.saturating_add(op.result as u64);
             }
         }
-        out.intervals += bins as u64;
-        for (b, active) in bytes {
-            if active {
-                out.active += 1;
-                rates.push(b as f64 / interval_s / 1e3);
-            }
-        }
+        out.intervals = out.intervals.saturating_add((last.start_ns - first.start_ns) / width + 1);
+        out.active += active.len() as u64;
+        rates.extend(active.values().map(|&b| b as f64 / interval_s / 1e3));
     }
     out.mean_kb_per_s = if rates.is_empty() { 0.0 } else { rates.iter().sum::<f64>() / rates.len() as f64 };
     out.peak_kb_per_s = rates.iter().copied().fold(0.0, f64::max);
@@ -284,13 +279,14 @@ fn seconds_with_opens(traces: &[Trace]) -> f64 {
     let (mut seconds, mut with_opens) = (0u64, 0u64);
     for t in traces {
         let (Some(first), Some(last)) = (t.ops.first(), t.ops.last()) else { continue };
-        let n = ((last.start_ns - first.start_ns) / 1_000_000_000 + 1) as usize;
-        let mut hit = vec![false; n];
-        for op in t.ops.iter().filter(|o| matches!(o.op_kind(), Some(OpKind::Open | OpKind::Create))) {
-            hit[((op.start_ns - first.start_ns) / 1_000_000_000) as usize] = true;
-        }
-        seconds += n as u64;
-        with_opens += hit.iter().filter(|h| **h).count() as u64;
+        let hit: std::collections::BTreeSet<u64> = t
+            .ops
+            .iter()
+            .filter(|o| matches!(o.op_kind(), Some(OpKind::Open | OpKind::Create)))
+            .map(|o| (o.start_ns - first.start_ns) / 1_000_000_000)
+            .collect();
+        seconds = seconds.saturating_add((last.start_ns - first.start_ns) / 1_000_000_000 + 1);
+        with_opens += hit.len() as u64;
     }
     share(with_opens, seconds)
 }

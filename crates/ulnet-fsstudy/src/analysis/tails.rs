@@ -115,7 +115,7 @@ pub fn tails(traces: &[Trace], sessions: &[Session], lifetimes: &Lifetimes, cont
     let is_open = |o: &crate::format::Op| matches!(o.op_kind(), Some(OpKind::Open | OpKind::Create));
     let mut tests = vec![
         test(&size_name, "bytes", &sizes),
-        test("bytes per session", "bytes", &per(&|s| (s.bytes_read() + s.bytes_written()) as f64)),
+        test("bytes per session", "bytes", &per(&|s| s.bytes_moved() as f64)),
         test("open duration", "ns", &data.iter().filter_map(|s| s.duration_ns()).map(|d| d as f64).collect::<Vec<_>>()),
         test("reads per session", "requests", &per(&|s| s.accesses.iter().filter(|a| !a.write).count() as f64)),
         test("writes per session", "requests", &per(&|s| s.accesses.iter().filter(|a| a.write).count() as f64)),

@@ -57,12 +57,7 @@ pub fn compare(s: &Study) -> Vec<Comparison> {
     let o = &s.operations;
     let ro = ss.patterns.iter().find(|r| r.mode == "read-only");
     let ro_whole = ro.map_or(0.0, |r| super::dist::share(r.whole_file, r.opens));
-    let ro_seq_bytes = ro.map_or(0.0, |r| {
-        super::dist::share(
-            r.bytes_whole_file + r.bytes_sequential,
-            r.bytes_whole_file + r.bytes_sequential + r.bytes_random,
-        )
-    });
+    let ro_seq_bytes = ro.map_or(0.0, |r| super::dist::share(r.sequential_bytes(), r.bytes()));
     let dead_within = |name: &str| l.dead_within.iter().find(|(n, _)| n == name).map_or(0.0, |d| d.1);
     let tests = &s.tails.tests;
     let heavy = tests.iter().filter(|t| t.heavy_tailed).count();
