@@ -19,7 +19,7 @@ fn op(i: u64) -> Record {
         handle: i / 3,
         offset: 4096 * (i % 9),
         size: 4096,
-        result: if i % 17 == 0 { -2 } else { 4096 },
+        result: if i.is_multiple_of(17) { -2 } else { 4096 },
         file_size: 1 << 20,
         flags: 0o100,
         other: 0,
@@ -32,14 +32,14 @@ fn file_of(n: u64, per_block: u64) -> (Vec<u8>, Vec<Record>, Vec<usize>) {
     let mut w = TraceWriter::new(&mut out, Path::new("mem"), FileKind::Trace, 0).expect("header");
     let mut records = Vec::new();
     for i in 0..n {
-        let r = if i % 10 == 0 {
+        let r = if i.is_multiple_of(10) {
             Record::Name(Name { file: i, parent: 1, kind: NodeKind::File, path: format!("dir/file-{i}.c") })
         } else {
             op(i)
         };
         w.push(&r, 0).expect("push");
         records.push(r);
-        if (i + 1) % per_block == 0 {
+        if (i + 1).is_multiple_of(per_block) {
             w.flush(0).expect("flush");
         }
     }

@@ -227,7 +227,7 @@ fn mix_and_errors(traces: &[Trace], out: &mut Operations) {
             service_us: percentiles(service),
         });
     }
-    out.kinds.sort_by(|a, b| b.count.cmp(&a.count));
+    out.kinds.sort_by_key(|k| std::cmp::Reverse(k.count));
     out.categories = cats.into_iter().collect();
     let opening = |k: &u8| matches!(OpKind::from_u8(*k), Some(OpKind::Lookup | OpKind::Open | OpKind::Create));
     let failed_opening: u64 = errors.iter().filter(|((k, _), _)| opening(k)).map(|(_, n)| n).sum();
@@ -236,7 +236,7 @@ fn mix_and_errors(traces: &[Trace], out: &mut Operations) {
     out.open_errors_missing_share = share(missing, failed_opening);
     out.errors =
         errors.into_iter().map(|((k, e), count)| ErrorCount { op: name(k), errno: errno_name(e), count }).collect();
-    out.errors.sort_by(|a, b| b.count.cmp(&a.count));
+    out.errors.sort_by_key(|e| std::cmp::Reverse(e.count));
     let service = |k: OpKind| -> Vec<(f64, f64)> {
         kinds.get(&(k as u8)).map_or_else(Vec::new, |v| v.2.iter().map(|d| (*d, 1.0)).collect())
     };
