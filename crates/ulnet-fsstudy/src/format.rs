@@ -181,11 +181,13 @@ pub enum OpKind {
     Fallocate = 28,
     /// A data or hole offset looked for (`SEEK_DATA`, `SEEK_HOLE`).
     Lseek = 29,
+    /// A device control request (`ioctl`); `flags` is its command.
+    Ioctl = 30,
 }
 
 impl OpKind {
     /// Every kind, in discriminant order.
-    pub const ALL: [OpKind; 30] = [
+    pub const ALL: [OpKind; 31] = [
         OpKind::Lookup,
         OpKind::Getattr,
         OpKind::Setattr,
@@ -216,6 +218,7 @@ impl OpKind {
         OpKind::Create,
         OpKind::Fallocate,
         OpKind::Lseek,
+        OpKind::Ioctl,
     ];
 
     /// The kind with this discriminant.
@@ -256,6 +259,7 @@ impl OpKind {
             OpKind::Create => "create",
             OpKind::Fallocate => "fallocate",
             OpKind::Lseek => "lseek",
+            OpKind::Ioctl => "ioctl",
         }
     }
 }

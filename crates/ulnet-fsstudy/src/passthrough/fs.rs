@@ -931,6 +931,28 @@ impl fuser::Filesystem for Passthrough {
         self.record(b, end, OpKind::Fallocate, op);
     }
 
+    fn ioctl(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        let b = self.begin(req);
+        let r = self.ioctl_of();
+        let end = self.sink.now_ns();
+        match &r {
+            Ok(()) => reply.ioctl(0, &[]),
+            Err(e) => reply.error(*e),
+        }
+        let op = Op { file: ino.0, handle: fh.0, flags: cmd, result: result_of(&r, |_| 0), ..Op::default() };
+        self.record(b, end, OpKind::Ioctl, op);
+    }
+
     fn lseek(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: i64, whence: i32, reply: ReplyLseek) {
         let b = self.begin(req);
         let r = self.handles.file(fh.0).ok_or(Errno::EBADF).and_then(|open| {
@@ -955,6 +977,16 @@ impl fuser::Filesystem for Passthrough {
             ..Op::default()
         };
         self.record(b, end, OpKind::Lseek, op);
+    }
+}
+
+impl Passthrough {
+    /// Device control requests are answered as a regular file or directory answers the
+    /// ones programs send most (a terminal test before buffering: `TCGETS`): not a device
+    /// (ENOTTY). They are not passed on: their arguments are the caller's memory, in a
+    /// layout each command defines.
+    fn ioctl_of(&self) -> Served<()> {
+        Err(Errno::from_i32(libc::ENOTTY))
     }
 }
 
