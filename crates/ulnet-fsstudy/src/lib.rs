@@ -10,7 +10,7 @@
 //! SVG figures beside the thesis's own values ([`report`]).
 //!
 //! The parts, in the order data flows:
-//! - [`format`], [`writer`], [`reader`]: the file format (versioned header, checksummed
+//! - [`format`](mod@format), [`writer`], [`reader`]: the file format (versioned header, checksummed
 //!   blocks), written one block at a time, read as far as it is whole.
 //! - [`recorder`]: the bounded ring between the traced operations and the writer thread.
 //! - [`snapshot`]: a walk of a tree into a snapshot file.

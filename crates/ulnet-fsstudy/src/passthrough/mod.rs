@@ -2,7 +2,7 @@
 //! request made to it ([`fs`]), with its inode and handle tables ([`inodes`],
 //! [`handles`]), the calls it makes on the backing files ([`sys`]) and the mappings large
 //! reads are served from ([`mapped`]); mounting it and
-//! running a command inside it ([`mount`]).
+//! running a command inside it ([`mount`](mod@mount)).
 //!
 //! What a FUSE pass-through sees is what reaches the file system through the kernel's VFS:
 //! name lookups (one per path component resolved), attribute reads, opens and closes
