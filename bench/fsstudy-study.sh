@@ -52,7 +52,7 @@ for v in lua-src-*/lua-5.*; do
   cc -O2 -I"\$v" -o "lua-\${v##*/}" "$WORK/driver.c" "liblua-\${v##*/}.a" -lm -ldl
   "./lua-\${v##*/}"
 done
-ls libz-sys-*/src/zlib/*.c | xargs -P2 -n4 cc -O2 -c && ar rcs libz.a *.o && rm -f *.o
+ls libz-sys-*/src/zlib/*.c | xargs -P2 -n4 cc -O2 -DHAVE_UNISTD_H -c && ar rcs libz.a *.o && rm -f *.o
 EOF
 cat >"$WORK/git.sh" <<EOF
 set -e
