@@ -33,6 +33,8 @@ enum Command {
     Registry(cmd::registry::RegistryCommand),
     /// Communication tracing: study trace files, test samples for heavy tails.
     Trace(cmd::trace::TraceArgs),
+    /// File-system usage study: snapshots, traces through a FUSE pass-through, reports.
+    Fsstudy(cmd::fsstudy::FsstudyArgs),
     /// Sort Sort Benchmark records across nodes (River, Millennium Sort).
     Sort(cmd::sort::SortArgs),
     /// One node of `ulnet sort` (started by it).
@@ -62,6 +64,7 @@ fn main() {
         Command::Gensort(a) => ulnet_sortbench::cli::run_gensort(&a),
         Command::Valsort(a) => ulnet_sortbench::cli::run_valsort(&a),
         Command::Trace(a) => cmd::trace::run(a),
+        Command::Fsstudy(a) => cmd::fsstudy::run(a),
         Command::Sort(a) => cmd::sort::run(a),
         Command::SortNode(a) => cmd::sort::run_node_command(a),
     };

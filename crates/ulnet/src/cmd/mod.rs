@@ -9,6 +9,7 @@ pub mod demo_cluster;
 pub mod demo_registry;
 pub mod demo_rma;
 pub mod demo_trace;
+pub mod fsstudy;
 pub mod node;
 pub mod registry;
 pub mod secret;
