@@ -51,8 +51,8 @@ fn record(node: u8, busy_milli: u32) -> LoadRecord {
 }
 
 /// A process that answers at a node's endpoint with whatever record it likes: it has the
-/// segment names and (over TCP) the transport's secret, not the key records are signed
-/// with.
+/// segment names and the transport's secret (over TCP and shared memory), not the key
+/// records are signed with.
 struct Impostor {
     _rma: Rma,
     load: ulnet_core::rma::ExportedSegment,
@@ -64,6 +64,7 @@ impl Impostor {
     fn new(path: RmaPath, key: &ClusterKey) -> Impostor {
         let mut config = RmaConfig::new(NodeId(77));
         config.tcp.secret = key.derive("ulnet-dc rma");
+        config.shm.secret = key.derive("ulnet-dc rma");
         let mut rma = Rma::new(config).unwrap();
         let endpoint = match path {
             RmaPath::Tcp => RmaEndpoint::Tcp(rma.listen_tcp("127.0.0.1:0").unwrap()),

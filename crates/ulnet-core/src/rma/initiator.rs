@@ -539,7 +539,7 @@ impl Rma {
     /// Lets importers on this host reach this node under `name`: over shared-memory
     /// channels, and by mapping segments through the rendezvous.
     pub fn listen_shm(&mut self, name: &str) -> Result<(), ConnectError> {
-        let acceptor = ShmAcceptor::bind(&format!("rma/{name}"), self.config.shm)?;
+        let acceptor = ShmAcceptor::bind(&format!("rma/{name}"), self.config.shm.clone())?;
         let rendezvous = RendezvousServer::bind(name)?;
         self.hand_to_engine(InboxItem::Acceptor(Box::new(acceptor)));
         self.hand_to_engine(InboxItem::Rendezvous(rendezvous));
