@@ -443,11 +443,18 @@ fn forged_raw_requests_are_rejected_and_counted(mode: Mode) {
 fn forged_rendezvous_requests(t: &Target, seg: &ExportedSegment, before: &[u8]) {
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(format!("ulnet-rma/{}", t.shm)).unwrap();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x5eed);
-    const REQUEST_LEN: usize = 96;
+    // The request's fields, nonce and MAC (rendezvous version 2), after the owner's
+    // 32-byte challenge; the reply's fields and MAC.
+    const CHALLENGE_LEN: usize = 32;
+    const REQUEST_LEN: usize = 96 + 16 + 32;
+    const REPLY_LEN: usize = 48 + 32;
     let mut refused = 0;
     for i in 0..200 {
         let mut s = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
         s.set_read_timeout(Some(T)).unwrap();
+        let mut challenge = [0u8; CHALLENGE_LEN];
+        s.read_exact(&mut challenge).unwrap();
+        assert_eq!(&challenge[..8], b"ULNETRMC", "the owner speaks first");
         let mut m = vec![0u8; REQUEST_LEN];
         rng.fill(&mut m[..]);
         if i % 4 == 0 {
@@ -456,7 +463,7 @@ fn forged_rendezvous_requests(t: &Target, seg: &ExportedSegment, before: &[u8]) 
             continue;
         }
         s.write_all(&m).unwrap();
-        let mut reply = [0u8; 48];
+        let mut reply = [0u8; REPLY_LEN];
         s.read_exact(&mut reply).unwrap();
         assert_ne!(reply[8], 0, "random bytes are never granted");
         refused += 1;

@@ -539,8 +539,9 @@ impl Rma {
     /// Lets importers on this host reach this node under `name`: over shared-memory
     /// channels, and by mapping segments through the rendezvous.
     pub fn listen_shm(&mut self, name: &str) -> Result<(), ConnectError> {
-        let acceptor = ShmAcceptor::bind(&format!("rma/{name}"), self.config.shm.clone())?;
-        let rendezvous = RendezvousServer::bind(name)?;
+        let admission = self.cells.admission.clone();
+        let acceptor = ShmAcceptor::bind_counted(&format!("rma/{name}"), self.config.shm.clone(), admission.clone())?;
+        let rendezvous = RendezvousServer::bind(name, self.config.shm.clone(), admission)?;
         self.hand_to_engine(InboxItem::Acceptor(Box::new(acceptor)));
         self.hand_to_engine(InboxItem::Rendezvous(rendezvous));
         Ok(())
@@ -821,7 +822,7 @@ impl Rma {
     }
 
     fn import_mapped(&mut self, index: usize, shm: &str, wanted: Wanted) -> Result<RemoteSegment, ImportError> {
-        let granted = rendezvous::import(shm, self.config.node, &wanted, self.config.control_timeout)?;
+        let granted = rendezvous::import(shm, self.config.node, &wanted, self.config.control_timeout, &self.config.shm)?;
         let import = MappedImport::new(granted);
         self.peers[index].node = Some(import.owner);
         let descriptor = SegmentDescriptor {

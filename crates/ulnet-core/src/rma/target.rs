@@ -14,6 +14,7 @@ use super::notify::{AccessKind, Notification};
 use super::rights::{NodeId, Rights};
 use super::segment::{Entered, ExportTable};
 use super::wire::{self, LookupAnswer, Op, Place, Response, HEADER_LEN, VERSION};
+use crate::transport::shm::admission::{AdmissionCells, AdmissionCounters};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -54,6 +55,9 @@ pub struct TargetCounters {
     pub migrations: u64,
     /// Mapped importers still inside a store when a revocation's grace period ran out.
     pub importers_stuck: u64,
+    /// Same-host peers of the shared-memory listener and the rendezvous: admitted, refused
+    /// for their credentials or the secret, failed.
+    pub admission: AdmissionCounters,
 }
 
 impl TargetCounters {
@@ -85,6 +89,8 @@ pub(crate) struct TargetCells {
     pub(crate) channels_failed: AtomicU64,
     pub(crate) mapped_imports: AtomicU64,
     pub(crate) mapped_refused: AtomicU64,
+    /// Shared by the node's shared-memory listener and rendezvous (their own threads write it).
+    pub(crate) admission: Arc<AdmissionCells>,
 }
 
 /// Adds to a counter that only one thread writes: a load and a store, no locked
@@ -116,6 +122,7 @@ impl TargetCells {
             revocations,
             migrations,
             importers_stuck,
+            admission: self.admission.snapshot(),
         }
     }
 
