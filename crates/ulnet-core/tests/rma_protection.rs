@@ -481,6 +481,34 @@ fn forged_rendezvous_requests(t: &Target, seg: &ExportedSegment, before: &[u8]) 
     assert_eq!(seg.load_u64(0), u64::from_ne_bytes([9; 8]));
 }
 
+/// A channel whose handshake named node 5 may introduce itself as node 5 only: a Hello
+/// naming node 7 (whose rights the segment grants) is refused as `Denied` and counted,
+/// and the channel then has node 5's rights, none. (A mapping's importer has no Hello: it
+/// names itself in the rendezvous request, under that request's MAC.)
+#[test]
+fn rejects_a_hello_naming_another_node_than_its_handshake() {
+    for mode in [Mode::ShmChannel, Mode::Tcp, Mode::Udp] {
+        impostor_is_refused(mode);
+    }
+}
+
+fn impostor_is_refused(mode: Mode) {
+    let (t, seg) = setup("impostor", Access::none().grant(NodeId(7), Rights::ALL));
+    let before = snapshot(&seg);
+    let mut raw = Raw::new(raw_channel_as(&t, mode, NodeId(5)));
+    let hello = |node| encode(&Request { token: 0, notify: false, op: Op::Hello { node, version: wire::VERSION } });
+    let denied_before = t.rma.target_counters().refused_for(AccessError::Denied);
+    raw.send(&[&hello(NodeId(7))]);
+    assert_eq!(raw.responses(1), vec![(0, Some(AccessError::Denied))], "{mode:?}");
+    assert_eq!(t.rma.target_counters().refused_for(AccessError::Denied), denied_before + 1);
+    raw.send(&[&hello(NodeId(5))]);
+    assert_eq!(raw.responses(1), vec![(0, None)], "{mode:?}: the node it proved is welcome");
+    let place = Place { segment: seg.id(), generation: seg.generation(), offset: 0 };
+    raw.send(&[&encode(&Request { token: 3, notify: false, op: Op::Put { place, data: &[1; 8] } })]);
+    assert_eq!(raw.responses(1), vec![(3, Some(AccessError::Denied))], "{mode:?}");
+    assert_eq!(snapshot(&seg), before);
+}
+
 fn withdrawn_export_cuts_off_its_importers(mode: Mode) {
     let (t, seg) = setup("withdrawn", Access::everyone(Rights::ALL));
     let (mut me, peer, r) = importer(2, &t, "s", mode);
