@@ -5,7 +5,7 @@ use crate::error::{ChannelError, ConnectError, SendError};
 use crate::node::NodeId;
 use crate::trace::recorder::RUN_MAX;
 use crate::trace::{self, MessageKind, PendingReceive, Recorder};
-use crate::transport::shm::{self, ShmConfig, ShmListener};
+use crate::transport::shm::{self, AdmissionCounters, ShmConfig, ShmListener};
 use crate::transport::tcp::{self, TcpChannelListener, TcpConfig};
 use crate::transport::udp::{self, UdpChannelListener, UdpConfig, UdpCounters, UdpStats};
 use crate::transport::{Capabilities, ReadyProbe, Responder, SendOutcome, Transport};
@@ -336,10 +336,17 @@ impl Endpoint {
         crate::sys::barrier::membarrier_registered();
     }
 
-    /// Lets shared-memory peers on this host connect under `name`.
+    /// Lets shared-memory peers on this host connect under `name`: processes of this
+    /// user and of those `ShmConfig::allowed` lists, proving `ShmConfig::secret`.
     pub fn listen_shm(&mut self, name: &str) -> Result<(), ConnectError> {
         self.listener = Some(ShmListener::bind(name)?);
         Ok(())
+    }
+
+    /// What became of the peers that connected to our shared-memory listener (admitted,
+    /// refused, failed), if we listen on one.
+    pub fn shm_admission(&self) -> Option<AdmissionCounters> {
+        self.listener.as_ref().map(ShmListener::admission_counters)
     }
 
     /// Lets peers connect over TCP at `addr` (port 0 picks one); returns the bound address.

@@ -24,6 +24,45 @@ pub enum ConnectError {
     /// The operating system refused (socket, memfd, mmap).
     #[error("system error: {0}")]
     Io(#[from] std::io::Error),
+    /// One side of a shared-memory rendezvous refused the other (its user, or its proof of
+    /// the cluster secret).
+    #[error("{0}")]
+    Refused(#[from] Refusal),
+}
+
+/// Why one side of a shared-memory rendezvous refused the other. The listener tells the
+/// connector why (the variant's wire code); a connector refuses a listener on its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The connecting process's user (and groups) are not among those the listener admits.
+    #[error(
+        "refused: peer uid {uid} is not allowed (a listener admits its own user and the uids and \
+         gids it is configured to allow: --allow-uid, --allow-gid)"
+    )]
+    PeerNotAllowed {
+        /// The peer's effective user id.
+        uid: u32,
+        /// The peer's effective group id.
+        gid: u32,
+    },
+    /// The listening process runs as a user we do not trust: another user's process may
+    /// have taken the name.
+    #[error(
+        "refused: the listener runs as uid {uid}, which is neither ours, nor root, nor allowed \
+         (another user's process may hold the name; allow it with --allow-uid if expected)"
+    )]
+    ListenerNotAllowed {
+        /// The listener's effective user id.
+        uid: u32,
+        /// The listener's effective group id.
+        gid: u32,
+    },
+    /// One side failed to prove the cluster secret to the other: their secrets differ.
+    #[error("refused: the cluster secret was not proved (one side has a wrong or missing secret)")]
+    Secret,
+    /// The kernel could not say who the peer is.
+    #[error("refused: the peer's credentials could not be read")]
+    Unidentified,
 }
 
 /// Why a send failed (back-pressure is [`crate::SendOutcome::NoResource`], not an error).

@@ -44,7 +44,7 @@ mod watch;
 
 pub use cq::{Completion, CompletionKind, CompletionQueue};
 pub use endpoint::{ChannelId, Endpoint, EndpointConfig, EndpointCounters, EndpointId, Event, ReplyTo, Upcall};
-pub use error::{ChannelError, ConnectError, SendError};
+pub use error::{ChannelError, ConnectError, Refusal, SendError};
 pub use node::NodeId;
 pub use transport::{Capabilities, Responder, RmaCapabilities, SendOutcome, Transport, TransportKind};
 pub use waker::Waker;

@@ -443,11 +443,18 @@ fn forged_raw_requests_are_rejected_and_counted(mode: Mode) {
 fn forged_rendezvous_requests(t: &Target, seg: &ExportedSegment, before: &[u8]) {
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(format!("ulnet-rma/{}", t.shm)).unwrap();
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0x5eed);
-    const REQUEST_LEN: usize = 96;
+    // The request's fields, nonce and MAC (rendezvous version 2), after the owner's
+    // 32-byte challenge; the reply's fields and MAC.
+    const CHALLENGE_LEN: usize = 32;
+    const REQUEST_LEN: usize = 96 + 16 + 32;
+    const REPLY_LEN: usize = 48 + 32;
     let mut refused = 0;
     for i in 0..200 {
         let mut s = std::os::unix::net::UnixStream::connect_addr(&addr).unwrap();
         s.set_read_timeout(Some(T)).unwrap();
+        let mut challenge = [0u8; CHALLENGE_LEN];
+        s.read_exact(&mut challenge).unwrap();
+        assert_eq!(&challenge[..8], b"ULNETRMC", "the owner speaks first");
         let mut m = vec![0u8; REQUEST_LEN];
         rng.fill(&mut m[..]);
         if i % 4 == 0 {
@@ -456,7 +463,7 @@ fn forged_rendezvous_requests(t: &Target, seg: &ExportedSegment, before: &[u8]) 
             continue;
         }
         s.write_all(&m).unwrap();
-        let mut reply = [0u8; 48];
+        let mut reply = [0u8; REPLY_LEN];
         s.read_exact(&mut reply).unwrap();
         assert_ne!(reply[8], 0, "random bytes are never granted");
         refused += 1;
@@ -472,6 +479,34 @@ fn forged_rendezvous_requests(t: &Target, seg: &ExportedSegment, before: &[u8]) 
     let (mut me, _, r) = importer(2, t, "s", Mode::ShmMapped);
     me.put_blocking(&r, 0, &[9; 8], T).unwrap();
     assert_eq!(seg.load_u64(0), u64::from_ne_bytes([9; 8]));
+}
+
+/// A channel whose handshake named node 5 may introduce itself as node 5 only: a Hello
+/// naming node 7 (whose rights the segment grants) is refused as `Denied` and counted,
+/// and the channel then has node 5's rights, none. (A mapping's importer has no Hello: it
+/// names itself in the rendezvous request, under that request's MAC.)
+#[test]
+fn rejects_a_hello_naming_another_node_than_its_handshake() {
+    for mode in [Mode::ShmChannel, Mode::Tcp, Mode::Udp] {
+        impostor_is_refused(mode);
+    }
+}
+
+fn impostor_is_refused(mode: Mode) {
+    let (t, seg) = setup("impostor", Access::none().grant(NodeId(7), Rights::ALL));
+    let before = snapshot(&seg);
+    let mut raw = Raw::new(raw_channel_as(&t, mode, NodeId(5)));
+    let hello = |node| encode(&Request { token: 0, notify: false, op: Op::Hello { node, version: wire::VERSION } });
+    let denied_before = t.rma.target_counters().refused_for(AccessError::Denied);
+    raw.send(&[&hello(NodeId(7))]);
+    assert_eq!(raw.responses(1), vec![(0, Some(AccessError::Denied))], "{mode:?}");
+    assert_eq!(t.rma.target_counters().refused_for(AccessError::Denied), denied_before + 1);
+    raw.send(&[&hello(NodeId(5))]);
+    assert_eq!(raw.responses(1), vec![(0, None)], "{mode:?}: the node it proved is welcome");
+    let place = Place { segment: seg.id(), generation: seg.generation(), offset: 0 };
+    raw.send(&[&encode(&Request { token: 3, notify: false, op: Op::Put { place, data: &[1; 8] } })]);
+    assert_eq!(raw.responses(1), vec![(3, Some(AccessError::Denied))], "{mode:?}");
+    assert_eq!(snapshot(&seg), before);
 }
 
 fn withdrawn_export_cuts_off_its_importers(mode: Mode) {

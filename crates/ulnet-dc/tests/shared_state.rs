@@ -51,8 +51,8 @@ fn record(node: u8, busy_milli: u32) -> LoadRecord {
 }
 
 /// A process that answers at a node's endpoint with whatever record it likes: it has the
-/// segment names and (over TCP) the transport's secret, not the key records are signed
-/// with.
+/// segment names and the transport's secret (over TCP and shared memory), not the key
+/// records are signed with.
 struct Impostor {
     _rma: Rma,
     load: ulnet_core::rma::ExportedSegment,
@@ -64,6 +64,7 @@ impl Impostor {
     fn new(path: RmaPath, key: &ClusterKey) -> Impostor {
         let mut config = RmaConfig::new(NodeId(77));
         config.tcp.secret = key.derive("ulnet-dc rma");
+        config.shm.secret = key.derive("ulnet-dc rma");
         let mut rma = Rma::new(config).unwrap();
         let endpoint = match path {
             RmaPath::Tcp => RmaEndpoint::Tcp(rma.listen_tcp("127.0.0.1:0").unwrap()),
@@ -230,19 +231,18 @@ fn only_nodes_may_swap_the_role_word_and_only_nodes_announce() {
         let key = ClusterKey::new(b"k");
         let table = initial_table(&[(1, 2)]);
         let (front, nodes) = center("rights", path, table, 3, &key);
-        // A stranger (not a node of the center) reaches the role word: it may read it, not swap it.
-        let mut stranger = Rma::new(RmaConfig::new(NodeId(99))).unwrap();
+        // A stranger (a holder of the key, not a node of the center) reaches the role word:
+        // it may read it, not swap it.
+        let mut c = RmaConfig::new(NodeId(99));
+        c.tcp.secret = key.derive("ulnet-dc rma");
+        c.shm.secret = key.derive("ulnet-dc rma");
+        let mut stranger = Rma::new(c).unwrap();
         let (peer, mode) = match front.endpoint() {
             RmaEndpoint::Shm(name) => (stranger.connect_shm(name), ulnet_core::rma::ImportMode::Map),
-            RmaEndpoint::Tcp(addr) => {
-                let mut c = RmaConfig::new(NodeId(99));
-                c.tcp.secret = key.derive("ulnet-dc rma");
-                stranger = Rma::new(c).unwrap();
-                (
-                    stranger.connect_tcp(&addr.to_string(), Duration::from_secs(5)).unwrap(),
-                    ulnet_core::rma::ImportMode::Channel,
-                )
-            }
+            RmaEndpoint::Tcp(addr) => (
+                stranger.connect_tcp(&addr.to_string(), Duration::from_secs(5)).unwrap(),
+                ulnet_core::rma::ImportMode::Channel,
+            ),
         };
         let roles = stranger.import_with(peer, ROLES_SEGMENT, mode).unwrap();
         let mut word = [0u8; 8];

@@ -57,7 +57,7 @@ pub struct MeshConfig {
     /// Longest to wait for the other nodes to show up. 60 s: remote launchers (ssh,
     /// srun) can take seconds per host.
     pub timeout: Duration,
-    /// The cluster secret for TCP channels.
+    /// The cluster secret for TCP and shared-memory channels.
     pub secret: Vec<u8>,
     /// Sizes of each shared-memory channel's receive mapping (see [`shm_geometry_for`]).
     pub shm_geometry: ShmGeometry,
@@ -167,8 +167,9 @@ pub fn connect(cfg: &MeshConfig) -> Result<(Endpoint, Vec<Option<ChannelId>>), R
     assert!(cfg.rank < cfg.size, "rank {} of {} nodes", cfg.rank, cfg.size);
     let mut ep_config = EndpointConfig::default();
     ep_config.tcp.secret = cfg.secret.clone();
+    ep_config.shm.secret = cfg.secret.clone();
     ep_config.shm.geometry = cfg.shm_geometry;
-    let (shm, node) = (ep_config.shm, ep_config.node_id);
+    let (shm, node) = (ep_config.shm.clone(), ep_config.node_id);
     let mut ep = Endpoint::new(ep_config);
     let peers: Vec<Option<ChannelId>> = vec![None; cfg.size];
     if cfg.size == 1 {
@@ -200,7 +201,7 @@ fn connect_shm(
     let hello_msg = hello(cfg.rank, cfg.size, "");
     let connects: Vec<_> = (0..cfg.rank)
         .map(|j| {
-            let (name, shm, hello_msg, timeout) = (my_address(cfg, j), *shm, hello_msg.clone(), cfg.timeout);
+            let (name, shm, hello_msg, timeout) = (my_address(cfg, j), shm.clone(), hello_msg.clone(), cfg.timeout);
             std::thread::Builder::new()
                 .name("river-connect".into())
                 .spawn(move || -> Result<ShmChannel, RiverError> {

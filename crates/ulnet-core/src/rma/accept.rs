@@ -21,6 +21,7 @@
 use crate::error::ConnectError;
 use crate::node::NodeId;
 use crate::sys::doorbell::Doorbell;
+use crate::transport::shm::admission::AdmissionCells;
 use crate::transport::shm::connect::AcceptedShm;
 use crate::transport::shm::{ShmConfig, ShmListener};
 use crate::transport::tcp::{AcceptedTcp, TcpChannelListener, TcpConfig};
@@ -136,23 +137,34 @@ impl Handshakes {
     }
 }
 
-/// Accepts shared-memory channels (each handshake on a thread of its own).
+/// Accepts shared-memory channels (each handshake on a thread of its own), from the
+/// processes `ShmConfig::allowed` admits, proving `ShmConfig::secret`.
 pub struct ShmAcceptor {
     listener: ShmListener,
-    config: ShmConfig,
+    config: Arc<ShmConfig>,
     handshakes: Handshakes,
 }
 
 impl ShmAcceptor {
     /// Listens under `name` (the shared-memory channel namespace of this host).
     pub fn bind(name: &str, config: ShmConfig) -> Result<Self, ConnectError> {
-        Ok(Self { listener: ShmListener::bind(name)?, config, handshakes: Handshakes::new("shm")? })
+        Self::bind_counted(name, config, Arc::default())
+    }
+
+    /// [`ShmAcceptor::bind`], counting its peers into `admission`.
+    pub(crate) fn bind_counted(
+        name: &str,
+        config: ShmConfig,
+        admission: Arc<AdmissionCells>,
+    ) -> Result<Self, ConnectError> {
+        let listener = ShmListener::bind_counted(name, admission)?;
+        Ok(Self { listener, config: Arc::new(config), handshakes: Handshakes::new("shm")? })
     }
 }
 
 impl Acceptor for ShmAcceptor {
     fn try_accept(&mut self) -> Result<Option<Box<dyn Transport>>, ConnectError> {
-        let config = self.config;
+        let config = self.config.clone();
         let listener = &self.listener;
         self.handshakes.try_accept(
             || listener.accept_connection(),

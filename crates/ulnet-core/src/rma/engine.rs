@@ -21,7 +21,7 @@
 use super::accept::Acceptor;
 use super::rendezvous::RendezvousServer;
 use super::segment::ExportTable;
-use super::target::{bump, Reply, Target, TargetCells};
+use super::target::{bump, Importer, Reply, Target, TargetCells};
 use super::wire::HEADER_LEN;
 use crate::error::ChannelError;
 use crate::rma::rights::NodeId;
@@ -82,7 +82,7 @@ impl Inbox {
 }
 
 struct ChannelState {
-    importer: Option<NodeId>,
+    importer: Importer,
     /// Responses that found the channel full, in order.
     deferred: VecDeque<Vec<u8>>,
     /// Most data one response carries on this channel.
@@ -133,11 +133,12 @@ impl Engine {
     fn add_channel(&mut self, transport: Box<dyn Transport>) {
         let data_max = transport.caps().rma.request_max.saturating_sub(HEADER_LEN);
         let probe = transport.probe();
+        let proven = transport.peer_node().filter(|n| *n != NodeId::UNKNOWN);
         bump(&self.cells.channels_accepted, 1);
         self.channels.push(EngineChannel {
             transport,
             probe,
-            state: ChannelState { importer: None, deferred: VecDeque::new(), data_max },
+            state: ChannelState { importer: Importer { proven, node: None }, deferred: VecDeque::new(), data_max },
         });
     }
 
@@ -198,11 +199,11 @@ impl Engine {
                     let mut ch = self.channels.swap_remove(i);
                     match e {
                         ChannelError::Closed => {
-                            tracing::debug!(importer = ch.state.importer.map(|n| n.0), "RMA channel closed")
+                            tracing::debug!(importer = ch.state.importer.node.map(|n| n.0), "RMA channel closed")
                         }
                         e => {
                             bump(&self.cells.channels_failed, 1);
-                            tracing::debug!(importer = ch.state.importer.map(|n| n.0), "RMA channel failed: {e}");
+                            tracing::debug!(importer = ch.state.importer.node.map(|n| n.0), "RMA channel failed: {e}");
                         }
                     }
                     ch.transport.close();
@@ -312,7 +313,7 @@ fn poll_channel(target: &mut Target, ch: &mut EngineChannel) -> Result<usize, Ch
             target.handle_message(d.data, importer, data_max, &mut |reply| respond(reply, deferred, responder));
         } else if d.offset == 0 {
             // Requests larger than one fragment are never sent by an honest initiator.
-            let reply = target.refuse_fragmented(d.data, state.importer);
+            let reply = target.refuse_fragmented(d.data, state.importer.node);
             respond(reply, &mut state.deferred, responder);
         }
     })

@@ -539,8 +539,9 @@ impl Rma {
     /// Lets importers on this host reach this node under `name`: over shared-memory
     /// channels, and by mapping segments through the rendezvous.
     pub fn listen_shm(&mut self, name: &str) -> Result<(), ConnectError> {
-        let acceptor = ShmAcceptor::bind(&format!("rma/{name}"), self.config.shm)?;
-        let rendezvous = RendezvousServer::bind(name)?;
+        let admission = self.cells.admission.clone();
+        let acceptor = ShmAcceptor::bind_counted(&format!("rma/{name}"), self.config.shm.clone(), admission.clone())?;
+        let rendezvous = RendezvousServer::bind(name, self.config.shm.clone(), admission)?;
         self.hand_to_engine(InboxItem::Acceptor(Box::new(acceptor)));
         self.hand_to_engine(InboxItem::Rendezvous(rendezvous));
         Ok(())
@@ -630,7 +631,7 @@ impl Rma {
     /// A peer reached over TCP at `addr`: connects (retrying until `timeout` while nobody
     /// listens) and introduces this node.
     pub fn connect_tcp(&mut self, addr: &str, timeout: Duration) -> Result<PeerId, ConnectError> {
-        let transport = crate::transport::tcp::connect(addr, &self.config.tcp, timeout)?;
+        let transport = crate::transport::tcp::connect_as(addr, &self.config.tcp, self.config.node, timeout)?;
         self.connect_with(Box::new(transport), timeout)
     }
 
@@ -642,13 +643,8 @@ impl Rma {
     /// do everywhere: an importer that makes none of them for longer than the target's
     /// `UdpConfig::peer_timeout` (20 s) is declared failed by the target.
     pub fn connect_udp(&mut self, addr: &str, timeout: Duration) -> Result<PeerId, ConnectError> {
-        let transport = crate::transport::udp::connect(
-            addr,
-            &self.config.udp,
-            crate::node::NodeId::UNKNOWN,
-            timeout,
-            self.udp_stats.clone(),
-        )?;
+        let transport =
+            crate::transport::udp::connect(addr, &self.config.udp, self.config.node, timeout, self.udp_stats.clone())?;
         self.connect_with(Box::new(transport), timeout)
     }
 
@@ -688,6 +684,9 @@ impl Rma {
                 .poll_recv(1, &mut |d, _| {
                     answer = Some(match wire::decode_response(d.data) {
                         Ok(Response::HelloAck { node, version }) => Ok((node, version)),
+                        Ok(Response::Refused { error: AccessError::Denied, .. }) => Err(ConnectError::Handshake(
+                            "target refused our hello: it names another node than our channel's handshake did",
+                        )),
                         Ok(Response::Refused { .. }) => Err(ConnectError::Handshake("target refused our hello")),
                         _ => Err(ConnectError::Handshake("target answered hello outside the protocol")),
                     })
@@ -743,8 +742,12 @@ impl Rma {
             return Err(ImportError::PeerFailed(ChannelError::Closed));
         };
         let timeout = self.config.control_timeout;
-        let transport =
-            crate::transport::shm::connect::connect_retry(&format!("rma/{name}"), &self.config.shm, timeout)?;
+        let transport = crate::transport::shm::connect::connect_retry_as(
+            &format!("rma/{name}"),
+            &self.config.shm,
+            self.config.node,
+            timeout,
+        )?;
         let (channel, node) = self.introduce(Box::new(transport), timeout)?;
         let peer = &mut self.peers[index];
         peer.node = Some(node);
@@ -821,7 +824,8 @@ impl Rma {
     }
 
     fn import_mapped(&mut self, index: usize, shm: &str, wanted: Wanted) -> Result<RemoteSegment, ImportError> {
-        let granted = rendezvous::import(shm, self.config.node, &wanted, self.config.control_timeout)?;
+        let granted =
+            rendezvous::import(shm, self.config.node, &wanted, self.config.control_timeout, &self.config.shm)?;
         let import = MappedImport::new(granted);
         self.peers[index].node = Some(import.owner);
         let descriptor = SegmentDescriptor {

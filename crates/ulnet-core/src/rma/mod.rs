@@ -42,6 +42,28 @@
 //! stop is a hostile process of the same user: it can read any of our memory through
 //! `/proc` or `ptrace` anyway. The rendezvous refuses processes of other users.
 //!
+//! # Who is an importer (the trust model)
+//!
+//! Rights name nodes, so what matters is how a target knows an importer's node id:
+//!
+//! - **Over tcp and udp** the channel's handshake proves the cluster secret
+//!   (`TcpConfig::secret`, `UdpConfig::secret`) both ways, and the importer's node id is
+//!   inside the MACs; the importer's Hello must name the same node (a channel whose
+//!   handshake named none may introduce itself as any node). A stranger without the secret
+//!   gets no channel at all.
+//! - **On the same host** both ends first judge each other's credentials (`SO_PEERCRED`:
+//!   our own user, and the users and groups of `ShmConfig::allowed`), then prove
+//!   `ShmConfig::secret` as over tcp, on shared-memory channels and in the rendezvous
+//!   alike, the node id again inside the MACs.
+//!
+//! So per-node rights are enforced against authenticated holders of the secret (and, on
+//! one host, admitted users): they keep each node of a cluster to what it was granted, and
+//! keep everyone without the secret out. They do not stop a holder of the secret who lies
+//! about its node id: the secret is the boundary of trust, as it is for the cluster's
+//! membership and control plane. With the empty secret (the default, for development on
+//! one host) anyone who reaches a tcp or udp listener is an importer of any node id; the
+//! command-line tools refuse to listen beyond loopback that way.
+//!
 //! # Ordering and atomicity
 //!
 //! - **Word atomicity.** Every access moves each 8-byte-aligned word of its range with a

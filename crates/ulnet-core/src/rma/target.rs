@@ -14,6 +14,7 @@ use super::notify::{AccessKind, Notification};
 use super::rights::{NodeId, Rights};
 use super::segment::{Entered, ExportTable};
 use super::wire::{self, LookupAnswer, Op, Place, Response, HEADER_LEN, VERSION};
+use crate::transport::shm::admission::{AdmissionCells, AdmissionCounters};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -54,6 +55,9 @@ pub struct TargetCounters {
     pub migrations: u64,
     /// Mapped importers still inside a store when a revocation's grace period ran out.
     pub importers_stuck: u64,
+    /// Same-host peers of the shared-memory listener and the rendezvous: admitted, refused
+    /// for their credentials or the secret, failed.
+    pub admission: AdmissionCounters,
 }
 
 impl TargetCounters {
@@ -85,6 +89,8 @@ pub(crate) struct TargetCells {
     pub(crate) channels_failed: AtomicU64,
     pub(crate) mapped_imports: AtomicU64,
     pub(crate) mapped_refused: AtomicU64,
+    /// Shared by the node's shared-memory listener and rendezvous (their own threads write it).
+    pub(crate) admission: Arc<AdmissionCells>,
 }
 
 /// Adds to a counter that only one thread writes: a load and a store, no locked
@@ -116,12 +122,23 @@ impl TargetCells {
             revocations,
             migrations,
             importers_stuck,
+            admission: self.admission.snapshot(),
         }
     }
 
     pub(crate) fn refuse(&self, e: AccessError) {
         bump(&self.refused_by[e.index()], 1);
     }
+}
+
+/// Who is at the other end of one channel, as far as its target knows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Importer {
+    /// The node id the channel's handshake proved with the cluster secret, if it named one:
+    /// the importer may introduce itself as this node only.
+    pub(crate) proven: Option<NodeId>,
+    /// The node it introduced itself as (Hello), whose rights its requests have.
+    pub(crate) node: Option<NodeId>,
 }
 
 /// What to send back for one request.
@@ -206,7 +223,7 @@ impl Target {
     pub(crate) fn handle_message(
         &mut self,
         msg: &[u8],
-        importer: &mut Option<NodeId>,
+        importer: &mut Importer,
         data_max: usize,
         answer: &mut dyn FnMut(Reply<'_>),
     ) {
@@ -216,34 +233,26 @@ impl Target {
     }
 
     /// Handles one request, alone in `msg`, from a channel whose importer is `importer`
-    /// (`None` until it says Hello; this sets it). `data_max` is the most data one
-    /// response may carry.
-    pub(crate) fn handle(&mut self, msg: &[u8], importer: &mut Option<NodeId>, data_max: usize) -> Reply<'_> {
+    /// (its node is `None` until it says Hello; this sets it). `data_max` is the most data
+    /// one response may carry.
+    pub(crate) fn handle(&mut self, msg: &[u8], importer: &mut Importer, data_max: usize) -> Reply<'_> {
         bump(&self.cells.requests, 1);
         let req = match wire::decode_request(msg) {
             Ok(r) => r,
             Err(e) => {
                 bump(&self.cells.malformed, 1);
-                tracing::debug!(importer = importer.map(|n| n.0), "malformed request: {e}");
+                tracing::debug!(importer = importer.node.map(|n| n.0), "malformed request: {e}");
                 return match wire::peek_token(msg) {
-                    Some(token) => self.refuse(token, *importer, AccessError::Malformed),
+                    Some(token) => self.refuse(token, importer.node, AccessError::Malformed),
                     None => Reply::Nothing,
                 };
             }
         };
         let token = req.token;
         if let Op::Hello { node, version } = req.op {
-            return match *importer {
-                _ if !(1..=VERSION).contains(&version) => self.refuse(token, *importer, AccessError::Malformed),
-                Some(n) if n != node => self.refuse(token, *importer, AccessError::Malformed),
-                _ => {
-                    *importer = Some(node);
-                    let ack = Response::HelloAck { node: self.table.node, version: version.min(VERSION) };
-                    Reply::Header(wire::encode_response(&ack))
-                }
-            };
+            return self.hello(token, node, version, importer);
         }
-        let Some(node) = *importer else {
+        let Some(node) = importer.node else {
             return self.refuse(token, None, AccessError::NotIntroduced);
         };
         let notify = req.notify;
@@ -316,6 +325,24 @@ impl Target {
         match result {
             Ok(response) => Reply::Header(wire::encode_response(&response)),
             Err(e) => self.refuse(token, Some(node), e),
+        }
+    }
+
+    /// A Hello: the importer introduces itself, once, as the node its channel's handshake
+    /// proved (when it proved one); it is then known by that node's rights.
+    fn hello(&mut self, token: u64, node: NodeId, version: u32, importer: &mut Importer) -> Reply<'_> {
+        match *importer {
+            _ if !(1..=VERSION).contains(&version) => self.refuse(token, importer.node, AccessError::Malformed),
+            Importer { node: Some(n), .. } if n != node => self.refuse(token, importer.node, AccessError::Malformed),
+            Importer { proven: Some(p), .. } if p != node => {
+                tracing::debug!(claimed = node.0, proven = p.0, "hello names another node than the channel proved");
+                self.refuse(token, None, AccessError::Denied)
+            }
+            _ => {
+                importer.node = Some(node);
+                let ack = Response::HelloAck { node: self.table.node, version: version.min(VERSION) };
+                Reply::Header(wire::encode_response(&ack))
+            }
         }
     }
 }
@@ -406,11 +433,11 @@ mod tests {
             let mut model = vec![0u8; LEN];
             let cells = Arc::new(TargetCells::default());
             let mut target = Target::new(table.clone(), cells.clone());
-            let mut importer = None;
+            let mut importer = Importer::default();
             for junk in &noise {
                 target.handle_message(junk, &mut importer, 1024, &mut |_| {});
             }
-            prop_assert_eq!(importer, None, "noise never introduces anyone");
+            prop_assert_eq!(importer.node, None, "noise never introduces anyone");
             let malformed_before = cells.malformed.load(Ordering::Relaxed);
             let hello = [Request { token: 0, notify: false, op: Op::Hello { node: NodeId(2), version: VERSION } }];
             let mut head = [0u8; wire::HEADER_LEN + 16];

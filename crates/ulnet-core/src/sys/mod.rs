@@ -1,7 +1,8 @@
 //! Thin wrappers over the operating system: sealed memory files, doorbells, fd passing,
-//! batched datagram I/O.
+//! peer credentials, batched datagram I/O.
 
 pub(crate) mod barrier;
+pub(crate) mod credentials;
 pub(crate) mod doorbell;
 pub(crate) mod fdpass;
 pub(crate) mod memfd;

@@ -127,9 +127,15 @@ pub fn snapshot(seg: &ExportedSegment) -> Vec<u8> {
     b
 }
 
-/// A raw channel to a target's engine, for sending bytes no honest initiator would.
+/// A raw channel to a target's engine, for sending bytes no honest initiator would. Its
+/// handshake names no node, so the engine takes the node its Hello names.
 pub fn raw_channel(t: &Target, mode: Mode) -> (Endpoint, ChannelId) {
-    let mut ep = Endpoint::new(EndpointConfig::default());
+    raw_channel_as(t, mode, NodeId::UNKNOWN)
+}
+
+/// [`raw_channel`], its handshake naming `node`.
+pub fn raw_channel_as(t: &Target, mode: Mode, node: NodeId) -> (Endpoint, ChannelId) {
+    let mut ep = Endpoint::new(EndpointConfig { node_id: node, ..EndpointConfig::default() });
     let ch = match mode {
         Mode::Tcp => ep.connect_tcp(&t.tcp, T).unwrap(),
         Mode::Udp => ep.connect_udp(&t.udp, T).unwrap(),

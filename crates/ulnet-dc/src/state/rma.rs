@@ -165,6 +165,7 @@ fn small_shm() -> ShmConfig {
     ShmConfig {
         geometry: ShmGeometry { ring_bytes: 16 << 10, buffer_size: 4 << 10, buffer_count: 4 },
         inline_max: 1024,
+        ..ShmConfig::default()
     }
 }
 
@@ -304,7 +305,7 @@ impl RmaState {
         c.engine_spin = Duration::ZERO;
         c.max_segments = 8;
         c.max_outstanding = 64;
-        c.shm = small_shm();
+        c.shm = ShmConfig { secret: key.derive("ulnet-dc rma"), ..small_shm() };
         c.tcp.secret = key.derive("ulnet-dc rma");
         c
     }

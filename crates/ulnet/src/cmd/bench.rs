@@ -3,12 +3,14 @@
 //! Without `--server/--connect` the command starts its own peer process on this host
 //! (`ulnet bench TEST --server ...`) and measures across the two processes.
 
+mod access;
 mod file_service;
 mod rma;
 mod trace_ab;
 
 use super::clock::{ticks, CycleClock};
 use super::stats;
+use access::PeerAccess;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 use serde::Serialize;
@@ -16,7 +18,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use trace_ab::{AbFigure, AbMode, LatencyBlocks, PollSwitch, RateBlocks};
 use ulnet_core::trace::alternate::Switch;
-use ulnet_core::{trace, ChannelId, Endpoint, EndpointConfig, Event, SendOutcome};
+use ulnet_core::{trace, ChannelId, Endpoint, Event, SendOutcome};
 use ulnet_msg::rpc::{CallOutcome, Rpc, RpcConfig, RpcEvent};
 
 mod incast;
@@ -229,6 +231,25 @@ pub struct BenchArgs {
     /// Whether UDP senders obey the receiver's credit (`incast`): on or off.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     flow_control: String,
+    /// File holding the cluster secret, which both sides prove on every channel (shm, tcp,
+    /// udp): give the server and the client the same file. A server on a tcp or udp
+    /// address other than loopback needs one. Without --server/--connect the run makes a
+    /// secret of its own for its two processes.
+    #[arg(long, value_name = "FILE")]
+    secret_file: Option<std::path::PathBuf>,
+    /// Let a server listen on a tcp or udp address other than loopback without a secret
+    /// (development only: anyone who reaches it may connect).
+    #[arg(long)]
+    insecure_no_secret: bool,
+    /// Shared-memory servers also admit processes of this user id (repeat for more), and
+    /// clients trust servers of it; by default only processes of our own user (clients
+    /// also trust root's).
+    #[arg(long, value_name = "UID")]
+    allow_uid: Vec<u32>,
+    /// Shared-memory servers also admit processes in this group (effective or
+    /// supplementary; repeat for more), and clients trust servers in it.
+    #[arg(long, value_name = "GID")]
+    allow_gid: Vec<u32>,
 }
 
 #[derive(Serialize)]
@@ -378,10 +399,11 @@ pub fn run(args: BenchArgs) -> Result<i32> {
 }
 
 fn run_traced(args: &BenchArgs, params: &Params, node: ulnet_core::NodeId) -> Result<i32> {
-    let config = EndpointConfig { node_id: node, ..Default::default() };
-    let mut ep = Endpoint::new(config);
+    let access = PeerAccess::of(args)?;
+    let mut ep = Endpoint::new(access.endpoint_config(node));
     if args.server {
         let listen = args.listen.clone().context("--server needs --listen")?;
+        access.check_listen(params.transport, &listen)?;
         let bound = match params.transport {
             TransportArg::Shm => {
                 ep.listen_shm(&listen)?;
@@ -407,16 +429,17 @@ fn run_traced(args: &BenchArgs, params: &Params, node: ulnet_core::NodeId) -> Re
                 TransportArg::Shm => format!("bench-{}-{}", std::process::id(), params.test.name()),
                 TransportArg::Tcp | TransportArg::Udp => "127.0.0.1:0".to_string(),
             };
-            let (c, bound) = spawn_server(args, &listen, params)?;
+            let (c, bound) = spawn_server(args, &listen, params, &access)?;
             child = Some(c);
             bound
         }
     };
     let ch = match params.transport {
-        TransportArg::Shm => ep.connect_shm(&addr, CONNECT_TIMEOUT)?,
-        TransportArg::Tcp => ep.connect_tcp(&addr, CONNECT_TIMEOUT)?,
-        TransportArg::Udp => ep.connect_udp(&addr, CONNECT_TIMEOUT)?,
-    };
+        TransportArg::Shm => ep.connect_shm(&addr, CONNECT_TIMEOUT),
+        TransportArg::Tcp => ep.connect_tcp(&addr, CONNECT_TIMEOUT),
+        TransportArg::Udp => ep.connect_udp(&addr, CONNECT_TIMEOUT),
+    }
+    .with_context(|| connect_context(&addr))?;
     let report = match params.test {
         Test::AmLat | Test::AmBw | Test::MsgRate => {
             let report =
@@ -443,10 +466,16 @@ fn run_traced(args: &BenchArgs, params: &Params, node: ulnet_core::NodeId) -> Re
     Ok(0)
 }
 
+/// What a failed connection to a benchmark server may mean.
+fn connect_context(addr: &str) -> String {
+    format!("connecting to the benchmark server at {addr}")
+}
+
 /// Starts the passive side as a child process and reads the address it listens on.
-fn spawn_server(args: &BenchArgs, listen: &str, p: &Params) -> Result<(Child, String)> {
+fn spawn_server(args: &BenchArgs, listen: &str, p: &Params, access: &PeerAccess) -> Result<(Child, String)> {
     let exe = std::env::current_exe()?;
-    let mut child = Command::new(exe)
+    let mut command = Command::new(exe);
+    command
         .args(["bench", p.test.name(), "--server", "--listen", listen, "--transport", p.transport.name()])
         .args(["--size", &p.size.to_string(), "--iters", &p.iters.to_string(), "--warmup", &p.warmup.to_string()])
         .args(p.recv_copy.then_some("--recv-copy"))
@@ -455,10 +484,10 @@ fn spawn_server(args: &BenchArgs, listen: &str, p: &Params) -> Result<(Child, St
         .args(["--outstanding", &p.outstanding.to_string()])
         .args(super::bench_trace::peer_args(args.trace.as_deref()))
         .args(p.trace_ab.map(|m| format!("--trace-ab={}", m.to_possible_value().expect("a value").get_name())))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .with_context(|| format!("starting the peer process for {:?}", args.test))?;
+        .stdout(Stdio::piped());
+    access.pass_to(&mut command);
+    let mut child = command.spawn().with_context(|| format!("starting the peer process for {:?}", args.test))?;
+    access.hand_over(&mut child)?;
     let out = child.stdout.take().context("peer stdout")?;
     let mut line = String::new();
     std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line)?;

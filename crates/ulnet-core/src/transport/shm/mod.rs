@@ -4,8 +4,10 @@
 //! ([`ring`]), a free queue (`free_ring`) and receive buffers, and maps its peer's to
 //! send. Small messages are written inline into the peer's ring (no copy besides the
 //! descriptor itself); larger ones are copied once into buffers the peer has freed and
-//! read by the peer in place. Setup and liveness go over a Unix socket ([`connect`]).
+//! read by the peer in place. Setup and liveness go over a Unix socket ([`connect`]), whose
+//! peers judge each other's credentials first (`admission`).
 
+pub(crate) mod admission;
 mod channel;
 pub mod connect;
 mod free_ring;
@@ -13,6 +15,7 @@ pub mod layout;
 pub(crate) mod mem;
 pub mod ring;
 
+pub use admission::{AdmissionCounters, AllowedPeers};
 pub use channel::ShmChannel;
 pub use connect::{ShmConfig, ShmListener};
 pub use layout::ShmGeometry;

@@ -17,6 +17,7 @@
 //! cache, and the server's CPU does nothing at all for DX (the "co-processor" case of the
 //! paper); `--no-map` sends DX reads through the engine instead.
 
+use super::access::PeerAccess;
 use super::{ticks, CycleClock};
 use super::{BenchArgs, Params, TransportArg, CONNECT_TIMEOUT};
 use anyhow::{bail, Context, Result};
@@ -30,7 +31,7 @@ use ulnet_core::rma::{
     Access, Completed, ExportedSegment, ImportMode, NodeId, NotifyMode, RemoteSegment, Rights, Rma, RmaConfig,
     RmaOutcome,
 };
-use ulnet_core::{ChannelId, Endpoint, EndpointConfig};
+use ulnet_core::{ChannelId, Endpoint};
 use ulnet_msg::rpc::{CallOutcome, Rpc, RpcConfig, RpcEvent};
 
 const FILES: usize = 1024;
@@ -43,6 +44,10 @@ const NAMES_OFF: usize = 0;
 const ATTRS_OFF: usize = NAMES_OFF + NAME_SLOTS * NAME_ENTRY;
 const DATA_OFF: usize = ATTRS_OFF + FILES * ATTR_LEN;
 const CACHE_LEN: usize = DATA_OFF + FILES * BLOCK;
+
+/// The file server's node id, and the client's, which alone may read the cache.
+const SERVER: NodeId = NodeId(1);
+const CLIENT: NodeId = NodeId(2);
 
 const GET_ATTR: u16 = 1;
 const LOOKUP: u16 = 2;
@@ -180,13 +185,14 @@ struct FsReport {
 
 pub(super) fn run(args: &BenchArgs, p: &Params) -> Result<i32> {
     let spin = Duration::from_micros(args.server_spin_us);
+    let access = PeerAccess::of(args)?;
     if args.server {
         let listen = args.listen.clone().context("--server needs --listen")?;
-        serve(p, &listen, spin)?;
+        serve(p, &access, &listen, spin)?;
         return Ok(0);
     }
-    let (mut child, rma_addr, rpc_addr) = spawn_server(args, p)?;
-    let report = client(args, p, &rma_addr, &rpc_addr);
+    let (mut child, rma_addr, rpc_addr) = spawn_server(args, p, &access)?;
+    let report = client(args, p, &access, &rma_addr, &rpc_addr);
     let status = child.wait()?;
     let report = report?;
     if !status.success() {
@@ -225,18 +231,19 @@ pub(super) fn run(args: &BenchArgs, p: &Params) -> Result<i32> {
     Ok(0)
 }
 
-fn spawn_server(args: &BenchArgs, p: &Params) -> Result<(Child, String, String)> {
+fn spawn_server(args: &BenchArgs, p: &Params, access: &PeerAccess) -> Result<(Child, String, String)> {
     let listen = match p.transport {
         TransportArg::Shm => format!("fs-{}", std::process::id()),
         TransportArg::Tcp | TransportArg::Udp => "127.0.0.1:0".to_string(),
     };
-    let mut child = Command::new(std::env::current_exe()?)
+    let mut command = Command::new(std::env::current_exe()?);
+    command
         .args(["bench", "file-service", "--server", "--listen", &listen, "--transport", p.transport.name()])
         .args(["--server-spin-us", &args.server_spin_us.to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("starting the file server")?;
+        .stdout(Stdio::piped());
+    access.pass_to(&mut command);
+    let mut child = command.spawn().context("starting the file server")?;
+    access.hand_over(&mut child)?;
     let out = child.stdout.take().context("server stdout")?;
     let mut line = String::new();
     std::io::BufReader::new(out).read_line(&mut line)?;
@@ -247,11 +254,12 @@ fn spawn_server(args: &BenchArgs, p: &Params) -> Result<(Child, String, String)>
     }
 }
 
-fn serve(p: &Params, listen: &str, spin: Duration) -> Result<()> {
-    let mut config = RmaConfig::new(NodeId(1));
+fn serve(p: &Params, access: &PeerAccess, listen: &str, spin: Duration) -> Result<()> {
+    access.check_listen(p.transport, listen)?;
+    let mut config = access.rma_config(RmaConfig::new(SERVER));
     config.engine_spin = spin;
     let mut rma = Rma::new(config)?;
-    let mut ep = Endpoint::new(EndpointConfig::default());
+    let mut ep = Endpoint::new(access.endpoint_config(NodeId::default()));
     let (rma_addr, rpc_addr) = match p.transport {
         TransportArg::Shm => {
             rma.listen_shm(listen)?;
@@ -262,7 +270,8 @@ fn serve(p: &Params, listen: &str, spin: Duration) -> Result<()> {
         TransportArg::Tcp => (rma.listen_tcp(listen)?.to_string(), ep.listen_tcp(listen)?.to_string()),
         TransportArg::Udp => (rma.listen_udp(listen)?.to_string(), ep.listen_udp(listen)?.to_string()),
     };
-    let seg = Arc::new(rma.export("fs-cache", CACHE_LEN, Access::everyone(Rights::READ), NotifyMode::Never)?);
+    let readers = Access::none().grant(CLIENT, Rights::READ);
+    let seg = Arc::new(rma.export("fs-cache", CACHE_LEN, readers, NotifyMode::Never)?);
     fill_cache(&seg);
     println!("listening {rma_addr} {rpc_addr}");
     std::io::Write::flush(&mut std::io::stdout())?;
@@ -431,8 +440,8 @@ fn one(
     Ok(())
 }
 
-fn client(args: &BenchArgs, p: &Params, rma_addr: &str, rpc_addr: &str) -> Result<FsReport> {
-    let mut rma = Rma::new(RmaConfig::manual(NodeId(2)))?;
+fn client(args: &BenchArgs, p: &Params, access: &PeerAccess, rma_addr: &str, rpc_addr: &str) -> Result<FsReport> {
+    let mut rma = Rma::new(access.rma_config(RmaConfig::manual(CLIENT)))?;
     let (peer, mode) = match p.transport {
         TransportArg::Shm => {
             (rma.connect_shm(rma_addr), if args.no_map { ImportMode::Channel } else { ImportMode::Map })
@@ -441,7 +450,7 @@ fn client(args: &BenchArgs, p: &Params, rma_addr: &str, rpc_addr: &str) -> Resul
         TransportArg::Udp => (rma.connect_udp(rma_addr, CONNECT_TIMEOUT)?, ImportMode::Channel),
     };
     let seg = rma.import_with(peer, "fs-cache", mode)?;
-    let mut ep = Endpoint::new(EndpointConfig::default());
+    let mut ep = Endpoint::new(access.endpoint_config(NodeId::default()));
     let ch = match p.transport {
         TransportArg::Shm => ep.connect_shm(rpc_addr, CONNECT_TIMEOUT)?,
         TransportArg::Tcp => ep.connect_tcp(rpc_addr, CONNECT_TIMEOUT)?,

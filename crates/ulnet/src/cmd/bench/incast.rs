@@ -21,13 +21,14 @@
 //! the receiver's side of incast — N sockets, N credit-controlled streams, fairness among
 //! them — is measured without that cost; the default (K = 1) stays one process per sender.
 
+use super::access::PeerAccess;
 use super::{BenchArgs, TransportArg, CONNECT_TIMEOUT};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use ulnet_core::transport::udp::UdpConfig;
-use ulnet_core::{ChannelError, ChannelId, Endpoint, EndpointConfig, Event, SendError, SendOutcome};
+use ulnet_core::{ChannelError, ChannelId, Endpoint, EndpointConfig, Event, NodeId, SendError, SendOutcome};
 
 /// Unmeasured time after every sender connected, for the streams to settle.
 const WARMUP: Duration = Duration::from_millis(300);
@@ -150,8 +151,10 @@ pub(super) fn jain(xs: &[f64]) -> f64 {
     sum * sum / (xs.len() as f64 * squares)
 }
 
-fn endpoint_config(flow_control: bool) -> EndpointConfig {
-    EndpointConfig { udp: UdpConfig { flow_control, ..UdpConfig::lan() }, ..Default::default() }
+fn endpoint_config(access: &PeerAccess, flow_control: bool) -> EndpointConfig {
+    let mut config = access.endpoint_config(NodeId::default());
+    config.udp = UdpConfig { flow_control, secret: std::mem::take(&mut config.udp.secret), ..UdpConfig::lan() };
+    config
 }
 
 fn flag(on: bool) -> &'static str {
@@ -169,7 +172,8 @@ pub(super) fn run(args: &BenchArgs) -> Result<i32> {
     let size = args.size.unwrap_or(64 << 10).max(1);
     let flow_control = args.flow_control != "off";
     if let Some(addr) = &args.connect {
-        return sender(args.transport, addr, size, flow_control, args.streams_per_sender.max(1)).map(|()| 0);
+        let access = PeerAccess::of(args)?;
+        return sender(&access, args.transport, addr, size, flow_control, args.streams_per_sender.max(1)).map(|()| 0);
     }
     let duration = Duration::from_millis(args.duration_ms);
     let senders = args.senders.max(1);
@@ -269,8 +273,10 @@ fn receive(
     duration: Duration,
 ) -> Result<(Vec<f64>, f64, UdpActivity)> {
     let drops_before = kernel_rcvbuf_errors();
-    let mut ep = Endpoint::new(endpoint_config(flow_control));
+    let access = PeerAccess::of(args)?;
+    let mut ep = Endpoint::new(endpoint_config(&access, flow_control));
     let listen = args.listen.clone().unwrap_or_else(|| "127.0.0.1:0".into());
+    access.check_listen(args.transport, &listen)?;
     let addr = match args.transport {
         TransportArg::Udp => ep.listen_udp(&listen)?,
         TransportArg::Tcp => ep.listen_tcp(&listen)?,
@@ -287,15 +293,16 @@ fn receive(
         let per_process = args.streams_per_sender.max(1);
         for first in (0..senders).step_by(per_process) {
             let streams = per_process.min(senders - first);
-            let child = Command::new(&exe)
+            let mut command = Command::new(&exe);
+            command
                 .args(["bench", "incast", "--connect", &addr.to_string(), "--transport", args.transport.name()])
                 .args(["--streams-per-sender", &streams.to_string()])
                 .args(["--size", &size.to_string(), "--flow-control", flag(flow_control)])
                 .env(SENDER_CPU_ENV, cpus.get(1).map_or(String::new(), |c| c.to_string()))
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .spawn()
-                .context("starting a sender process")?;
+                .stdout(Stdio::piped());
+            access.pass_to(&mut command);
+            let mut child = command.spawn().context("starting a sender process")?;
+            access.hand_over(&mut child)?;
             children.push(child);
         }
     }
@@ -384,11 +391,18 @@ fn mark_down(
 
 /// One sender process: streams `size`-byte messages on `streams` channels, round-robin,
 /// until the receiver closes them.
-fn sender(transport: TransportArg, addr: &str, size: usize, flow_control: bool, streams: usize) -> Result<()> {
+fn sender(
+    access: &PeerAccess,
+    transport: TransportArg,
+    addr: &str,
+    size: usize,
+    flow_control: bool,
+    streams: usize,
+) -> Result<()> {
     if let Some(cpu) = std::env::var(SENDER_CPU_ENV).ok().and_then(|c| c.parse().ok()) {
         pin_to(cpu);
     }
-    let mut ep = Endpoint::new(endpoint_config(flow_control));
+    let mut ep = Endpoint::new(endpoint_config(access, flow_control));
     let mut channels = Vec::with_capacity(streams);
     for _ in 0..streams {
         channels.push(match transport {

@@ -19,8 +19,15 @@
 //!   beside the default, where requests posted to one peer share datagrams and writes.
 //! - `put-bw`, `get-bw`: operations of `--size` bytes posted back to back (as many in flight
 //!   as the node allows), then a flush; MB/s.
+//!
+//! Rights: each side grants the other node (server 1, client 2), and no one else, only the
+//! right its test needs on its `bench` segment (read for gets, write for puts, atomic for
+//! compare-and-swap and fetch-and-add); the client also writes the server's small
+//! `bench-control` segment (its address, and "done"). Channels prove the secret
+//! (`access`), so the node ids the rights name are those of secret holders.
 
-use super::{print_report, BenchArgs, Params, Report, Test, TransportArg, CONNECT_TIMEOUT};
+use super::access::PeerAccess;
+use super::{connect_context, print_report, BenchArgs, Params, Report, Test, TransportArg, CONNECT_TIMEOUT};
 use super::{ticks, CycleClock};
 use anyhow::{bail, Context, Result};
 use std::io::BufRead;
@@ -30,23 +37,38 @@ use ulnet_core::rma::{
     Access, ExportedSegment, ImportMode, NodeId, NotifyMode, PeerId, RemoteSegment, Rights, Rma, RmaConfig, RmaOutcome,
 };
 
-/// The words both sides use, after the data area: the client's address and "done".
-const MAILBOX_LEN: usize = 4096;
+/// The server's node id, and the client's: each grants rights to the other by it.
+const SERVER: NodeId = NodeId(1);
+const CLIENT: NodeId = NodeId(2);
+
+/// The segment the test's operations go to (on the server, and for ping-pong tests on the
+/// client too).
+const DATA_SEGMENT: &str = "bench";
+/// The server's segment the client writes its address and "done" into.
+const CONTROL_SEGMENT: &str = "bench-control";
+/// Bytes of the control segment: the client's address (length word, then the bytes) and,
+/// at [`DONE`], the "done" word.
+const CONTROL_LEN: usize = 4096;
+/// Offset of the "done" word in the control segment.
+const DONE: usize = 2048;
+
 /// Where the ping-pong word sits: the last aligned word of the first `size` bytes.
 fn word_off(size: usize) -> usize {
     size.max(8) / 8 * 8 - 8
 }
 
 fn segment_len(size: usize) -> usize {
-    size.max(64).next_multiple_of(4096) + MAILBOX_LEN
+    size.max(64).next_multiple_of(4096)
 }
 
-fn mailbox(size: usize) -> usize {
-    segment_len(size) - MAILBOX_LEN
+/// The one right test `t` needs on the other side's data segment.
+fn right_of(t: Test) -> Rights {
+    match t {
+        Test::GetLat | Test::GetBw => Rights::READ,
+        Test::PutLat | Test::PutBw => Rights::WRITE,
+        _ => Rights::ATOMIC,
+    }
 }
-
-/// Offset of the "done" word in the mailbox.
-const DONE: usize = 2048;
 
 fn is_ping_pong(args: &BenchArgs, t: Test) -> bool {
     match t {
@@ -62,15 +84,16 @@ fn is_whole_op(args: &BenchArgs, t: Test) -> bool {
     t == Test::GetLat || (args.whole_op && matches!(t, Test::FaaLat | Test::CasLat))
 }
 
-fn node(args: &BenchArgs, id: u32) -> Result<Rma> {
-    let mut config = RmaConfig::manual(NodeId(id));
+fn node(args: &BenchArgs, access: &PeerAccess, id: NodeId) -> Result<Rma> {
+    let mut config = access.rma_config(RmaConfig::manual(id));
     if args.no_batch {
         config.batch_max = 0;
     }
     Ok(Rma::new(config)?)
 }
 
-fn listen(rma: &mut Rma, transport: TransportArg, addr: &str) -> Result<String> {
+fn listen(rma: &mut Rma, access: &PeerAccess, transport: TransportArg, addr: &str) -> Result<String> {
+    access.check_listen(transport, addr)?;
     Ok(match transport {
         TransportArg::Shm => {
             rma.listen_shm(addr)?;
@@ -84,9 +107,18 @@ fn listen(rma: &mut Rma, transport: TransportArg, addr: &str) -> Result<String> 
 fn connect(rma: &mut Rma, transport: TransportArg, addr: &str, no_map: bool) -> Result<(PeerId, ImportMode)> {
     Ok(match transport {
         TransportArg::Shm => (rma.connect_shm(addr), if no_map { ImportMode::Channel } else { ImportMode::Map }),
-        TransportArg::Tcp => (rma.connect_tcp(addr, CONNECT_TIMEOUT)?, ImportMode::Channel),
-        TransportArg::Udp => (rma.connect_udp(addr, CONNECT_TIMEOUT)?, ImportMode::Channel),
+        TransportArg::Tcp => {
+            (rma.connect_tcp(addr, CONNECT_TIMEOUT).with_context(|| connect_context(addr))?, ImportMode::Channel)
+        }
+        TransportArg::Udp => {
+            (rma.connect_udp(addr, CONNECT_TIMEOUT).with_context(|| connect_context(addr))?, ImportMode::Channel)
+        }
     })
+}
+
+/// Imports `name` from `peer` (for shm, the first import is where the connection is made).
+fn import(rma: &mut Rma, peer: PeerId, name: &str, mode: ImportMode, addr: &str) -> Result<RemoteSegment> {
+    rma.import_with(peer, name, mode).with_context(|| format!("importing {name}: {}", connect_context(addr)))
 }
 
 /// Runs an RMA test: the server side with `--server`, else the client (spawning its own
@@ -95,9 +127,10 @@ pub(super) fn run(args: &BenchArgs, p: &Params) -> Result<i32> {
     if is_ping_pong(args, p.test) && p.size < 8 {
         bail!("{} needs --size of at least 8 bytes (a whole word)", p.test.name());
     }
+    let access = PeerAccess::of(args)?;
     if args.server {
         let addr = args.listen.clone().context("--server needs --listen")?;
-        serve(args, p, &addr)?;
+        serve(args, p, &access, &addr)?;
         return Ok(0);
     }
     let mut child: Option<Child> = None;
@@ -108,12 +141,12 @@ pub(super) fn run(args: &BenchArgs, p: &Params) -> Result<i32> {
                 TransportArg::Shm => format!("bench-rma-{}-{}", std::process::id(), p.test.name()),
                 TransportArg::Tcp | TransportArg::Udp => "127.0.0.1:0".to_string(),
             };
-            let (c, bound) = spawn_server(args, &listen, p)?;
+            let (c, bound) = spawn_server(args, &listen, p, &access)?;
             child = Some(c);
             bound
         }
     };
-    let report = client(args, p, &server)?;
+    let report = client(args, p, &access, &server)?;
     if let Some(mut c) = child {
         let status = c.wait()?;
         if !status.success() {
@@ -124,18 +157,19 @@ pub(super) fn run(args: &BenchArgs, p: &Params) -> Result<i32> {
     Ok(0)
 }
 
-fn spawn_server(args: &BenchArgs, listen: &str, p: &Params) -> Result<(Child, String)> {
-    let mut child = Command::new(std::env::current_exe()?)
+fn spawn_server(args: &BenchArgs, listen: &str, p: &Params, access: &PeerAccess) -> Result<(Child, String)> {
+    let mut command = Command::new(std::env::current_exe()?);
+    command
         .args(["bench", p.test.name(), "--server", "--listen", listen, "--transport", p.transport.name()])
         .args(["--size", &p.size.to_string(), "--iters", &p.iters.to_string(), "--warmup", &p.warmup.to_string()])
         .args(args.no_map.then_some("--no-map"))
         .args(args.whole_op.then_some("--whole-op"))
         .args(args.overhead.then_some("--overhead"))
         .args(args.no_batch.then_some("--no-batch"))
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("starting the peer process")?;
+        .stdout(Stdio::piped());
+    access.pass_to(&mut command);
+    let mut child = command.spawn().context("starting the peer process")?;
+    access.hand_over(&mut child)?;
     let out = child.stdout.take().context("peer stdout")?;
     let mut line = String::new();
     std::io::BufReader::new(out).read_line(&mut line)?;
@@ -164,6 +198,22 @@ impl Cadence {
     }
 }
 
+/// Polls for up to `max` completions: one that failed (the target refused the operation,
+/// or the channel went down) ends the run with its error, which a benchmark must not
+/// count as done.
+fn poll_checked(rma: &mut Rma, max: usize) -> Result<usize> {
+    let mut failed = None;
+    let n = rma.poll(max, |c| {
+        if let Err(e) = &c.result {
+            failed.get_or_insert_with(|| e.clone());
+        }
+    });
+    match failed {
+        Some(e) => Err(e).context("an operation failed at the target"),
+        None => Ok(n),
+    }
+}
+
 /// Waits (running the engine) until the owner's word at `off` satisfies `ready`.
 fn wait_word(
     rma: &mut Rma,
@@ -185,7 +235,7 @@ fn wait_word(
         }
         spins = spins.wrapping_add(1);
         if spins.is_multiple_of(every) {
-            rma.poll(64, |_| {});
+            poll_checked(rma, 64)?;
             if spins.is_multiple_of(64) && Instant::now() > deadline {
                 bail!("timed out waiting for the peer");
             }
@@ -196,22 +246,24 @@ fn wait_word(
     }
 }
 
-/// The passive side: exports the segment and serves; in ping-pong tests, answers.
-fn serve(args: &BenchArgs, p: &Params, addr: &str) -> Result<()> {
-    let mut rma = node(args, 1)?;
-    let bound = listen(&mut rma, p.transport, addr)?;
-    let seg = rma.export("bench", segment_len(p.size), Access::everyone(Rights::ALL), NotifyMode::Never)?;
+/// The passive side: exports the segments and serves; in ping-pong tests, answers.
+fn serve(args: &BenchArgs, p: &Params, access: &PeerAccess, addr: &str) -> Result<()> {
+    let mut rma = node(args, access, SERVER)?;
+    let bound = listen(&mut rma, access, p.transport, addr)?;
+    let data = Access::none().grant(CLIENT, right_of(p.test));
+    let seg = rma.export(DATA_SEGMENT, segment_len(p.size), data, NotifyMode::Never)?;
+    let control =
+        rma.export(CONTROL_SEGMENT, CONTROL_LEN, Access::none().grant(CLIENT, Rights::WRITE), NotifyMode::Never)?;
     println!("listening {bound}");
     std::io::Write::flush(&mut std::io::stdout())?;
     let far = Instant::now() + Duration::from_secs(600);
-    let mb = mailbox(p.size);
     if is_ping_pong(args, p.test) {
-        let len = wait_word(&mut rma, &seg, mb, |v| v != 0, Cadence::Channel, far)? as usize;
-        let mut name = vec![0u8; len.min(1024)];
-        seg.read(mb + 8, &mut name);
+        let len = wait_word(&mut rma, &control, 0, |v| v != 0, Cadence::Channel, far)? as usize;
+        let mut name = vec![0u8; len.min(DONE - 8)];
+        control.read(8, &mut name);
         let client_addr = String::from_utf8(name).context("client address")?;
         let (peer, mode) = connect(&mut rma, p.transport, &client_addr, args.no_map)?;
-        let theirs = rma.import_with(peer, "bench", mode)?;
+        let theirs = import(&mut rma, peer, DATA_SEGMENT, mode, &client_addr)?;
         let w = word_off(p.size) as u64;
         let mut data = vec![0x5au8; p.size];
         for i in 1..=p.warmup + p.iters {
@@ -220,7 +272,8 @@ fn serve(args: &BenchArgs, p: &Params, addr: &str) -> Result<()> {
         }
         rma.flush_blocking(CONNECT_TIMEOUT)?;
     }
-    wait_word(&mut rma, &seg, mb + DONE, |v| v != 0, Cadence::Channel, far)?;
+    wait_word(&mut rma, &control, DONE, |v| v != 0, Cadence::Channel, far)?;
+    drop(seg);
     Ok(())
 }
 
@@ -245,24 +298,25 @@ fn ping(rma: &mut Rma, p: &Params, theirs: &RemoteSegment, w: u64, i: u64, data:
         if outcome != RmaOutcome::NoResource {
             return Ok(());
         }
-        rma.poll(64, |_| {});
+        poll_checked(rma, 64)?;
     }
 }
 
-fn client(args: &BenchArgs, p: &Params, server: &str) -> Result<Report> {
-    let mut rma = node(args, 2)?;
+fn client(args: &BenchArgs, p: &Params, access: &PeerAccess, server: &str) -> Result<Report> {
+    let mut rma = node(args, access, CLIENT)?;
     let (peer, mode) = connect(&mut rma, p.transport, server, args.no_map)?;
-    let theirs = rma.import_with(peer, "bench", mode)?;
-    let mb = mailbox(p.size) as u64;
+    let theirs = import(&mut rma, peer, DATA_SEGMENT, mode, server)?;
+    let control = import(&mut rma, peer, CONTROL_SEGMENT, mode, server)?;
     let report = if is_ping_pong(args, p.test) {
         let own_addr = match p.transport {
             TransportArg::Shm => format!("{server}-client"),
             TransportArg::Tcp | TransportArg::Udp => args.listen.clone().unwrap_or_else(|| "127.0.0.1:0".to_string()),
         };
-        let own_bound = listen(&mut rma, p.transport, &own_addr)?;
-        let mine = rma.export("bench", segment_len(p.size), Access::everyone(Rights::ALL), NotifyMode::Never)?;
-        rma.put_blocking(&theirs, mb + 8, own_bound.as_bytes(), CONNECT_TIMEOUT)?;
-        rma.put_blocking(&theirs, mb, &(own_bound.len() as u64).to_ne_bytes(), CONNECT_TIMEOUT)?;
+        let own_bound = listen(&mut rma, access, p.transport, &own_addr)?;
+        let ours = Access::none().grant(SERVER, right_of(p.test));
+        let mine = rma.export(DATA_SEGMENT, segment_len(p.size), ours, NotifyMode::Never)?;
+        rma.put_blocking(&control, 8, own_bound.as_bytes(), CONNECT_TIMEOUT)?;
+        rma.put_blocking(&control, 0, &(own_bound.len() as u64).to_ne_bytes(), CONNECT_TIMEOUT)?;
         ping_pong(&mut rma, p, &theirs, &mine)?
     } else if is_whole_op(args, p.test) {
         op_latency(&mut rma, p, &theirs)?
@@ -271,7 +325,7 @@ fn client(args: &BenchArgs, p: &Params, server: &str) -> Result<Report> {
     } else {
         stream(&mut rma, p, &theirs)?
     };
-    rma.put_blocking(&theirs, mb + DONE as u64, &1u64.to_ne_bytes(), CONNECT_TIMEOUT)?;
+    rma.put_blocking(&control, DONE as u64, &1u64.to_ne_bytes(), CONNECT_TIMEOUT)?;
     Ok(report)
 }
 
@@ -290,7 +344,7 @@ fn ping_pong(rma: &mut Rma, p: &Params, theirs: &RemoteSegment, mine: &ExportedS
         }
     }
     rma.flush_blocking(CONNECT_TIMEOUT)?;
-    rma.poll(usize::MAX, |_| {});
+    poll_checked(rma, usize::MAX)?;
     Ok(latency_report(p, samples, true))
 }
 
@@ -324,19 +378,20 @@ fn op_latency(rma: &mut Rma, p: &Params, theirs: &RemoteSegment) -> Result<Repor
             match post_one(rma, p, theirs, &mut buf, i)? {
                 RmaOutcome::Done(()) => break,
                 RmaOutcome::InProgress(_) => {
-                    let mut done = false;
-                    while !done {
+                    let mut done = None;
+                    while done.is_none() {
                         rma.poll(1, |c| {
-                            done = true;
                             if let Ok(ulnet_core::rma::Completed::Get(d)) = c.result {
                                 buf.copy_from_slice(d);
                             }
+                            done = Some(c.result.map(|_| ()));
                         });
                     }
+                    done.expect("loop ends with a result")?;
                     break;
                 }
                 RmaOutcome::NoResource => {
-                    rma.poll(64, |_| {});
+                    poll_checked(rma, 64)?;
                 }
             }
         }
@@ -357,15 +412,15 @@ fn post_overhead(rma: &mut Rma, p: &Params, theirs: &RemoteSegment) -> Result<Re
     for i in 0..p.warmup + p.iters {
         let t0 = ticks();
         while rma.fetch_and_add(theirs, 0, 1, i)? == RmaOutcome::NoResource {
-            rma.poll(256, |_| {});
+            poll_checked(rma, 256)?;
         }
-        rma.poll(256, |_| {});
+        poll_checked(rma, 256)?;
         if i >= p.warmup {
             samples.push(clock.ns(ticks() - t0));
         }
     }
     rma.flush_blocking(Duration::from_secs(600))?;
-    rma.poll(usize::MAX, |_| {});
+    poll_checked(rma, usize::MAX)?;
     Ok(latency_report(p, samples, false))
 }
 
@@ -382,16 +437,16 @@ fn stream(rma: &mut Rma, p: &Params, theirs: &RemoteSegment) -> Result<Report> {
             };
             match outcome {
                 RmaOutcome::NoResource => {
-                    rma.poll(256, |_| {});
+                    poll_checked(rma, 256)?;
                 }
                 _ => posted += 1,
             }
             if posted % 64 == 0 {
-                rma.poll(256, |_| {});
+                poll_checked(rma, 256)?;
             }
         }
         rma.flush_blocking(Duration::from_secs(600))?;
-        rma.poll(usize::MAX, |_| {});
+        poll_checked(rma, usize::MAX)?;
         Ok(())
     };
     run(p.warmup)?;
