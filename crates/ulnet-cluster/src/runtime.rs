@@ -413,7 +413,7 @@ fn connector(
     done: mpsc::Sender<Connected>,
     waker: ulnet_core::Waker,
 ) {
-    let config = ulnet_core::transport::tcp::TcpConfig { secret };
+    let config = ulnet_core::transport::tcp::TcpConfig { secret, ..Default::default() };
     for (member, addr) in requests {
         let result =
             ulnet_core::transport::tcp::connect(&addr.to_string(), &config, CONNECT_TIMEOUT).map_err(|e| e.to_string());

@@ -6,7 +6,7 @@ use crate::node::NodeId;
 use crate::trace::recorder::RUN_MAX;
 use crate::trace::{self, MessageKind, PendingReceive, Recorder};
 use crate::transport::shm::{self, ShmConfig, ShmListener};
-use crate::transport::tcp::{self, TcpChannelListener, TcpConfig};
+use crate::transport::tcp::{self, TcpChannelListener, TcpConfig, TcpListenerCounters};
 use crate::transport::udp::{self, UdpChannelListener, UdpConfig, UdpCounters, UdpStats};
 use crate::transport::{Capabilities, ReadyProbe, Responder, SendOutcome, Transport};
 use std::collections::VecDeque;
@@ -350,11 +350,39 @@ impl Endpoint {
         Ok(bound)
     }
 
-    /// Opens a TCP channel to the endpoint listening at `addr`, retrying until `timeout`
-    /// while nobody listens yet.
+    /// Opens a TCP channel to the endpoint listening at `addr` (connection and handshake
+    /// within about `timeout`). Fails at once with [`ConnectError::NoListener`] when nothing
+    /// listens there.
     pub fn connect_tcp(&mut self, addr: &str, timeout: Duration) -> Result<ChannelId, ConnectError> {
         let channel = tcp::connect_as(addr, &self.config.tcp, self.config.node_id, timeout)?;
         Ok(self.add_channel(Box::new(channel)))
+    }
+
+    /// Like [`Endpoint::connect_tcp`], retrying until `timeout` while nothing listens at
+    /// `addr` yet: for a caller that waits for a peer it knows to be starting.
+    pub fn connect_tcp_retry(&mut self, addr: &str, timeout: Duration) -> Result<ChannelId, ConnectError> {
+        let channel = tcp::connect_retry_as(addr, &self.config.tcp, self.config.node_id, timeout)?;
+        Ok(self.add_channel(Box::new(channel)))
+    }
+
+    /// What the TCP listener did with the connections it took (all zero when not
+    /// listening over TCP).
+    pub fn tcp_listener_counters(&self) -> TcpListenerCounters {
+        self.tcp_listener.as_ref().map(TcpChannelListener::counters).unwrap_or_default()
+    }
+
+    /// Connections to the TCP listener still in their handshake.
+    pub fn tcp_handshakes_pending(&self) -> usize {
+        self.tcp_listener.as_ref().map_or(0, TcpChannelListener::handshakes_pending)
+    }
+
+    /// When [`Endpoint::try_accept`] must run next even if nothing arrives: the first
+    /// deadline of a handshake in progress (a silent peer is closed then) or the end of a
+    /// pause of the TCP listener.
+    pub fn accept_timeout(&self) -> Option<Instant> {
+        let tcp = self.tcp_listener.as_ref().and_then(TcpChannelListener::poll_timeout);
+        let udp = self.udp_listener.as_ref().and_then(UdpChannelListener::poll_timeout);
+        tcp.into_iter().chain(udp).min()
     }
 
     /// Lets peers connect over UDP at `addr` (port 0 picks one); returns the bound address.
@@ -399,12 +427,17 @@ impl Endpoint {
             if let Some(l) = &self.udp_listener {
                 fds.push(rustix::event::PollFd::from_borrowed_fd(l.as_fd(), rustix::event::PollFlags::IN));
             }
-            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+            // Handshakes in progress have deadlines to fire meanwhile.
+            let timer = self.accept_timeout().map_or(left, |t| t.saturating_duration_since(Instant::now()).min(left));
+            let ms = timer.as_millis().clamp(1, i32::MAX as u128) as i32;
             let _ = rustix::event::poll(&mut fds, ms);
         }
     }
 
-    /// Accepts a peer if one is waiting on any of our listeners.
+    /// Accepts a peer if one is waiting on any of our listeners. Never blocks: the TCP and
+    /// UDP listeners run their handshakes as state machines (call again by
+    /// [`Endpoint::accept_timeout`] for their deadlines); peers that fail them are counted
+    /// and dropped, not reported here.
     pub fn try_accept(&mut self) -> Result<Option<ChannelId>, ConnectError> {
         if self.listener.is_none() && self.tcp_listener.is_none() && self.udp_listener.is_none() {
             return Err(ConnectError::Config("endpoint is not listening"));
@@ -414,7 +447,7 @@ impl Endpoint {
                 return Ok(Some(self.add_channel(Box::new(c))));
             }
         }
-        if let Some(l) = &self.tcp_listener {
+        if let Some(l) = &mut self.tcp_listener {
             if let Some(c) = l.try_accept_as(&self.config.tcp, self.config.node_id)? {
                 return Ok(Some(self.add_channel(Box::new(c))));
             }
