@@ -84,7 +84,9 @@ pub enum Event<'a> {
         /// The token given to [`Endpoint::post_send`].
         token: u64,
     },
-    /// The channel stopped; everything the peer sent before was delivered.
+    /// The channel stopped; everything the peer sent before was delivered. Its socket and
+    /// buffers are kept until [`Endpoint::close`] (so that its id is not reused while its
+    /// owner still holds it): close it once done with it.
     ChannelDown {
         /// The channel.
         channel: ChannelId,
@@ -104,9 +106,18 @@ pub struct ReplyTo<'a> {
     /// For traces: the message being delivered, whole.
     message_len: u64,
     recorder: &'a mut Recorder,
+    /// See [`Endpoint::channel_incarnation`].
+    incarnation: u64,
 }
 
 impl ReplyTo<'_> {
+    /// The incarnation of the channel the message came on ([`Endpoint::channel_incarnation`]):
+    /// to send something to that channel later, and never to another that takes its id.
+    #[inline]
+    pub fn channel_incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
     /// Sends one message (a gather list of up to [`crate::GATHER_MAX`] buffers) whole, or
     /// not at all (`NoResource`).
     #[inline]
@@ -215,6 +226,8 @@ pub struct EndpointCounters {
     pub no_resource: u64,
     /// Channels that failed (not counting clean closes).
     pub channels_failed: u64,
+    /// Channels the peer closed cleanly (with its goodbye).
+    pub channels_closed_by_peer: u64,
     /// Times the endpoint slept in the kernel.
     pub sleeps: u64,
 }
@@ -234,6 +247,8 @@ struct ChannelSlot {
     down: bool,
     /// The node at the other end ([`NodeId::UNKNOWN`] if the transport did not learn it).
     peer_node: NodeId,
+    /// See [`Endpoint::channel_incarnation`].
+    incarnation: u64,
 }
 
 /// A process's handle on the network: channels to peers, each with its queues, and the
@@ -266,6 +281,8 @@ pub struct Endpoint {
     /// Scratch list of ready watched channels.
     ready: Vec<usize>,
     counters: EndpointCounters,
+    /// Channels added so far: the next one's incarnation.
+    incarnations: u64,
     /// What this endpoint records while tracing is on.
     recorder: Recorder,
 }
@@ -295,6 +312,7 @@ impl Endpoint {
             watch: None,
             ready: Vec::new(),
             counters: EndpointCounters::default(),
+            incarnations: 0,
             recorder: Recorder::new(),
         }
     }
@@ -383,6 +401,19 @@ impl Endpoint {
         let tcp = self.tcp_listener.as_ref().and_then(TcpChannelListener::poll_timeout);
         let udp = self.udp_listener.as_ref().and_then(UdpChannelListener::poll_timeout);
         tcp.into_iter().chain(udp).min()
+    }
+
+    /// Which of the channels that had the id `channel` has it now: a number never given
+    /// to another channel of this endpoint. A channel id is reused once its channel is
+    /// closed; a reply or message meant for the old channel, sent later, checks this first.
+    /// `None` when no channel has that id.
+    pub fn channel_incarnation(&self, channel: ChannelId) -> Option<u64> {
+        self.slot(channel).map(|s| s.incarnation)
+    }
+
+    /// Channels open now (not down).
+    pub fn channels_open(&self) -> usize {
+        self.channels.iter().flatten().filter(|s| !s.down).count()
     }
 
     /// Lets peers connect over UDP at `addr` (port 0 picks one); returns the bound address.
@@ -475,7 +506,15 @@ impl Endpoint {
         self.recorder.write_pending();
         let probe = transport.probe();
         let peer_node = transport.peer_node().unwrap_or(NodeId::UNKNOWN);
-        let slot = ChannelSlot { transport, probe: probe.clone(), posted: VecDeque::new(), down: false, peer_node };
+        let slot = ChannelSlot {
+            transport,
+            probe: probe.clone(),
+            posted: VecDeque::new(),
+            down: false,
+            peer_node,
+            incarnation: self.incarnations,
+        };
+        self.incarnations += 1;
         let index = match self.channels.iter().position(Option::is_none) {
             Some(i) => {
                 self.channels[i] = Some(slot);
@@ -747,6 +786,7 @@ impl Endpoint {
         let counters = &mut self.counters;
         let recorder = &mut self.recorder;
         let nodes = (self.config.node_id, slot.peer_node);
+        let incarnation = slot.incarnation;
         let session = trace::active();
         let exact = session != 0 && trace::exact_mode();
         // A stream's receives count straight into the open run (`Recorder::receive_run`)
@@ -765,8 +805,15 @@ impl Endpoint {
             if traced && counted.is_none() {
                 recorder.open_receive(exact);
             }
-            let reply =
-                ReplyTo { responder, counters: &mut *counters, channel, nodes, message_len, recorder: &mut *recorder };
+            let reply = ReplyTo {
+                responder,
+                counters: &mut *counters,
+                channel,
+                nodes,
+                message_len,
+                recorder: &mut *recorder,
+                incarnation,
+            };
             handle(Event::Message { channel, data: d.data, message_len, offset: d.offset, reply });
             if traced {
                 match counted {
@@ -791,7 +838,9 @@ impl Endpoint {
                     // A dead socket stays readable: it would keep every wait from sleeping.
                     w.remove(i, slot.probe.readiness_fd());
                 }
-                if error != ChannelError::Closed {
+                if error == ChannelError::Closed {
+                    self.counters.channels_closed_by_peer += 1;
+                } else {
                     self.counters.channels_failed += 1;
                 }
                 if let Some(cq) = &self.cq {
