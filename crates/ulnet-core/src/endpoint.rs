@@ -2,6 +2,7 @@
 
 use crate::cq::{CompletionKind, CompletionQueue};
 use crate::error::{ChannelError, ConnectError, SendError};
+use crate::log_limit::LogLimit;
 use crate::node::NodeId;
 use crate::trace::recorder::RUN_MAX;
 use crate::trace::{self, MessageKind, PendingReceive, Recorder};
@@ -228,6 +229,9 @@ pub struct EndpointCounters {
     pub channels_failed: u64,
     /// Channels the peer closed cleanly (with its goodbye).
     pub channels_closed_by_peer: u64,
+    /// Accepted channels closed to make room for a new one
+    /// ([`TcpConfig::accepted_channels_max`]); also counted in `channels_failed`.
+    pub channels_evicted: u64,
     /// Times the endpoint slept in the kernel.
     pub sleeps: u64,
 }
@@ -247,6 +251,11 @@ struct ChannelSlot {
     down: bool,
     /// The node at the other end ([`NodeId::UNKNOWN`] if the transport did not learn it).
     peer_node: NodeId,
+    /// Accepted from the TCP listener (counted against
+    /// [`TcpConfig::accepted_channels_max`]).
+    accepted_tcp: bool,
+    /// The endpoint's poll turn at which the channel last delivered something.
+    active_turn: u64,
     /// See [`Endpoint::channel_incarnation`].
     incarnation: u64,
 }
@@ -281,8 +290,12 @@ pub struct Endpoint {
     /// Scratch list of ready watched channels.
     ready: Vec<usize>,
     counters: EndpointCounters,
+    /// Polls so far: the clock of [`ChannelSlot::active_turn`].
+    turn: u64,
     /// Channels added so far: the next one's incarnation.
     incarnations: u64,
+    /// Lines about channels closed for the bound on accepted ones.
+    evict_log: LogLimit,
     /// What this endpoint records while tracing is on.
     recorder: Recorder,
 }
@@ -312,7 +325,9 @@ impl Endpoint {
             watch: None,
             ready: Vec::new(),
             counters: EndpointCounters::default(),
+            turn: 0,
             incarnations: 0,
+            evict_log: LogLimit::default(),
             recorder: Recorder::new(),
         }
     }
@@ -468,7 +483,9 @@ impl Endpoint {
     /// Accepts a peer if one is waiting on any of our listeners. Never blocks: the TCP and
     /// UDP listeners run their handshakes as state machines (call again by
     /// [`Endpoint::accept_timeout`] for their deadlines); peers that fail them are counted
-    /// and dropped, not reported here.
+    /// and dropped, not reported here. A TCP channel accepted beyond
+    /// [`TcpConfig::accepted_channels_max`] closes the accepted channel idle longest (it
+    /// then goes down with [`ChannelError::PeerFailed`]).
     pub fn try_accept(&mut self) -> Result<Option<ChannelId>, ConnectError> {
         if self.listener.is_none() && self.tcp_listener.is_none() && self.udp_listener.is_none() {
             return Err(ConnectError::Config("endpoint is not listening"));
@@ -480,7 +497,13 @@ impl Endpoint {
         }
         if let Some(l) = &mut self.tcp_listener {
             if let Some(c) = l.try_accept_as(&self.config.tcp, self.config.node_id)? {
-                return Ok(Some(self.add_channel(Box::new(c))));
+                self.make_room_for_accepted_tcp();
+                let channel = self.add_channel(Box::new(c));
+                if let Some(slot) = self.channels[channel.0 as usize].as_mut() {
+                    slot.accepted_tcp = true;
+                    slot.active_turn = self.turn;
+                }
+                return Ok(Some(channel));
             }
         }
         let udp = match &mut self.udp_listener {
@@ -491,6 +514,37 @@ impl Endpoint {
             return Ok(Some(self.add_channel(Box::new(c))));
         }
         Ok(None)
+    }
+
+    /// Enforces [`TcpConfig::accepted_channels_max`] before a TCP channel is accepted:
+    /// aborts the open accepted channel that delivered nothing for the longest, which the
+    /// next poll reports down (its owner closes it).
+    fn make_room_for_accepted_tcp(&mut self) {
+        let max = self.config.tcp.accepted_channels_max.max(1);
+        let open = || self.channels.iter().enumerate().filter_map(|(i, s)| Some(i).zip(s.as_ref()));
+        let accepted = open().filter(|(_, s)| s.accepted_tcp && !s.down);
+        if accepted.clone().count() < max {
+            return;
+        }
+        let Some((victim, _)) = accepted.min_by_key(|(_, s)| s.active_turn) else { return };
+        let slot = self.channels[victim].as_mut().expect("found above");
+        slot.transport.abort();
+        // It no longer counts (nor is chosen again) while it waits to be reported down.
+        slot.accepted_tcp = false;
+        let peer = slot.peer_node;
+        self.counters.channels_evicted += 1;
+        if let Some(w) = &mut self.watch {
+            // Reported at the next poll even if its socket has nothing to read.
+            w.poll_again(victim);
+        }
+        if let Some(unsaid) = self.evict_log.allow(Instant::now()) {
+            tracing::warn!(
+                "endpoint: {max} accepted TCP channels open; closed channel {victim} (node {}), idle longest, to \
+                 accept a new one ({unsaid} more closed since the last line). A client may be leaking connections; \
+                 or raise TcpConfig::accepted_channels_max",
+                peer.0
+            );
+        }
     }
 
     /// Opens a shared-memory channel to the endpoint listening under `name`, retrying until
@@ -512,6 +566,8 @@ impl Endpoint {
             posted: VecDeque::new(),
             down: false,
             peer_node,
+            accepted_tcp: false,
+            active_turn: 0,
             incarnation: self.incarnations,
         };
         self.incarnations += 1;
@@ -831,7 +887,12 @@ impl Endpoint {
             recorder.end_receive_run(epoch);
         }
         match result {
-            Ok(got) => got,
+            Ok(got) => {
+                if got > 0 {
+                    slot.active_turn = self.turn;
+                }
+                got
+            }
             Err(error) => {
                 slot.down = true;
                 if let Some(w) = &mut self.watch {
@@ -856,6 +917,7 @@ impl Endpoint {
     fn poll_dyn(&mut self, max: usize, handle: &mut dyn FnMut(Event<'_>)) -> usize {
         // A receive still described only is recorded before anything else is.
         self.recorder.settle();
+        self.turn = self.turn.wrapping_add(1);
         let mut n = 0;
         if self.posted_total > 0 {
             self.progress();

@@ -1,12 +1,13 @@
 //! Accepting TCP channels never blocks and costs a stranger a bounded slot for a bounded
 //! time: the bound on handshakes at once closes the oldest, the deadline closes the
-//! silent, refusals close at once; every ending is counted.
+//! silent, refusals close at once; every ending is counted. Accepted channels beyond their
+//! bound close the one idle longest.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 use ulnet_core::transport::tcp::{TcpConfig, TcpListenerCounters};
-use ulnet_core::{ChannelId, Endpoint, EndpointConfig, SendOutcome};
+use ulnet_core::{ChannelError, ChannelId, Endpoint, EndpointConfig, Event, SendOutcome};
 
 const SECRET: &[u8] = b"listener secret";
 
@@ -135,4 +136,55 @@ fn a_client_with_another_secret_is_refused_and_nothing_is_accepted() {
     accept_until(&mut ep, "the stranger hangs up", |c| c.refused_closed == 1);
     assert!(stranger.join().unwrap().is_err());
     assert_eq!((ep.channels().count(), ep.tcp_listener_counters().handshakes_completed), (0, 0));
+}
+
+/// Polls `ep` until `channel` is reported down; returns why.
+fn wait_down(ep: &mut Endpoint, channel: ChannelId) -> ChannelError {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut down = None;
+        ep.poll(64, |e| {
+            if let Event::ChannelDown { channel: c, error } = e {
+                if c == channel {
+                    down = Some(error);
+                }
+            }
+        });
+        if let Some(e) = down {
+            return e;
+        }
+        assert!(Instant::now() < deadline, "channel {channel:?} never went down");
+        ep.wait(Some(Duration::from_millis(10))).unwrap();
+    }
+}
+
+#[test]
+fn beyond_the_bound_on_accepted_channels_the_one_idle_longest_is_closed() {
+    let (mut ep, addr) = server(TcpConfig { accepted_channels_max: 2, ..Default::default() });
+    let mut clients = Vec::new();
+    let mut accepted = Vec::new();
+    for i in 0..2 {
+        let client = connect_in_thread(&addr);
+        accepted.extend(accept_until(&mut ep, "a client", |c| c.handshakes_completed == i + 1));
+        clients.push(client.join().unwrap());
+    }
+    // The first client talks; the second stays idle.
+    let (first_ep, first) = &mut clients[0];
+    assert_eq!(first_ep.send(*first, &[b"still here"]).unwrap(), SendOutcome::Done);
+    assert!(first_ep.flush_sends());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut got = 0;
+    while got == 0 {
+        got = ep.poll(64, |_| {});
+        assert!(Instant::now() < deadline);
+    }
+    let third = connect_in_thread(&addr);
+    accepted.extend(accept_until(&mut ep, "a third client", |c| c.handshakes_completed == 3));
+    let _third = third.join().unwrap();
+    assert_eq!(ep.counters().channels_evicted, 1);
+    assert!(matches!(wait_down(&mut ep, accepted[1]), ChannelError::PeerFailed(_)), "the idle one is closed");
+    ep.close(accepted[1]);
+    assert_eq!(ep.channels_open(), 2);
+    let (second_ep, second) = &mut clients[1];
+    assert!(matches!(wait_down(second_ep, *second), ChannelError::PeerFailed(_)), "its client sees it go");
 }
