@@ -884,7 +884,10 @@ pub fn query_status(addr: &str, secret: &[u8], timeout: Duration) -> Result<Stat
     while result.is_none() && Instant::now() < deadline {
         rpc.poll(16, |e| match e {
             ulnet_msg::rpc::RpcEvent::Reply { data, .. } => {
-                result = Some(serde_json::from_slice::<StatusReport>(data).map_err(|e| e.to_string()))
+                result = Some(
+                    serde_json::from_slice::<StatusReport>(data)
+                        .map_err(|e| format!("{addr} answered with a status that does not decode: {e}")),
+                )
             }
             ulnet_msg::rpc::RpcEvent::Failed { error, .. } => result = Some(Err(error.to_string())),
             ulnet_msg::rpc::RpcEvent::ChannelDown { error, .. } => result = Some(Err(error.to_string())),
@@ -893,5 +896,6 @@ pub fn query_status(addr: &str, secret: &[u8], timeout: Duration) -> Result<Stat
             let _ = rpc.endpoint().wait(Some(Duration::from_millis(10)));
         }
     }
-    result.unwrap_or_else(|| Err("no answer".into()))
+    result
+        .unwrap_or_else(|| Err(format!("no answer from {addr} within {timeout:?}: the node is overloaded or stopped")))
 }

@@ -65,7 +65,7 @@ pub enum CallError {
     #[error("deadline exceeded")]
     DeadlineExceeded,
     /// The channel to the server failed before the reply arrived.
-    #[error("peer failed: {0}")]
+    #[error("the channel went down before the answer came: {0}")]
     PeerFailed(ChannelError),
     /// The request was larger than the server or the transport accepts.
     #[error("payload too large")]
