@@ -28,6 +28,7 @@
 
 pub mod buddy;
 pub mod config;
+pub mod control_metrics;
 pub mod events;
 pub mod gossip;
 pub mod membership;

@@ -6,6 +6,7 @@
 //! Two threads: the membership thread (UDP socket, timers, durable state, events) and the
 //! control thread (RPC, services, peer channels). A third, optional, serves metrics.
 
+use crate::control_metrics::{self, ControlCounters};
 use crate::events::{MemberState, MembershipEvent};
 use crate::membership::{Counters, Durable, Membership, Status};
 use crate::service::{RpcHandler, Service, ServiceContext};
@@ -20,6 +21,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use ulnet_core::log_limit::LogLimit;
 use ulnet_core::trace::{self, Direction};
 use ulnet_core::{ChannelId, Endpoint, EndpointConfig, NodeId};
 use ulnet_msg::rpc::{Rpc, RpcConfig};
@@ -84,6 +86,7 @@ pub struct StatusReport {
 struct Shared {
     status: Mutex<StatusReport>,
     counters: Mutex<Counters>,
+    control: Mutex<ControlCounters>,
     stop: AtomicBool,
 }
 
@@ -154,6 +157,7 @@ const DURABLE_RETRY: Duration = Duration::from_secs(1);
 impl Node {
     /// Starts the node and its services.
     pub fn start(config: NodeConfig, services: Vec<Box<dyn Service>>) -> std::io::Result<Node> {
+        raise_open_file_limit();
         let (socket, ep) = bind_both(config.listen, &config.secret)?;
         let listen = socket.local_addr()?;
         let durable: Option<Durable> = config
@@ -184,6 +188,7 @@ impl Node {
         let shared = Arc::new(Shared {
             status: Mutex::new(StatusReport { node: me.name.clone(), status: "joining".into(), ..Default::default() }),
             counters: Mutex::new(Counters::default()),
+            control: Mutex::new(ControlCounters::default()),
             stop: AtomicBool::new(false),
         });
         let (to_control, from_membership) = mpsc::channel();
@@ -233,6 +238,11 @@ impl Node {
         *self.shared.counters.lock().expect("counters lock")
     }
 
+    /// The control plane's counters (connections, handshakes, channels).
+    pub fn control_counters(&self) -> ControlCounters {
+        *self.shared.control.lock().expect("control counters lock")
+    }
+
     /// Asks the threads to stop.
     pub fn stop(&self) {
         self.shared.stop.store(true, Ordering::Relaxed);
@@ -242,6 +252,24 @@ impl Node {
     pub fn join(self) {
         for t in self.threads {
             let _ = t.join();
+        }
+    }
+}
+
+/// Raises the soft limit on open files to the hard one, as a daemon that serves many
+/// connections should: the control plane keeps up to `TcpConfig::accepted_channels_max`
+/// channels (two descriptors each), beyond the common default soft limit of 1,024. A node
+/// that still runs out says so in its log and metrics (`ulnet_control_accept_failed_total`).
+fn raise_open_file_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let now = getrlimit(Resource::Nofile);
+    if now.current == now.maximum {
+        return;
+    }
+    match setrlimit(Resource::Nofile, Rlimit { current: now.maximum, maximum: now.maximum }) {
+        Ok(()) => tracing::debug!("open-file limit raised from {:?} to {:?}", now.current, now.maximum),
+        Err(e) => {
+            tracing::warn!("open-file limit stays at {:?}: cannot raise it to {:?}: {e}", now.current, now.maximum)
         }
     }
 }
@@ -411,8 +439,10 @@ const CONNECT_BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// How long one connection attempt (connect and handshake) may take, on the connector
 /// thread: a partitioned member costs that thread this long, never the control thread.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// How often the control thread accepts new channels (each look is a system call; a peer
-/// that connects waits at most this long for its handshake).
+/// How often the control thread looks at its listener while no handshake is in progress
+/// (each look is a system call; a peer that connects waits at most this long for its
+/// first handshake message to be answered). While handshakes are in progress it looks at
+/// every turn, so each finishes as soon as its last message arrives.
 const ACCEPT_EVERY: Duration = Duration::from_millis(10);
 /// Longest sleep of the control thread (the membership thread wakes it for its news).
 const CONTROL_SLEEP_MAX: Duration = Duration::from_millis(200);
@@ -436,7 +466,7 @@ fn connector(
     done: mpsc::Sender<Connected>,
     waker: ulnet_core::Waker,
 ) {
-    let config = ulnet_core::transport::tcp::TcpConfig { secret };
+    let config = ulnet_core::transport::tcp::TcpConfig { secret, ..Default::default() };
     for (member, addr) in requests {
         let result =
             ulnet_core::transport::tcp::connect(&addr.to_string(), &config, CONNECT_TIMEOUT).map_err(|e| e.to_string());
@@ -539,11 +569,17 @@ fn control_loop(
         };
     }
     let mut accept_at = Instant::now();
+    let mut accept_log = LogLimit::default();
     while !shared.stop.load(Ordering::Relaxed) {
-        if Instant::now() >= accept_at {
-            // New channels are rare: look for them now and then, not on every turn.
-            while let Ok(Some(_)) = rpc.endpoint().try_accept() {}
-            accept_at = Instant::now() + ACCEPT_EVERY;
+        let now = Instant::now();
+        // New channels are rare: look for them now and then, not on every turn, unless
+        // handshakes are under way.
+        if now >= accept_at || rpc.endpoint().tcp_handshakes_pending() > 0 {
+            accept_channels(rpc.endpoint(), &mut accept_log);
+        }
+        if now >= accept_at {
+            *shared.control.lock().expect("control counters lock") = ControlCounters::of(rpc.endpoint());
+            accept_at = now + ACCEPT_EVERY;
         }
         let mut down: Vec<ChannelId> = Vec::new();
         rpc.poll(1024, |e| {
@@ -649,7 +685,7 @@ fn control_loop(
             pending.remove(&oldest);
         }
         let backlog = peers.values().any(|p| p.channel.is_some() && !p.waiting.is_empty());
-        let wake_at = services.iter().filter_map(|s| s.poll_timeout()).min();
+        let wake_at = services.iter().filter_map(|s| s.poll_timeout()).chain(rpc.endpoint().accept_timeout()).min();
         let now = Instant::now();
         let sleep = match wake_at {
             _ if backlog => Duration::from_millis(1),
@@ -659,6 +695,23 @@ fn control_loop(
         if !sleep.is_zero() && inbox.lock().expect("inbox lock").is_empty() {
             // Sub-millisecond waits round up: waking early costs a turn of the loop.
             let _ = rpc.endpoint().wait(Some(sleep.max(Duration::from_millis(1))));
+        }
+    }
+}
+
+/// Takes the channels whose handshakes finished (the control plane's endpoint never blocks
+/// in them: strangers and slow clients are counted and closed by its listener).
+fn accept_channels(ep: &mut Endpoint, log: &mut LogLimit) {
+    loop {
+        match ep.try_accept() {
+            Ok(Some(_)) => {}
+            Ok(None) => return,
+            Err(e) => {
+                if let Some(unsaid) = log.allow(Instant::now()) {
+                    tracing::error!("control plane: cannot accept: {e} ({unsaid} more since the last line)");
+                }
+                return;
+            }
         }
     }
 }
@@ -795,19 +848,32 @@ fn metrics_loop(listener: std::net::TcpListener, shared: Arc<Shared>) -> std::io
     use hyper::service::service_fn;
     use hyper::{Request, Response};
     use hyper_util::rt::TokioIo;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_io().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_io().enable_time().build()?;
     runtime.block_on(async move {
         listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(listener)?;
+        let mut accept_log = LogLimit::default();
         while !shared.stop.load(Ordering::Relaxed) {
-            let (stream, _) = listener.accept().await?;
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors, most likely: the scrape waits in the queue until
+                    // the node has one again; the server goes on.
+                    if let Some(unsaid) = accept_log.allow(Instant::now()) {
+                        tracing::warn!("metrics server: cannot accept: {e} ({unsaid} more since the last line)");
+                    }
+                    tokio::time::sleep(ulnet_core::transport::tcp::ACCEPT_PAUSE).await;
+                    continue;
+                }
+            };
             let shared = shared.clone();
             tokio::task::spawn(async move {
                 let service = service_fn(move |_req: Request<hyper::body::Incoming>| {
-                    let text = prometheus_text(
+                    let mut text = prometheus_text(
                         &shared.counters.lock().expect("counters lock"),
                         &shared.status.lock().expect("status lock"),
                     );
+                    text += &control_metrics::prometheus_text(&shared.control.lock().expect("control counters lock"));
                     async move {
                         Ok::<_, std::convert::Infallible>(
                             Response::builder()
@@ -841,7 +907,10 @@ pub fn query_status(addr: &str, secret: &[u8], timeout: Duration) -> Result<Stat
     while result.is_none() && Instant::now() < deadline {
         rpc.poll(16, |e| match e {
             ulnet_msg::rpc::RpcEvent::Reply { data, .. } => {
-                result = Some(serde_json::from_slice::<StatusReport>(data).map_err(|e| e.to_string()))
+                result = Some(
+                    serde_json::from_slice::<StatusReport>(data)
+                        .map_err(|e| format!("{addr} answered with a status that does not decode: {e}")),
+                )
             }
             ulnet_msg::rpc::RpcEvent::Failed { error, .. } => result = Some(Err(error.to_string())),
             ulnet_msg::rpc::RpcEvent::ChannelDown { error, .. } => result = Some(Err(error.to_string())),
@@ -850,5 +919,6 @@ pub fn query_status(addr: &str, secret: &[u8], timeout: Duration) -> Result<Stat
             let _ = rpc.endpoint().wait(Some(Duration::from_millis(10)));
         }
     }
-    result.unwrap_or_else(|| Err("no answer".into()))
+    result
+        .unwrap_or_else(|| Err(format!("no answer from {addr} within {timeout:?}: the node is overloaded or stopped")))
 }

@@ -2,11 +2,12 @@
 
 use crate::cq::{CompletionKind, CompletionQueue};
 use crate::error::{ChannelError, ConnectError, SendError};
+use crate::log_limit::LogLimit;
 use crate::node::NodeId;
 use crate::trace::recorder::RUN_MAX;
 use crate::trace::{self, MessageKind, PendingReceive, Recorder};
 use crate::transport::shm::{self, AdmissionCounters, ShmConfig, ShmListener};
-use crate::transport::tcp::{self, TcpChannelListener, TcpConfig};
+use crate::transport::tcp::{self, TcpChannelListener, TcpConfig, TcpListenerCounters};
 use crate::transport::udp::{self, UdpChannelListener, UdpConfig, UdpCounters, UdpStats};
 use crate::transport::{Capabilities, ReadyProbe, Responder, SendOutcome, Transport};
 use std::collections::VecDeque;
@@ -84,7 +85,9 @@ pub enum Event<'a> {
         /// The token given to [`Endpoint::post_send`].
         token: u64,
     },
-    /// The channel stopped; everything the peer sent before was delivered.
+    /// The channel stopped; everything the peer sent before was delivered. Its socket and
+    /// buffers are kept until [`Endpoint::close`] (so that its id is not reused while its
+    /// owner still holds it): close it once done with it.
     ChannelDown {
         /// The channel.
         channel: ChannelId,
@@ -104,9 +107,18 @@ pub struct ReplyTo<'a> {
     /// For traces: the message being delivered, whole.
     message_len: u64,
     recorder: &'a mut Recorder,
+    /// See [`Endpoint::channel_incarnation`].
+    incarnation: u64,
 }
 
 impl ReplyTo<'_> {
+    /// The incarnation of the channel the message came on ([`Endpoint::channel_incarnation`]):
+    /// to send something to that channel later, and never to another that takes its id.
+    #[inline]
+    pub fn channel_incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
     /// Sends one message (a gather list of up to [`crate::GATHER_MAX`] buffers) whole, or
     /// not at all (`NoResource`).
     #[inline]
@@ -215,6 +227,11 @@ pub struct EndpointCounters {
     pub no_resource: u64,
     /// Channels that failed (not counting clean closes).
     pub channels_failed: u64,
+    /// Channels the peer closed cleanly (with its goodbye).
+    pub channels_closed_by_peer: u64,
+    /// Accepted channels closed to make room for a new one
+    /// ([`TcpConfig::accepted_channels_max`]); also counted in `channels_failed`.
+    pub channels_evicted: u64,
     /// Times the endpoint slept in the kernel.
     pub sleeps: u64,
 }
@@ -234,6 +251,13 @@ struct ChannelSlot {
     down: bool,
     /// The node at the other end ([`NodeId::UNKNOWN`] if the transport did not learn it).
     peer_node: NodeId,
+    /// Accepted from the TCP listener (counted against
+    /// [`TcpConfig::accepted_channels_max`]).
+    accepted_tcp: bool,
+    /// The endpoint's poll turn at which the channel last delivered something.
+    active_turn: u64,
+    /// See [`Endpoint::channel_incarnation`].
+    incarnation: u64,
 }
 
 /// A process's handle on the network: channels to peers, each with its queues, and the
@@ -266,6 +290,12 @@ pub struct Endpoint {
     /// Scratch list of ready watched channels.
     ready: Vec<usize>,
     counters: EndpointCounters,
+    /// Polls so far: the clock of [`ChannelSlot::active_turn`].
+    turn: u64,
+    /// Channels added so far: the next one's incarnation.
+    incarnations: u64,
+    /// Lines about channels closed for the bound on accepted ones.
+    evict_log: LogLimit,
     /// What this endpoint records while tracing is on.
     recorder: Recorder,
 }
@@ -295,6 +325,9 @@ impl Endpoint {
             watch: None,
             ready: Vec::new(),
             counters: EndpointCounters::default(),
+            turn: 0,
+            incarnations: 0,
+            evict_log: LogLimit::default(),
             recorder: Recorder::new(),
         }
     }
@@ -357,11 +390,52 @@ impl Endpoint {
         Ok(bound)
     }
 
-    /// Opens a TCP channel to the endpoint listening at `addr`, retrying until `timeout`
-    /// while nobody listens yet.
+    /// Opens a TCP channel to the endpoint listening at `addr` (connection and handshake
+    /// within about `timeout`). Fails at once with [`ConnectError::NoListener`] when nothing
+    /// listens there.
     pub fn connect_tcp(&mut self, addr: &str, timeout: Duration) -> Result<ChannelId, ConnectError> {
         let channel = tcp::connect_as(addr, &self.config.tcp, self.config.node_id, timeout)?;
         Ok(self.add_channel(Box::new(channel)))
+    }
+
+    /// Like [`Endpoint::connect_tcp`], retrying until `timeout` while nothing listens at
+    /// `addr` yet: for a caller that waits for a peer it knows to be starting.
+    pub fn connect_tcp_retry(&mut self, addr: &str, timeout: Duration) -> Result<ChannelId, ConnectError> {
+        let channel = tcp::connect_retry_as(addr, &self.config.tcp, self.config.node_id, timeout)?;
+        Ok(self.add_channel(Box::new(channel)))
+    }
+
+    /// What the TCP listener did with the connections it took (all zero when not
+    /// listening over TCP).
+    pub fn tcp_listener_counters(&self) -> TcpListenerCounters {
+        self.tcp_listener.as_ref().map(TcpChannelListener::counters).unwrap_or_default()
+    }
+
+    /// Connections to the TCP listener still in their handshake.
+    pub fn tcp_handshakes_pending(&self) -> usize {
+        self.tcp_listener.as_ref().map_or(0, TcpChannelListener::handshakes_pending)
+    }
+
+    /// When [`Endpoint::try_accept`] must run next even if nothing arrives: the first
+    /// deadline of a handshake in progress (a silent peer is closed then) or the end of a
+    /// pause of the TCP listener.
+    pub fn accept_timeout(&self) -> Option<Instant> {
+        let tcp = self.tcp_listener.as_ref().and_then(TcpChannelListener::poll_timeout);
+        let udp = self.udp_listener.as_ref().and_then(UdpChannelListener::poll_timeout);
+        tcp.into_iter().chain(udp).min()
+    }
+
+    /// Which of the channels that had the id `channel` has it now: a number never given
+    /// to another channel of this endpoint. A channel id is reused once its channel is
+    /// closed; a reply or message meant for the old channel, sent later, checks this first.
+    /// `None` when no channel has that id.
+    pub fn channel_incarnation(&self, channel: ChannelId) -> Option<u64> {
+        self.slot(channel).map(|s| s.incarnation)
+    }
+
+    /// Channels open now (not down).
+    pub fn channels_open(&self) -> usize {
+        self.channels.iter().flatten().filter(|s| !s.down).count()
     }
 
     /// Lets peers connect over UDP at `addr` (port 0 picks one); returns the bound address.
@@ -406,12 +480,19 @@ impl Endpoint {
             if let Some(l) = &self.udp_listener {
                 fds.push(rustix::event::PollFd::from_borrowed_fd(l.as_fd(), rustix::event::PollFlags::IN));
             }
-            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+            // Handshakes in progress have deadlines to fire meanwhile.
+            let timer = self.accept_timeout().map_or(left, |t| t.saturating_duration_since(Instant::now()).min(left));
+            let ms = timer.as_millis().clamp(1, i32::MAX as u128) as i32;
             let _ = rustix::event::poll(&mut fds, ms);
         }
     }
 
-    /// Accepts a peer if one is waiting on any of our listeners.
+    /// Accepts a peer if one is waiting on any of our listeners. Never blocks: the TCP and
+    /// UDP listeners run their handshakes as state machines (call again by
+    /// [`Endpoint::accept_timeout`] for their deadlines); peers that fail them are counted
+    /// and dropped, not reported here. A TCP channel accepted beyond
+    /// [`TcpConfig::accepted_channels_max`] closes the accepted channel idle longest (it
+    /// then goes down with [`ChannelError::PeerFailed`]).
     pub fn try_accept(&mut self) -> Result<Option<ChannelId>, ConnectError> {
         if self.listener.is_none() && self.tcp_listener.is_none() && self.udp_listener.is_none() {
             return Err(ConnectError::Config("endpoint is not listening"));
@@ -421,9 +502,15 @@ impl Endpoint {
                 return Ok(Some(self.add_channel(Box::new(c))));
             }
         }
-        if let Some(l) = &self.tcp_listener {
+        if let Some(l) = &mut self.tcp_listener {
             if let Some(c) = l.try_accept_as(&self.config.tcp, self.config.node_id)? {
-                return Ok(Some(self.add_channel(Box::new(c))));
+                self.make_room_for_accepted_tcp();
+                let channel = self.add_channel(Box::new(c));
+                if let Some(slot) = self.channels[channel.0 as usize].as_mut() {
+                    slot.accepted_tcp = true;
+                    slot.active_turn = self.turn;
+                }
+                return Ok(Some(channel));
             }
         }
         let udp = match &mut self.udp_listener {
@@ -434,6 +521,37 @@ impl Endpoint {
             return Ok(Some(self.add_channel(Box::new(c))));
         }
         Ok(None)
+    }
+
+    /// Enforces [`TcpConfig::accepted_channels_max`] before a TCP channel is accepted:
+    /// aborts the open accepted channel that delivered nothing for the longest, which the
+    /// next poll reports down (its owner closes it).
+    fn make_room_for_accepted_tcp(&mut self) {
+        let max = self.config.tcp.accepted_channels_max.max(1);
+        let open = || self.channels.iter().enumerate().filter_map(|(i, s)| Some(i).zip(s.as_ref()));
+        let accepted = open().filter(|(_, s)| s.accepted_tcp && !s.down);
+        if accepted.clone().count() < max {
+            return;
+        }
+        let Some((victim, _)) = accepted.min_by_key(|(_, s)| s.active_turn) else { return };
+        let slot = self.channels[victim].as_mut().expect("found above");
+        slot.transport.abort();
+        // It no longer counts (nor is chosen again) while it waits to be reported down.
+        slot.accepted_tcp = false;
+        let peer = slot.peer_node;
+        self.counters.channels_evicted += 1;
+        if let Some(w) = &mut self.watch {
+            // Reported at the next poll even if its socket has nothing to read.
+            w.poll_again(victim);
+        }
+        if let Some(unsaid) = self.evict_log.allow(Instant::now()) {
+            tracing::warn!(
+                "endpoint: {max} accepted TCP channels open; closed channel {victim} (node {}), idle longest, to \
+                 accept a new one ({unsaid} more closed since the last line). A client may be leaking connections; \
+                 or raise TcpConfig::accepted_channels_max",
+                peer.0
+            );
+        }
     }
 
     /// Opens a shared-memory channel to the endpoint listening under `name`, retrying until
@@ -449,7 +567,17 @@ impl Endpoint {
         self.recorder.write_pending();
         let probe = transport.probe();
         let peer_node = transport.peer_node().unwrap_or(NodeId::UNKNOWN);
-        let slot = ChannelSlot { transport, probe: probe.clone(), posted: VecDeque::new(), down: false, peer_node };
+        let slot = ChannelSlot {
+            transport,
+            probe: probe.clone(),
+            posted: VecDeque::new(),
+            down: false,
+            peer_node,
+            accepted_tcp: false,
+            active_turn: 0,
+            incarnation: self.incarnations,
+        };
+        self.incarnations += 1;
         let index = match self.channels.iter().position(Option::is_none) {
             Some(i) => {
                 self.channels[i] = Some(slot);
@@ -721,6 +849,7 @@ impl Endpoint {
         let counters = &mut self.counters;
         let recorder = &mut self.recorder;
         let nodes = (self.config.node_id, slot.peer_node);
+        let incarnation = slot.incarnation;
         let session = trace::active();
         let exact = session != 0 && trace::exact_mode();
         // A stream's receives count straight into the open run (`Recorder::receive_run`)
@@ -739,8 +868,15 @@ impl Endpoint {
             if traced && counted.is_none() {
                 recorder.open_receive(exact);
             }
-            let reply =
-                ReplyTo { responder, counters: &mut *counters, channel, nodes, message_len, recorder: &mut *recorder };
+            let reply = ReplyTo {
+                responder,
+                counters: &mut *counters,
+                channel,
+                nodes,
+                message_len,
+                recorder: &mut *recorder,
+                incarnation,
+            };
             handle(Event::Message { channel, data: d.data, message_len, offset: d.offset, reply });
             if traced {
                 match counted {
@@ -758,14 +894,21 @@ impl Endpoint {
             recorder.end_receive_run(epoch);
         }
         match result {
-            Ok(got) => got,
+            Ok(got) => {
+                if got > 0 {
+                    slot.active_turn = self.turn;
+                }
+                got
+            }
             Err(error) => {
                 slot.down = true;
                 if let Some(w) = &mut self.watch {
                     // A dead socket stays readable: it would keep every wait from sleeping.
                     w.remove(i, slot.probe.readiness_fd());
                 }
-                if error != ChannelError::Closed {
+                if error == ChannelError::Closed {
+                    self.counters.channels_closed_by_peer += 1;
+                } else {
                     self.counters.channels_failed += 1;
                 }
                 if let Some(cq) = &self.cq {
@@ -781,6 +924,7 @@ impl Endpoint {
     fn poll_dyn(&mut self, max: usize, handle: &mut dyn FnMut(Event<'_>)) -> usize {
         // A receive still described only is recorded before anything else is.
         self.recorder.settle();
+        self.turn = self.turn.wrapping_add(1);
         let mut n = 0;
         if self.posted_total > 0 {
             self.progress();

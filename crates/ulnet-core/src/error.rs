@@ -6,12 +6,25 @@ use crate::transport::shm::ring::RingError;
 /// Why a channel could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
-    /// Nobody listens at that address.
-    #[error("no endpoint listening at {0}")]
+    /// Nobody listens at that address (the connection was refused).
+    #[error("nothing listens at {0}: start the node or server there, or check the address")]
     NoListener(String),
-    /// The peer answered with something that is not a ulnet handshake of our version.
+    /// The peer answered with something that is not a ulnet handshake of our version, or
+    /// did not prove the cluster secret, or closed the connection during the handshake.
     #[error("handshake refused: {0}")]
     Handshake(&'static str),
+    /// The peer accepted the connection but did not finish the handshake in time.
+    #[error(
+        "{0} accepted the connection but did not finish the handshake in time: it is overloaded, stopped \
+         (SIGSTOP, a debugger), or not a ulnet endpoint"
+    )]
+    HandshakeTimeout(String),
+    /// The connection itself could not be made in time (no answer to its SYN).
+    #[error("no answer from {0} within {1:?}: the host is down or unreachable, or a firewall drops the connection")]
+    Unreachable(String, std::time::Duration),
+    /// The address did not resolve.
+    #[error("cannot resolve the address {0}: {1}")]
+    Resolve(String, #[source] std::io::Error),
     /// The peer's shared mapping does not validate.
     #[error("peer mapping refused: {0}")]
     Layout(#[from] LayoutError),

@@ -33,6 +33,7 @@ mod cq;
 pub mod descriptor;
 mod endpoint;
 pub mod error;
+pub mod log_limit;
 pub mod node;
 pub mod rma;
 mod sys;

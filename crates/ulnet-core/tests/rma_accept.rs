@@ -52,3 +52,21 @@ fn silent_clients_delay_no_operation_and_no_new_importer(mode: Mode) {
 }
 
 for_every_transport!(silent_clients_delay_no_operation_and_no_new_importer);
+
+/// More silent TCP clients than the listener keeps in their handshake at once (and than
+/// the 64 handshake threads it once had): the oldest are closed for the newest, so the next
+/// importer connects at once rather than after a silent one's timeout.
+#[test]
+fn more_silent_tcp_clients_than_handshake_slots_do_not_delay_the_next_importer() {
+    let mut t = target(1, "flood");
+    let seg = t.rma.export("s", 4096, Access::everyone(Rights::ALL), NotifyMode::Never).unwrap();
+    // 100: beyond both the 64 handshake slots (`TcpConfig::handshakes_pending_max`) and
+    // the 64 handshake threads of the acceptor before it.
+    let held: Vec<std::net::TcpStream> = (0..100).map(|_| std::net::TcpStream::connect(&t.tcp).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(50));
+    let t0 = Instant::now();
+    let (mut late, _, r) = importer(3, &t, "s", Mode::Tcp);
+    late.fetch_and_add_blocking(&r, 0, 1, T).unwrap();
+    assert!(t0.elapsed() < STALL, "a new importer waited {:?} behind {} silent clients", t0.elapsed(), held.len());
+    assert_eq!(seg.load_u64(0), 1);
+}

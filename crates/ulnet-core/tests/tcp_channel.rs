@@ -11,7 +11,7 @@ use ulnet_core::transport::tcp::TcpConfig;
 use ulnet_core::{ChannelError, ConnectError, Endpoint, EndpointConfig, Event, SendOutcome};
 
 fn config(secret: &[u8]) -> EndpointConfig {
-    EndpointConfig { tcp: TcpConfig { secret: secret.to_vec() }, ..Default::default() }
+    EndpointConfig { tcp: TcpConfig { secret: secret.to_vec(), ..Default::default() }, ..Default::default() }
 }
 
 #[test]
@@ -83,9 +83,17 @@ fn wrong_secret_cannot_connect() {
     let client = std::thread::spawn(move || {
         Endpoint::new(config(b"wrong")).connect_tcp(&addr, Duration::from_secs(5)).map(|_| ())
     });
-    let accepted = server.accept(Duration::from_secs(5));
+    // The client refuses the server's proof and closes: the server counts the handshake
+    // refused and accepts nothing.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.tcp_listener_counters().refused_closed == 0 {
+        assert!(server.try_accept().unwrap().is_none());
+        assert!(Instant::now() < deadline, "{:?}", server.tcp_listener_counters());
+        server.wait(Some(Duration::from_millis(10))).unwrap();
+    }
     assert!(matches!(client.join().unwrap(), Err(ConnectError::Handshake(_))));
-    assert!(matches!(accepted, Err(ConnectError::Handshake(_)) | Err(ConnectError::Io(_))), "{accepted:?}");
+    assert_eq!(server.channels().count(), 0);
+    assert_eq!(server.tcp_handshakes_pending(), 0);
 }
 
 #[test]
@@ -130,10 +138,30 @@ fn forged_frames_fail_the_channel_and_strangers_never_connect() {
     assert!(got.is_empty());
     assert!(matches!(down, Some(ChannelError::Protocol(_))), "{down:?}");
 
-    // A raw client that speaks garbage never becomes a channel.
+    // A raw client that speaks garbage never becomes a channel: it is refused and counted,
+    // and its connection closed.
     let mut raw = std::net::TcpStream::connect(&addr).unwrap();
     raw.write_all(&[0xAB; 64]).unwrap();
-    assert!(server.accept(Duration::from_secs(5)).is_err());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while server.tcp_listener_counters().refused_not_ulnet == 0 {
+        assert!(server.try_accept().unwrap().is_none());
+        assert!(Instant::now() < deadline, "{:?}", server.tcp_listener_counters());
+        server.wait(Some(Duration::from_millis(10))).unwrap();
+    }
+    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    assert!(matches!(std::io::Read::read(&mut raw, &mut [0u8; 8]), Ok(0) | Err(_)), "the stranger is closed");
+}
+
+#[test]
+fn connecting_where_nothing_listens_fails_at_once() {
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().to_string();
+    let result = Endpoint::new(config(b"k")).connect_tcp(&addr, Duration::from_secs(600));
+    assert!(matches!(&result, Err(ConnectError::NoListener(a)) if *a == addr), "{result:?}");
+    // A caller that waits for a peer to start retries until its timeout.
+    let start = Instant::now();
+    let result = Endpoint::new(config(b"k")).connect_tcp_retry(&addr, Duration::from_millis(300));
+    assert!(matches!(result, Err(ConnectError::NoListener(_))), "{result:?}");
+    assert!(start.elapsed() >= Duration::from_millis(300));
 }
 
 /// A receiver that closes while its peer is still streaming to it: the peer sees a clean

@@ -282,6 +282,50 @@ fn a_forged_proof_is_counted_as_wrong_secret() {
     assert_eq!(server.udp_counters().wrong_secret, 1);
 }
 
+/// HELLOs that never go further (forged source addresses, say) fill the listener's
+/// handshake slots; each new HELLO closes the oldest, so a real client still connects
+/// rather than waiting for a slot to time out.
+#[test]
+fn hellos_that_never_finish_do_not_lock_out_a_real_client() {
+    let mut server = Endpoint::new(config(b"k"));
+    let addr = server.listen_udp("127.0.0.1:0").unwrap();
+    let strangers: Vec<UdpSocket> = (0..ulnet_core::transport::udp::listener::PENDING_MAX as u32 + 16)
+        .map(|i| {
+            let raw = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let mut hello = vec![0u8; wire::HEADER_LEN + wire::HELLO_BODY_LEN];
+            let body = wire::Hello {
+                nonce: [7; 16],
+                conn_id: i + 1,
+                window: 64,
+                datagram_max: 1400,
+                flags: 1,
+                credit: 1 << 20,
+                node: i,
+            };
+            body.write_body(wire::Kind::Hello, &mut hello, wire::HEADER_LEN);
+            wire::finish(&mut hello, wire::Kind::Hello, 0, 0);
+            raw.send_to(&hello, addr).unwrap();
+            raw
+        })
+        .collect();
+    for _ in 0..10 {
+        assert!(server.try_accept().unwrap().is_none());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let a = addr.to_string();
+    // Well under the 5 s a stranger's slot would take to time out.
+    let client =
+        std::thread::spawn(move || Endpoint::new(config(b"k")).connect_udp(&a, Duration::from_secs(2)).is_ok());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut accepted = false;
+    while !accepted && Instant::now() < deadline {
+        accepted = server.try_accept().unwrap().is_some();
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(client.join().unwrap() && accepted, "the real client connected");
+    drop(strangers);
+}
+
 /// A client made of a plain socket and the protocol machine, so that the test can also
 /// send raw datagrams from the channel's own address.
 struct RawClient {

@@ -10,8 +10,13 @@
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+/// Longest a server waits for a client's next request (whole head) before closing the
+/// connection: an idle keep-alive client, or one that sends its head a byte at a time,
+/// cannot hold a connection's thread and descriptor for ever. 60 s: longer than the
+/// keep-alive idle time of browsers and load generators, as nginx's `client_header_timeout`.
+pub const REQUEST_WAIT_MAX: Duration = Duration::from_secs(60);
 /// Largest request or response head accepted; longer heads are rejected (431 / error).
 pub const HEAD_MAX: usize = 8 * 1024;
 /// Largest response body accepted by the client.
@@ -131,14 +136,15 @@ impl Conn {
         Ok(body)
     }
 
-    /// Reads the next request, waiting through read timeouts until `stop` is set (then
-    /// `Ok(None)`, as for a closed connection): servers set a read timeout so that a
-    /// stopped server lets its idle clients go.
+    /// Reads the next request, waiting through read timeouts until `stop` is set or
+    /// [`REQUEST_WAIT_MAX`] passes (then `Ok(None)`, as for a closed connection): servers
+    /// set a read timeout so that a stopped server lets its idle clients go.
     pub fn next_request(&mut self, stop: &std::sync::atomic::AtomicBool) -> Result<Option<Request>, HttpError> {
+        let since = Instant::now();
         loop {
             match self.read_request() {
                 Err(HttpError::Io(e)) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
-                    if stop.load(std::sync::atomic::Ordering::Acquire) {
+                    if stop.load(std::sync::atomic::Ordering::Acquire) || since.elapsed() >= REQUEST_WAIT_MAX {
                         return Ok(None);
                     }
                 }

@@ -5,9 +5,10 @@
 //! reads the role word every [`BalancerConfig::table_interval`] and the nodes' addresses
 //! from their load records.
 
+use crate::accept::{accept_loop, ConnectionCounters};
 use crate::http::Conn;
 use crate::load::{ClusterKey, RecordValidator};
-use crate::node::parse_path;
+use crate::node::{parse_path, CONNECTIONS_MAX};
 use crate::role::{NodeIndex, Role, Tier};
 use crate::state::SharedState;
 use crate::upstream::Directory;
@@ -45,6 +46,7 @@ struct Inner {
     stop: AtomicBool,
     requests: AtomicU64,
     errors: AtomicU64,
+    connections: Arc<ConnectionCounters>,
 }
 
 /// A running balancer.
@@ -63,6 +65,11 @@ pub struct BalancerReport {
     pub errors: u64,
     /// Exchanges with proxies retried.
     pub retries: u64,
+    /// Client connections closed at once because [`CONNECTIONS_MAX`] were open.
+    pub connections_refused: u64,
+    /// Accepts that failed (out of file descriptors, most likely), and connections left
+    /// unserved for want of a thread.
+    pub accept_failed: u64,
 }
 
 impl Balancer {
@@ -82,6 +89,7 @@ impl Balancer {
             stop: AtomicBool::new(false),
             requests: AtomicU64::new(0),
             errors: AtomicU64::new(0),
+            connections: Arc::default(),
         });
         inner.refresh(Instant::now(), true);
         let mut threads = Vec::new();
@@ -103,9 +111,11 @@ impl Balancer {
         {
             let inner = inner.clone();
             listener.set_nonblocking(true)?;
-            threads.push(
-                std::thread::Builder::new().name("lb-acceptor".into()).spawn(move || inner.accept_loop(listener))?,
-            );
+            threads.push(std::thread::Builder::new().name("lb-acceptor".into()).spawn(move || {
+                let serving = inner.clone();
+                let serve = move |conn| serving.serve_connection(conn);
+                accept_loop("balancer", &listener, &inner.stop, CONNECTIONS_MAX, &inner.connections, serve);
+            })?);
         }
         Ok(Balancer { inner, threads, addr })
     }
@@ -130,6 +140,8 @@ impl Balancer {
             requests: self.inner.requests.load(Ordering::Relaxed),
             errors: self.inner.errors.load(Ordering::Relaxed),
             retries: self.inner.directory.counters().0,
+            connections_refused: self.inner.connections.refused.load(Ordering::Relaxed),
+            accept_failed: self.inner.connections.failed.load(Ordering::Relaxed),
         }
     }
 }
@@ -141,33 +153,6 @@ impl Inner {
         }
         if addresses {
             self.directory.refresh_addresses(now);
-        }
-    }
-
-    fn accept_loop(self: Arc<Self>, listener: TcpListener) {
-        while !self.stop.load(Ordering::Acquire) {
-            match listener.accept() {
-                Ok((stream, _)) => {
-                    if stream.set_nonblocking(false).is_err() {
-                        continue;
-                    }
-                    let inner = self.clone();
-                    let spawned =
-                        std::thread::Builder::new().name("lb-conn".into()).stack_size(256 * 1024).spawn(move || {
-                            if let Ok(conn) = Conn::new(stream) {
-                                inner.serve_connection(conn);
-                            }
-                        });
-                    if let Err(e) = spawned {
-                        tracing::warn!("balancer: no thread for a connection: {e}");
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(2)),
-                Err(e) => {
-                    tracing::warn!("balancer accept: {e}");
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            }
         }
     }
 

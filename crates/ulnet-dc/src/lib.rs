@@ -25,6 +25,7 @@
 //! run a center: they need the membership runtime, whose tokio has no sockets under loom.)
 #![deny(missing_docs)]
 
+mod accept;
 pub mod cache;
 pub mod capacity;
 pub mod http;

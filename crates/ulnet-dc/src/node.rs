@@ -21,6 +21,7 @@
 //! tier header, so a request routed on a stale view is still answered; it finishes the
 //! requests of its old role (*draining*, shown in its load record) before it drops its cache.
 
+use crate::accept::{accept_loop, ConnectionCounters};
 use crate::cache::{DocumentCache, CACHE_BYTES_DEFAULT};
 use crate::capacity::{Capacity, CapacityConfig, CapacitySample, Class};
 use crate::http::{Conn, HttpError};
@@ -39,8 +40,6 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Stack of a connection thread: request handling needs little, and a center has hundreds.
-const CONNECTION_STACK_BYTES: usize = 256 * 1024;
 /// Most open connections a node serves; more are refused (closed at once).
 pub const CONNECTIONS_MAX: u32 = 2048;
 
@@ -118,6 +117,13 @@ pub struct NodeReport {
     /// What the node's shared-state handle did (remote reads, CAS, path taken).
     #[serde(default)]
     pub state: StateCounters,
+    /// Client connections closed at once because [`CONNECTIONS_MAX`] were open.
+    #[serde(default)]
+    pub connections_refused: u64,
+    /// Accepts that failed (out of file descriptors, most likely), and connections left
+    /// unserved for want of a thread.
+    #[serde(default)]
+    pub accept_failed: u64,
 }
 
 struct Counters {
@@ -146,7 +152,7 @@ struct Inner {
     in_flight: [AtomicU32; 2],
     /// The tier being drained after a switch (`u8::MAX`: none).
     draining_tier: AtomicU8,
-    connections: AtomicU32,
+    connections: Arc<ConnectionCounters>,
     applied_epoch: AtomicU32,
     counters: Counters,
     helper_counters: Mutex<Option<(HelperCounters, ValidatorCounters)>>,
@@ -187,7 +193,7 @@ pub fn start(
         serving: AtomicU8::new(0),
         in_flight: [AtomicU32::new(0), AtomicU32::new(0)],
         draining_tier: AtomicU8::new(u8::MAX),
-        connections: AtomicU32::new(0),
+        connections: Arc::default(),
         applied_epoch: AtomicU32::new(0),
         counters: Counters {
             proxy_requests: AtomicU64::new(0),
@@ -218,7 +224,11 @@ pub fn start(
     {
         let inner = inner.clone();
         listener.set_nonblocking(true)?;
-        threads.push(spawn_named("dc-acceptor", move || inner.accept_loop(listener))?);
+        threads.push(spawn_named("dc-acceptor", move || {
+            let serving = inner.clone();
+            let serve = move |conn| serving.serve_connection(conn);
+            accept_loop("dc node", &listener, &inner.stop, CONNECTIONS_MAX, &inner.connections, serve);
+        })?);
     }
     Ok(NodeHandle { inner, threads, addr: SocketAddr::V4(addr) })
 }
@@ -266,39 +276,8 @@ impl Inner {
             helper: helper.map(|h| h.0),
             records: helper.map(|h| h.1),
             state: self.state.counters(),
-        }
-    }
-
-    fn accept_loop(self: Arc<Self>, listener: TcpListener) {
-        while !self.stop.load(Ordering::Acquire) {
-            match listener.accept() {
-                Ok((stream, _)) => {
-                    if self.connections.load(Ordering::Relaxed) >= CONNECTIONS_MAX
-                        || stream.set_nonblocking(false).is_err()
-                    {
-                        continue;
-                    }
-                    self.connections.fetch_add(1, Ordering::Relaxed);
-                    let inner = self.clone();
-                    let spawned = std::thread::Builder::new()
-                        .name("dc-conn".into())
-                        .stack_size(CONNECTION_STACK_BYTES)
-                        .spawn(move || {
-                            if let Ok(conn) = Conn::new(stream) {
-                                inner.serve_connection(conn);
-                            }
-                            inner.connections.fetch_sub(1, Ordering::Relaxed);
-                        });
-                    if spawned.is_err() {
-                        self.connections.fetch_sub(1, Ordering::Relaxed);
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(2)),
-                Err(e) => {
-                    tracing::warn!("accept: {e}");
-                    std::thread::sleep(Duration::from_millis(10));
-                }
-            }
+            connections_refused: self.connections.refused.load(Ordering::Relaxed),
+            accept_failed: self.connections.failed.load(Ordering::Relaxed),
         }
     }
 
@@ -490,7 +469,7 @@ impl Inner {
             workers,
             busy_milli: ((busy * 1000.0) as u32).min(u32::from(workers) * 1000),
             queued_milli: (queued * 1000.0).min(u32::MAX as f64) as u32,
-            connections: self.connections.load(Ordering::Relaxed),
+            connections: self.connections.open.load(Ordering::Relaxed),
             cache_hit_permille: permille(hits, lookups),
             backend_share_permille: permille(forwarded, proxied),
             cpu_permille: (cpu * 1000.0).min(f64::from(u16::MAX)) as u16,

@@ -94,7 +94,7 @@ pub(crate) fn frame<'a>(
 /// requester. At most one reply per request.
 pub struct AmReplier<'a, 'b> {
     pub(crate) reply: &'a mut ReplyTo<'b>,
-    pub(crate) deferred: &'a mut VecDeque<(ChannelId, Vec<u8>)>,
+    pub(crate) deferred: &'a mut VecDeque<(crate::rpc::ReplyTarget, Vec<u8>)>,
     pub(crate) channel: ChannelId,
     /// The request's id, echoed by the reply.
     pub(crate) request_id: u64,
@@ -114,7 +114,11 @@ impl AmReplier<'_, '_> {
         let gather = &gather[..2 + payload.len()];
         match self.reply.send_as(gather, Kind::AmReply.trace_kind(), self.request_id) {
             Ok(SendOutcome::Done) => {}
-            Ok(_) => self.deferred.push_back((self.channel, gather.concat())),
+            Ok(_) => {
+                let target =
+                    crate::rpc::ReplyTarget { channel: self.channel, incarnation: self.reply.channel_incarnation() };
+                self.deferred.push_back((target, gather.concat()))
+            }
             Err(e) => tracing::debug!("active-message reply not sent: {e}"),
         }
     }

@@ -10,6 +10,13 @@
 //! Bounded by construction: outstanding calls live in a slab sized at creation
 //! ([`RpcConfig::max_outstanding`]); a call beyond it is refused with
 //! [`CallError::TooManyOutstanding`]. The raw-bytes path allocates nothing per call.
+//!
+//! Channels that go down are closed here: [`Rpc::poll`] fails their calls, reports
+//! [`RpcEvent::ChannelDown`], then closes the channel, releasing its socket (a server
+//! whose clients come and go keeps no descriptor of theirs). Its id may then be given to
+//! a new channel; answers still owed to the old one (deferred replies, results of pooled
+//! handlers, replies waiting for room) are dropped rather than sent to the new one, by the
+//! channel's incarnation ([`ulnet_core::Endpoint::channel_incarnation`]).
 
 use crate::am::{self, AmMessage, AmReplier, AmReplyHandler, AmRequestHandler, AM_ARGS};
 use crate::pool::WorkerPool;
@@ -58,7 +65,7 @@ pub enum CallError {
     #[error("deadline exceeded")]
     DeadlineExceeded,
     /// The channel to the server failed before the reply arrived.
-    #[error("peer failed: {0}")]
+    #[error("the channel went down before the answer came: {0}")]
     PeerFailed(ChannelError),
     /// The request was larger than the server or the transport accepts.
     #[error("payload too large")]
@@ -130,7 +137,8 @@ pub enum RpcEvent<'a> {
         /// Why.
         error: CallError,
     },
-    /// A channel went down (its outstanding calls were failed first).
+    /// A channel went down (its outstanding calls were failed first). The [`Rpc`] closes
+    /// it after this event: its id may be reused by the next channel opened or accepted.
     ChannelDown {
         /// The channel.
         channel: ChannelId,
@@ -157,9 +165,18 @@ pub struct Replier<'a, 'b> {
     /// The caller waits for an answer (not a one-way call).
     answer: bool,
     header: Header,
-    deferred: &'a mut VecDeque<(ChannelId, Vec<u8>)>,
+    deferred: &'a mut VecDeque<(ReplyTarget, Vec<u8>)>,
     channel: ChannelId,
     replied: bool,
+}
+
+/// Where an answer sent later goes: a channel, and the incarnation of it that asked
+/// ([`ulnet_core::Endpoint::channel_incarnation`]), so that it never reaches a new channel
+/// that took the id of a closed one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ReplyTarget {
+    pub(crate) channel: ChannelId,
+    pub(crate) incarnation: u64,
 }
 
 impl Replier<'_, '_> {
@@ -180,7 +197,10 @@ impl Replier<'_, '_> {
         let kind = self.header.kind.trace_kind();
         match reply.send_as(&gather[..=payload.len()], kind, self.header.request_id) {
             Ok(SendOutcome::Done) => {}
-            Ok(_) => self.deferred.push_back((self.channel, gather[..=payload.len()].concat())),
+            Ok(_) => {
+                let target = ReplyTarget { channel: self.channel, incarnation: reply.channel_incarnation() };
+                self.deferred.push_back((target, gather[..=payload.len()].concat()))
+            }
             Err(e) => tracing::debug!("reply not sent: {e}"),
         }
     }
@@ -201,7 +221,8 @@ impl Replier<'_, '_> {
         if !self.answer {
             return None;
         }
-        Some(DeferredReply { channel: self.channel, header: self.header })
+        let target = ReplyTarget { channel: self.channel, incarnation: self.reply.channel_incarnation() };
+        Some(DeferredReply { target, header: self.header })
     }
 }
 
@@ -209,14 +230,14 @@ impl Replier<'_, '_> {
 /// [`Rpc::reply_later`]. Dropping it leaves the caller to its deadline.
 #[derive(Debug)]
 pub struct DeferredReply {
-    channel: ChannelId,
+    target: ReplyTarget,
     header: Header,
 }
 
 impl DeferredReply {
     /// The channel the request came on.
     pub fn channel(&self) -> ChannelId {
-        self.channel
+        self.target.channel
     }
 }
 
@@ -230,7 +251,7 @@ enum Handler {
 
 /// A finished pooled request waiting to be answered by the polling thread.
 struct PooledDone {
-    channel: ChannelId,
+    target: ReplyTarget,
     header: Header,
     result: Result<Vec<u8>, Status>,
     /// Whether the caller waits for an answer (not for one-way calls).
@@ -295,7 +316,7 @@ pub struct Rpc {
     free_slots: Vec<u32>,
     deadlines: BinaryHeap<Reverse<(Instant, u64)>>,
     partial: Vec<Partial>,
-    deferred: VecDeque<(ChannelId, Vec<u8>)>,
+    deferred: VecDeque<(ReplyTarget, Vec<u8>)>,
     pool: Option<WorkerPool>,
     done_tx: mpsc::Sender<PooledDone>,
     done_rx: mpsc::Receiver<PooledDone>,
@@ -471,14 +492,19 @@ impl Rpc {
         let mut gather: [&[u8]; ulnet_core::GATHER_MAX] = [&[]; ulnet_core::GATHER_MAX];
         gather[0] = &header;
         gather[1..=payload.len()].copy_from_slice(payload);
-        if !self.deferred.is_empty() {
-            // Keep replies in order behind those already waiting for room.
-            self.deferred.push_back((deferred.channel, gather[..=payload.len()].concat()));
+        let target = deferred.target;
+        if self.ep.channel_incarnation(target.channel) != Some(target.incarnation) {
+            tracing::debug!(channel = target.channel.0, "deferred reply dropped: its channel was closed");
             return;
         }
-        match self.ep.send(deferred.channel, &gather[..=payload.len()]) {
+        if !self.deferred.is_empty() {
+            // Keep replies in order behind those already waiting for room.
+            self.deferred.push_back((target, gather[..=payload.len()].concat()));
+            return;
+        }
+        match self.ep.send(target.channel, &gather[..=payload.len()]) {
             Ok(SendOutcome::Done) => {}
-            Ok(_) => self.deferred.push_back((deferred.channel, gather[..=payload.len()].concat())),
+            Ok(_) => self.deferred.push_back((target, gather[..=payload.len()].concat())),
             Err(e) => tracing::debug!("deferred reply not sent: {e}"),
         }
     }
@@ -606,6 +632,8 @@ impl Rpc {
         work
     }
 
+    /// A channel went down: fails its calls, reports it, and closes it (releasing its
+    /// socket) with what was still owed to it.
     fn fail_channel(&mut self, channel: ChannelId, error: ChannelError, handle: &mut impl FnMut(RpcEvent<'_>)) {
         for index in 0..self.slots.len() {
             if self.slots[index].channel == Some(channel) {
@@ -615,6 +643,11 @@ impl Rpc {
             }
         }
         handle(RpcEvent::ChannelDown { channel, error });
+        self.deferred.retain(|(target, _)| target.channel != channel);
+        if let Some(p) = self.partial.get_mut(channel.0 as usize) {
+            *p = Partial::default();
+        }
+        self.ep.close(channel);
     }
 
     fn fire_deadlines(&mut self, handle: &mut impl FnMut(RpcEvent<'_>)) -> usize {
@@ -639,13 +672,18 @@ impl Rpc {
 
     fn send_deferred(&mut self) -> usize {
         let mut sent = 0;
-        while let Some((channel, bytes)) = self.deferred.front() {
+        while let Some((target, bytes)) = self.deferred.front() {
+            if self.ep.channel_incarnation(target.channel) != Some(target.incarnation) {
+                // Its channel was closed (and its id perhaps given to another).
+                self.deferred.pop_front();
+                continue;
+            }
             // Deferred messages are copies whose header says what they are.
             let (kind, id) = match trace::enabled().then(|| Header::decode(bytes)) {
                 Some(Ok(h)) => (h.kind.trace_kind(), h.request_id),
                 _ => (trace::MessageKind::Message, 0),
             };
-            match self.ep.send_as(*channel, &[bytes], kind, id) {
+            match self.ep.send_as(target.channel, &[bytes], kind, id) {
                 Ok(SendOutcome::NoResource) => break,
                 Ok(_) | Err(_) => {
                     self.deferred.pop_front();
@@ -675,7 +713,7 @@ impl Rpc {
             };
             let mut bytes = header.encode().to_vec();
             bytes.extend_from_slice(&body);
-            self.deferred.push_back((done.channel, bytes));
+            self.deferred.push_back((done.target, bytes));
             n += 1;
         }
         if n > 0 {
@@ -696,7 +734,7 @@ struct Dispatch<'a> {
     am: &'a mut AmHandlers,
     slots: &'a mut Vec<CallSlot>,
     free_slots: &'a mut Vec<u32>,
-    deferred: &'a mut VecDeque<(ChannelId, Vec<u8>)>,
+    deferred: &'a mut VecDeque<(ReplyTarget, Vec<u8>)>,
     pool: &'a Option<WorkerPool>,
     done_tx: &'a mpsc::Sender<PooledDone>,
     counters: &'a mut RpcCounters,
@@ -840,6 +878,7 @@ impl Dispatch<'_> {
                 let budget =
                     (header.deadline_us > 0).then(|| Instant::now() + Duration::from_micros(header.deadline_us.into()));
                 let reply_header = replier.header;
+                let target = ReplyTarget { channel, incarnation: replier.reply.channel_incarnation() };
                 // Every job reports back (one-way ones too), so the in-flight count stays exact.
                 let job = Box::new(move || {
                     let mut trace = trace;
@@ -849,7 +888,7 @@ impl Dispatch<'_> {
                     if let (Some(record), Some(start)) = (trace.as_mut(), start) {
                         record.set_handler_times(start, trace::now());
                     }
-                    let _ = done_tx.send(PooledDone { channel, header: reply_header, result, answer, trace });
+                    let _ = done_tx.send(PooledDone { target, header: reply_header, result, answer, trace });
                 });
                 *self.pooled_in_flight += 1;
                 self.pool.as_ref().expect("pooled handlers exist only with a pool").submit(job);

@@ -214,7 +214,10 @@ pub enum ClientError {
     #[error("call failed: {0}")]
     Call(#[from] CallError),
     /// No answer in time.
-    #[error("no answer within {0:?}")]
+    #[error(
+        "no answer within {0:?}: the node is overloaded, stopped, or has no quorum (see `ulnet cluster status`); \
+         an update may still take effect"
+    )]
     Timeout(Duration),
     /// The update was not committed in time: it may or may not take effect.
     #[error("indeterminate: {0}")]
@@ -246,7 +249,7 @@ pub struct RegistryClient {
 
 impl RegistryClient {
     /// Connects to the node at `addr` (its `--listen` address) with the cluster secret;
-    /// every call waits at most `timeout`.
+    /// every call waits at most `timeout`. Fails at once when nothing listens at `addr`.
     pub fn connect(addr: &str, secret: &[u8], timeout: Duration) -> Result<Self, ClientError> {
         let mut config = EndpointConfig::default();
         config.tcp.secret = secret.to_vec();

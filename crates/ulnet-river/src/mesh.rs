@@ -262,9 +262,10 @@ fn connect_tcp(
             me = format!("{advertise_host}:{}", bound.port());
         }
     }
+    // The nodes of a river start together: the one connected to may not listen yet.
     let connect = |ep: &mut Endpoint, addr: &str| -> Result<ChannelId, RiverError> {
         let left = deadline.saturating_duration_since(Instant::now());
-        Ok(ep.connect_tcp(addr, left)?)
+        Ok(ep.connect_tcp_retry(addr, left)?)
     };
     let accept_identified = |ep: &mut Endpoint, peers: &mut Vec<Option<ChannelId>>| -> Result<String, RiverError> {
         let left = deadline.saturating_duration_since(Instant::now());

@@ -1,19 +1,21 @@
 //! How the engine gets new channels from importers: [`Acceptor`]s, one per listener, none
 //! of which ever blocks the engine thread.
 //!
-//! - UDP ([`UdpAcceptor`]): the listener's handshakes are sans-IO state machines; the
-//!   engine runs them in `try_accept` and wakes for their timers ([`Acceptor::poll_timeout`]:
-//!   retransmitted challenges, handshake timeouts) as it wakes for its channels' timerfds.
-//! - Shared memory and TCP ([`ShmAcceptor`], [`TcpAcceptor`]): their handshakes block
-//!   (for up to 5 s when a client connects and says nothing). The engine only takes
-//!   connections (non-blocking `accept`) and runs each handshake on a short-lived thread of
-//!   its own, at most [`HANDSHAKES_MAX`] at once; finished channels come back through a
-//!   queue and an eventfd. A silent client holds up its own thread, never the engine, so
-//!   neither the operations of connected importers nor the next importer's connection
-//!   wait for it.
+//! - UDP and TCP ([`UdpAcceptor`], [`TcpAcceptor`]): the listeners' handshakes are sans-IO
+//!   state machines over non-blocking sockets; the engine runs them in `try_accept` and
+//!   wakes for their timers ([`Acceptor::poll_timeout`]: retransmitted challenges,
+//!   handshake deadlines) as it wakes for its channels' timerfds. A TCP listener keeps at
+//!   most [`TcpConfig::handshakes_pending_max`] connections in their handshake, closing
+//!   the oldest for a new one, each for at most [`TcpConfig::handshake_timeout`]: silent
+//!   clients delay neither connected importers nor the next importer, however many they are.
+//! - Shared memory ([`ShmAcceptor`]): its handshake blocks (for up to 5 s when a client
+//!   connects and says nothing). The engine only takes connections (non-blocking
+//!   `accept`) and runs each handshake on a short-lived thread of its own, at most
+//!   [`HANDSHAKES_MAX`] at once; finished channels come back through a queue and an
+//!   eventfd. A silent client holds up its own thread, never the engine.
 //!
 //! ```text
-//!  engine thread                         handshake threads (one per connection)
+//!  engine thread                         handshake threads (one per shm connection)
 //!    accept (non-blocking) --spawn-->      handshake (blocking, <= 5 s)
 //!    try_accept: pop <-- ready queue + eventfd <--+
 //! ```
@@ -24,7 +26,7 @@ use crate::sys::doorbell::Doorbell;
 use crate::transport::shm::admission::AdmissionCells;
 use crate::transport::shm::connect::AcceptedShm;
 use crate::transport::shm::{ShmConfig, ShmListener};
-use crate::transport::tcp::{AcceptedTcp, TcpChannelListener, TcpConfig};
+use crate::transport::tcp::{TcpChannelListener, TcpConfig};
 use crate::transport::udp::{UdpChannelListener, UdpConfig, UdpStats};
 use crate::transport::Transport;
 use std::collections::VecDeque;
@@ -47,9 +49,9 @@ pub trait Acceptor: Send {
     }
 }
 
-/// Handshakes of one shared-memory or TCP listener running at once; connections beyond
-/// wait in the kernel's accept queue until one finishes. 64: a rack of importers
-/// connecting at the same moment, each thread a 256 KiB stack for up to 5 s.
+/// Handshakes of one shared-memory listener running at once; connections beyond wait in
+/// the kernel's accept queue until one finishes. 64: a rack of importers connecting at the
+/// same moment, each thread a 256 KiB stack for up to 5 s.
 pub const HANDSHAKES_MAX: usize = 64;
 /// Stack of a handshake thread: an HMAC, a few system calls and a log line.
 const HANDSHAKE_STACK: usize = 256 << 10;
@@ -62,7 +64,8 @@ struct Handoff {
     running: AtomicUsize,
 }
 
-/// Runs the blocking handshakes of a listener's connections on threads of their own.
+/// Runs the blocking handshakes of a shared-memory listener's connections on threads of
+/// their own.
 struct Handshakes {
     handoff: Arc<Handoff>,
     what: &'static str,
@@ -176,18 +179,16 @@ impl Acceptor for ShmAcceptor {
     }
 }
 
-/// Accepts TCP channels (each handshake on a thread of its own).
+/// Accepts TCP channels; the engine runs the handshakes (state machines) itself.
 pub struct TcpAcceptor {
     listener: TcpChannelListener,
-    config: Arc<TcpConfig>,
-    handshakes: Handshakes,
+    config: TcpConfig,
 }
 
 impl TcpAcceptor {
     /// Listens on `addr` (port 0 picks one).
     pub fn bind(addr: &str, config: TcpConfig) -> Result<Self, ConnectError> {
-        let listener = TcpChannelListener::bind(addr)?;
-        Ok(Self { listener, config: Arc::new(config), handshakes: Handshakes::new("tcp")? })
+        Ok(Self { listener: TcpChannelListener::bind(addr)?, config })
     }
 
     /// The address importers connect to.
@@ -198,15 +199,13 @@ impl TcpAcceptor {
 
 impl Acceptor for TcpAcceptor {
     fn try_accept(&mut self) -> Result<Option<Box<dyn Transport>>, ConnectError> {
-        let config = self.config.clone();
-        let listener = &self.listener;
-        self.handshakes.try_accept(
-            || listener.accept_connection(),
-            move |c: AcceptedTcp| Ok(Box::new(c.handshake(&config, NodeId::UNKNOWN)?) as Box<dyn Transport>),
-        )
+        Ok(self.listener.try_accept(&self.config)?.map(|c| Box::new(c) as Box<dyn Transport>))
     }
     fn wait_fds(&self) -> Vec<BorrowedFd<'_>> {
-        self.handshakes.wait_fds(self.listener.as_fd())
+        vec![self.listener.as_fd()]
+    }
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.listener.poll_timeout()
     }
 }
 

@@ -628,8 +628,8 @@ impl Rma {
         self.add_peer(PeerAddr::Shm(name.to_string()), None, None)
     }
 
-    /// A peer reached over TCP at `addr`: connects (retrying until `timeout` while nobody
-    /// listens) and introduces this node.
+    /// A peer reached over TCP at `addr`: connects (failing at once with
+    /// [`ConnectError::NoListener`] when nobody listens there) and introduces this node.
     pub fn connect_tcp(&mut self, addr: &str, timeout: Duration) -> Result<PeerId, ConnectError> {
         let transport = crate::transport::tcp::connect_as(addr, &self.config.tcp, self.config.node, timeout)?;
         self.connect_with(Box::new(transport), timeout)

@@ -120,7 +120,7 @@ fn client(c: &Connect) -> Result<RegistryClient> {
 
 fn set(a: SetArgs) -> Result<i32> {
     let seq = client(&a.connect)?.set(a.key.as_bytes(), a.value.as_bytes())?;
-    eprintln!("set {} at position {seq}", a.key);
+    println!("set {} at position {seq}", a.key);
     Ok(0)
 }
 

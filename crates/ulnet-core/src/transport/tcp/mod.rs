@@ -1,22 +1,51 @@
 //! The TCP transport: one connection per channel, for networks where UDP is blocked or for
 //! peers on other hosts when a stream is wanted.
+//!
+//! Connecting ([`connect_as`]) fails at once when nothing listens at the address; a caller
+//! that waits for a peer it knows to be starting (a process it just launched, the other
+//! members of a mesh being formed) uses [`connect_retry_as`], which retries refused
+//! connections until its timeout. Accepting ([`TcpChannelListener`]) never blocks.
 
 mod channel;
 pub mod handshake;
+mod listener;
 
 pub use channel::TcpChannel;
+pub use listener::{TcpChannelListener, TcpListenerCounters, ACCEPT_PAUSE};
 
 use crate::error::ConnectError;
 use crate::node::NodeId;
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use handshake::{Handshake, HandshakeError, OurHello};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-/// Settings of TCP channels.
-#[derive(Clone, Debug, Default)]
+/// Settings of TCP channels and listeners.
+#[derive(Clone, Debug)]
 pub struct TcpConfig {
     /// The cluster secret both sides must prove in the handshake. Empty is a valid (weak)
     /// secret, for development on one host.
     pub secret: Vec<u8>,
+    /// Longest a listener lets a connection take over its handshake before closing it. The
+    /// handshake is three messages of at most 68 bytes, a round trip and a half: well under
+    /// a millisecond on a LAN. 1 s leaves room for a segment lost and retransmitted (Linux
+    /// waits at least 200 ms) on a WAN path of a few hundred milliseconds, and for a loaded
+    /// host's scheduling delays, while a connection that says nothing holds a handshake slot
+    /// for a second at most. (A client bounds its own side by the timeout of its connect.)
+    pub handshake_timeout: Duration,
+    /// Connections a listener keeps in their handshake at once; a new one beyond closes the
+    /// oldest. Each costs a descriptor and about 300 bytes. 64: a rack of peers connecting
+    /// at the same moment; a flood of idle connections must then open 64 a second to hold
+    /// every slot, and still pushes out only its own older ones, so a client that finishes
+    /// its handshake within 64 of the flood's arrivals gets through.
+    pub handshakes_pending_max: usize,
+    /// Channels an endpoint keeps from its TCP listener at once. Past it, accepting one more
+    /// closes the accepted channel that delivered nothing for the longest (a client that
+    /// leaks connections loses its oldest idle ones; members and clients that talk keep
+    /// theirs). Each channel costs two descriptors (its socket and its readiness probe)
+    /// and a 256 KiB receive buffer. 1,024: a cluster's members (at most 256, membership's
+    /// `members_max`) and several hundred clients, within about 2,100 descriptors and
+    /// 256 MiB of buffers at worst.
+    pub accepted_channels_max: usize,
 }
 
 /// What a failed connect says when the peer did not prove our cluster secret (the two
@@ -24,15 +53,34 @@ pub struct TcpConfig {
 /// likely cause.
 pub const SECRET_REFUSED: &str = "peer failed to prove the cluster secret";
 
-/// Longest a connection handshake may take.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+impl Default for TcpConfig {
+    fn default() -> Self {
+        Self {
+            secret: Vec::new(),
+            handshake_timeout: Duration::from_secs(1),
+            handshakes_pending_max: 64,
+            accepted_channels_max: 1024,
+        }
+    }
+}
 
-fn handshake_error(e: handshake::HandshakeError) -> ConnectError {
+fn handshake_error(e: HandshakeError, addr: &str) -> ConnectError {
     match e {
-        handshake::HandshakeError::Io(io) => ConnectError::Io(io),
-        handshake::HandshakeError::NotUlnet => ConnectError::Handshake("peer is not a ulnet endpoint"),
-        handshake::HandshakeError::Version(_) => ConnectError::Handshake("peer speaks another protocol version"),
-        handshake::HandshakeError::BadSecret => ConnectError::Handshake(SECRET_REFUSED),
+        HandshakeError::Io(io) => ConnectError::Io(io),
+        HandshakeError::NotUlnet => ConnectError::Handshake(
+            "the peer is not a ulnet endpoint: check the address (a node's --listen address, a server's port)",
+        ),
+        HandshakeError::Version(_) => ConnectError::Handshake(
+            "the peer speaks another version of the connection handshake: run the same ulnet release on both sides",
+        ),
+        HandshakeError::BadSecret => ConnectError::Handshake(
+            "the peer failed to prove the cluster secret: both sides must use the same secret file",
+        ),
+        HandshakeError::Closed => ConnectError::Handshake(
+            "the peer closed the connection during the handshake: it refused our proof of the cluster \
+             secret, or it has too many connections or no file descriptors left (see its log)",
+        ),
+        HandshakeError::TimedOut => ConnectError::HandshakeTimeout(addr.into()),
     }
 }
 
@@ -42,113 +90,81 @@ fn random_tag() -> u32 {
     u32::from_le_bytes(b) | 1
 }
 
-/// Connects to `addr`, retrying refused connections until `timeout`, without telling the
-/// peer our node id.
+fn resolve(addr: &str) -> Result<SocketAddr, ConnectError> {
+    addr.to_socket_addrs()
+        .map_err(|e| ConnectError::Resolve(addr.into(), e))?
+        .next()
+        .ok_or(ConnectError::Config("address resolves to nothing"))
+}
+
+/// Connects to `addr`, without telling the peer our node id; see [`connect_as`].
 pub fn connect(addr: &str, config: &TcpConfig, timeout: Duration) -> Result<TcpChannel, ConnectError> {
     connect_as(addr, config, NodeId::UNKNOWN, timeout)
 }
 
-/// Connects to `addr` as node `node`, retrying refused connections until `timeout`.
+/// Connects to `addr` as node `node` and runs the handshake, all within about `timeout`.
+/// Fails at once with [`ConnectError::NoListener`] when nothing listens there.
 pub fn connect_as(addr: &str, config: &TcpConfig, node: NodeId, timeout: Duration) -> Result<TcpChannel, ConnectError> {
     let deadline = Instant::now() + timeout;
-    let target: SocketAddr = addr
-        .to_socket_addrs()
-        .map_err(ConnectError::Io)?
-        .next()
-        .ok_or(ConnectError::Config("address resolves to nothing"))?;
-    let mut stream = loop {
-        match TcpStream::connect_timeout(
-            &target,
-            deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)),
-        ) {
-            Ok(s) => break s,
+    let target = resolve(addr)?;
+    match TcpStream::connect_timeout(&target, timeout.max(Duration::from_millis(1))) {
+        Ok(stream) => handshake_as_client(stream, addr, config, node, deadline),
+        Err(e) => Err(connect_error(e, addr, timeout)),
+    }
+}
+
+/// Like [`connect_as`], retrying refused connections until `timeout`: for a caller that
+/// waits for a peer it knows to be starting (a server process it launched, the members of
+/// a mesh that start together).
+pub fn connect_retry_as(
+    addr: &str,
+    config: &TcpConfig,
+    node: NodeId,
+    timeout: Duration,
+) -> Result<TcpChannel, ConnectError> {
+    let deadline = Instant::now() + timeout;
+    let target = resolve(addr)?;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        match TcpStream::connect_timeout(&target, left) {
+            Ok(stream) => return handshake_as_client(stream, addr, config, node, deadline),
             Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused && Instant::now() < deadline => {
                 std::thread::sleep(Duration::from_millis(5))
             }
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                return Err(ConnectError::NoListener(addr.into()))
-            }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(connect_error(e, addr, timeout)),
         }
-    };
-    stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    }
+}
+
+fn connect_error(e: std::io::Error, addr: &str, timeout: Duration) -> ConnectError {
+    match e.kind() {
+        std::io::ErrorKind::ConnectionRefused => ConnectError::NoListener(addr.into()),
+        std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
+            ConnectError::Unreachable(addr.into(), timeout)
+        }
+        _ => ConnectError::Io(e),
+    }
+}
+
+fn handshake_as_client(
+    mut stream: TcpStream,
+    addr: &str,
+    config: &TcpConfig,
+    node: NodeId,
+    deadline: Instant,
+) -> Result<TcpChannel, ConnectError> {
+    // Each read waits at most for what is left of the connect's time; the handshake fails
+    // at the first read after the deadline.
+    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+    stream.set_read_timeout(Some(left))?;
+    stream.set_write_timeout(Some(left))?;
     let rx_tag = random_tag();
-    let peer = handshake::client_node(&mut stream, &config.secret, rx_tag, node).map_err(handshake_error)?;
+    let ours = OurHello { tag: rx_tag, node, nonce: handshake::nonce() };
+    let mut hs = Handshake::client(&config.secret, ours, Some(deadline));
+    let peer = handshake::drive_blocking(&mut stream, &mut hs).map_err(|e| handshake_error(e, addr))?;
     stream.set_read_timeout(None)?;
+    stream.set_write_timeout(None)?;
     let mut channel = TcpChannel::new(stream, rx_tag, peer.tag)?;
     channel.peer_node = peer.node;
     Ok(channel)
-}
-
-/// A listening TCP socket for channels.
-#[derive(Debug)]
-pub struct TcpChannelListener {
-    listener: TcpListener,
-}
-
-impl TcpChannelListener {
-    /// Listens on `addr` (port 0 picks a free port).
-    pub fn bind(addr: &str) -> Result<Self, ConnectError> {
-        let listener = TcpListener::bind(addr)?;
-        listener.set_nonblocking(true)?;
-        Ok(Self { listener })
-    }
-
-    /// The address peers connect to.
-    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
-        self.listener.local_addr()
-    }
-
-    /// Accepts one pending connection, if any, and runs the handshake. A peer that fails it
-    /// is dropped and reported.
-    pub fn try_accept(&self, config: &TcpConfig) -> Result<Option<TcpChannel>, ConnectError> {
-        self.try_accept_as(config, NodeId::UNKNOWN)
-    }
-
-    /// [`TcpChannelListener::try_accept`] telling the peer that we are node `node`.
-    pub fn try_accept_as(&self, config: &TcpConfig, node: NodeId) -> Result<Option<TcpChannel>, ConnectError> {
-        match self.accept_connection()? {
-            Some(accepted) => accepted.handshake(config, node).map(Some),
-            None => Ok(None),
-        }
-    }
-
-    /// Takes one pending connection, if any, without running the handshake (which blocks
-    /// for up to its timeout on a silent peer), so a caller that must not block runs it
-    /// elsewhere.
-    pub fn accept_connection(&self) -> Result<Option<AcceptedTcp>, ConnectError> {
-        match self.listener.accept() {
-            Ok((stream, _)) => Ok(Some(AcceptedTcp { stream })),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
-            Err(e) => Err(e.into()),
-        }
-    }
-}
-
-/// A connection taken from a [`TcpChannelListener`] whose handshake has not run yet.
-#[derive(Debug)]
-pub struct AcceptedTcp {
-    stream: TcpStream,
-}
-
-impl AcceptedTcp {
-    /// Runs the server side of the handshake as node `node` (blocking, up to 5 s). A peer
-    /// that fails it is dropped and reported.
-    pub fn handshake(self, config: &TcpConfig, node: NodeId) -> Result<TcpChannel, ConnectError> {
-        let mut stream = self.stream;
-        stream.set_nonblocking(false)?;
-        stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-        let rx_tag = random_tag();
-        let peer = handshake::server_node(&mut stream, &config.secret, rx_tag, node).map_err(handshake_error)?;
-        stream.set_read_timeout(None)?;
-        let mut channel = TcpChannel::new(stream, rx_tag, peer.tag)?;
-        channel.peer_node = peer.node;
-        Ok(channel)
-    }
-}
-
-impl std::os::fd::AsFd for TcpChannelListener {
-    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.listener.as_fd()
-    }
 }

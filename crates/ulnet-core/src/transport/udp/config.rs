@@ -69,7 +69,8 @@ pub struct UdpConfig {
     /// partitions and switch reboots a cluster should ride out (the tests hold a 10 s
     /// partition), short enough that a dead peer is reported in bounded time.
     pub peer_timeout: Duration,
-    /// Longest a connection handshake may take. 5 s, as TCP's.
+    /// Longest a connection handshake may take. 5 s: room for the HELLO and the CHALLENGE to
+    /// be repeated over a lossy path.
     pub handshake_timeout: Duration,
     /// Longest `close` waits for the peer to acknowledge everything sent. 1 s.
     pub close_linger: Duration,

@@ -5,7 +5,8 @@
 //! hands a datagram to the socket connected to its sender, so the listener only sees
 //! HELLOs (and strays, which it counts and drops), and a relay or NAT between the peers
 //! still sees one address per side. Half-open handshakes are bounded
-//! ([`PENDING_MAX`]); the listener's descriptor is an epoll set of its socket and theirs,
+//! ([`PENDING_MAX`]; a HELLO beyond closes the oldest, so HELLOs from forged addresses,
+//! which never finish, cannot keep every slot from real clients); the listener's descriptor is an epoll set of its socket and theirs,
 //! so one `poll` on it wakes for any handshake progress.
 
 use super::channel::{UdpChannel, UdpStats};
@@ -13,6 +14,7 @@ use super::config::UdpConfig;
 use super::conn::{count_wire_error, Connection, UdpCounters};
 use super::wire::{self, Hello, Kind};
 use crate::error::{ChannelError, ConnectError};
+use crate::log_limit::LogLimit;
 use crate::node::NodeId;
 use crate::sys::udp::path_mtu;
 use crate::transport::tcp::handshake::nonce;
@@ -22,8 +24,8 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Handshakes in progress at once; further HELLOs are dropped (and retried by their
-/// clients). 64: a whole cluster rack connecting at the same moment.
+/// Handshakes in progress at once; a further HELLO closes the oldest. 64: a whole cluster
+/// rack connecting at the same moment.
 pub const PENDING_MAX: usize = 64;
 /// Recently accepted (address, nonce) pairs, to recognise a HELLO repeated after the
 /// handshake finished.
@@ -181,6 +183,8 @@ struct Pending {
     socket: UdpSocket,
     conn: Connection,
     peer: SocketAddr,
+    /// When its HELLO arrived: the smallest is the oldest.
+    started: Instant,
     /// The connection's counters as last added to the endpoint's.
     reported: UdpCounters,
 }
@@ -195,6 +199,9 @@ pub struct UdpChannelListener {
     stats: Arc<UdpStats>,
     counters: UdpCounters,
     buf: Vec<u8>,
+    /// Lines about handshakes closed for the bound, and about failed handshakes.
+    full_log: LogLimit,
+    failed_log: LogLimit,
 }
 
 impl std::fmt::Debug for UdpChannelListener {
@@ -232,6 +239,8 @@ impl UdpChannelListener {
             stats,
             counters: UdpCounters::default(),
             buf: vec![0u8; wire::DATAGRAM_LIMIT],
+            full_log: LogLimit::default(),
+            failed_log: LogLimit::default(),
         })
     }
 
@@ -287,7 +296,9 @@ impl UdpChannelListener {
             if p.conn.failure().is_some() {
                 let p = self.pending.swap_remove(i);
                 let _ = rustix::event::epoll::delete(&self.epoll, &p.socket);
-                tracing::info!("udp: handshake with {} failed", p.peer);
+                if let Some(unsaid) = self.failed_log.allow(now) {
+                    tracing::info!("udp: handshake with {} failed ({unsaid} more since the last line)", p.peer);
+                }
                 continue;
             }
             transmit_handshake(&p.socket, &mut p.conn, now, &mut self.buf);
@@ -324,8 +335,7 @@ impl UdpChannelListener {
             return;
         }
         if self.pending.len() >= PENDING_MAX {
-            tracing::warn!("udp listener: {PENDING_MAX} handshakes in progress; dropped a HELLO from {from}");
-            return;
+            self.drop_oldest(now, from);
         }
         match self.open_pending(now, datagram, from, config, node) {
             Ok(()) => {}
@@ -359,8 +369,22 @@ impl UdpChannelListener {
         )
         .map_err(std::io::Error::from)?;
         transmit_handshake(&socket, &mut conn, now, &mut self.buf);
-        self.pending.push(Pending { socket, conn, peer: from, reported: UdpCounters::default() });
+        self.pending.push(Pending { socket, conn, peer: from, started: now, reported: UdpCounters::default() });
         Ok(())
+    }
+
+    /// Closes the oldest handshake in progress, for a HELLO from `from`.
+    fn drop_oldest(&mut self, now: Instant, from: SocketAddr) {
+        let Some(i) = (0..self.pending.len()).min_by_key(|&i| self.pending[i].started) else { return };
+        let p = self.pending.swap_remove(i);
+        let _ = rustix::event::epoll::delete(&self.epoll, &p.socket);
+        if let Some(unsaid) = self.full_log.allow(now) {
+            tracing::warn!(
+                "udp listener: {PENDING_MAX} handshakes in progress; closed the oldest, with {}, for a HELLO from \
+                 {from} ({unsaid} more since the last line)",
+                p.peer
+            );
+        }
     }
 
     /// The next instant a handshake in progress has a timer due.
