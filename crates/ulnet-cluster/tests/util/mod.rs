@@ -28,6 +28,9 @@ pub struct SimMember {
     /// A restarted node starts at its first timeout (restarts are built without the
     /// simulated clock at hand): the instant it was built at, in the past.
     pub start_pending: Option<Instant>,
+    /// When set, every datagram this node sends is copied here as (destination, bytes):
+    /// what a sniffer on the wire records, for replay tests.
+    pub tap: Option<Vec<(NodeId, Vec<u8>)>>,
 }
 
 impl SimMember {
@@ -43,6 +46,7 @@ impl SimMember {
             installed: Vec::new(),
             events: Vec::new(),
             start_pending: None,
+            tap: None,
         }
     }
 
@@ -75,7 +79,11 @@ impl Node for SimMember {
         self.drain_events(now);
     }
     fn poll_transmit(&mut self) -> Option<(NodeId, Vec<u8>)> {
-        self.machine.poll_transmit().map(|t| (node_of(t.dst), t.payload))
+        let (to, payload) = self.machine.poll_transmit().map(|t| (node_of(t.dst), t.payload))?;
+        if let Some(tap) = &mut self.tap {
+            tap.push((to, payload.clone()));
+        }
+        Some((to, payload))
     }
     fn poll_timeout(&self) -> Option<Instant> {
         self.start_pending.or_else(|| self.machine.poll_timeout())
@@ -85,10 +93,17 @@ impl Node for SimMember {
 /// A world of `n` nodes: node 0 forms the cluster, the others join through every other
 /// node as seeds (the first members answer as sponsors).
 pub fn world(seed: u64, n: u32, faults: ulnet_sim::Faults, config: &Config) -> Sim<SimMember> {
+    world_tapped(seed, n, faults, config, false)
+}
+
+/// [`world`], with every node's datagrams recorded from its start when `tapped`.
+pub fn world_tapped(seed: u64, n: u32, faults: ulnet_sim::Faults, config: &Config, tapped: bool) -> Sim<SimMember> {
     let mut sim = Sim::new(seed, faults);
     for i in 0..n {
         let seeds = if i == 0 { vec![] } else { (0..n).filter(|&j| j != i).map(|j| addr_of(NodeId(j))).collect() };
-        sim.add_node(SimMember::new(i, 0, config.clone(), seeds, SECRET, seed));
+        let mut node = SimMember::new(i, 0, config.clone(), seeds, SECRET, seed);
+        node.tap = tapped.then(Vec::new);
+        sim.add_node(node);
         let now = sim.now();
         let id = NodeId(i);
         sim.node_mut(id).unwrap().machine.start(now);
@@ -110,7 +125,14 @@ pub fn restarted(id: NodeId, n: u32, incarnation: u32, config: &Config, seed: u6
 pub fn resumed(old: &SimMember, n: u32, config: &Config, seed: u64, now: Instant) -> SimMember {
     let seeds = (0..n).filter(|&j| j != old.index).map(|j| addr_of(NodeId(j))).collect();
     let machine = Membership::resume(config.clone(), old.machine.durable(), SECRET, seeds, seed ^ 0xdead);
-    SimMember { index: old.index, machine, installed: Vec::new(), events: Vec::new(), start_pending: Some(now) }
+    SimMember {
+        index: old.index,
+        machine,
+        installed: Vec::new(),
+        events: Vec::new(),
+        start_pending: Some(now),
+        tap: old.tap.as_ref().map(|_| Vec::new()),
+    }
 }
 
 /// The invariants, checked after every step of every run.
