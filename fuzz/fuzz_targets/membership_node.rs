@@ -13,7 +13,7 @@ const ME: u64 = 5;
 fuzz_target!(|data: &[u8]| {
     let mut now = Instant::now();
     let me = Member { id: MemberId(ME), name: "m5".into(), addr: addr(ME) };
-    let mut node = Membership::new(Config::local(), me, CLUSTER_SECRET, vec![], 1);
+    let mut node = Membership::new(Config::local(), me, 1, CLUSTER_SECRET, vec![], 1);
     node.start(now);
     let mut input = data;
     while let [dt, sender, len, rest @ ..] = input {

@@ -20,7 +20,8 @@
 //! use ulnet_cluster::{Config, Member, MemberId, Membership};
 //!
 //! let me = Member { id: MemberId(1), name: "a".into(), addr: "127.0.0.1:7000".parse().unwrap() };
-//! let mut m = Membership::new(Config::local(), me, b"secret", vec![], 42);
+//! let incarnation = 1; // ulnet_cluster::freshness::next_incarnation: above every earlier run's
+//! let mut m = Membership::new(Config::local(), me, incarnation, b"secret", vec![], 42);
 //! m.start(Instant::now()); // no seeds: forms a one-member cluster
 //! assert_eq!(m.view().unwrap().id, 1);
 //! ```
@@ -29,8 +30,10 @@
 pub mod buddy;
 pub mod config;
 pub mod events;
+pub mod freshness;
 pub mod gossip;
 pub mod membership;
+mod rate_limit;
 mod regroup;
 mod rejoin;
 pub mod runtime;

@@ -8,9 +8,15 @@
 //!    suspects, or any member after `regroup_takeover`) sends `Prepare(base, ballot)` to
 //!    the members of the base view. A member promises unless it promised a higher ballot,
 //!    and sends with its promise its row of the connectivity matrix (the members it cannot
-//!    hear) and any next view it already accepted. Stage 1 ends when every member
-//!    answered; or, outside cautious mode, when all but one answered and
-//!    `regroup_min_wait` passed (one failure); or after `regroup_max_wait`.
+//!    hear) and any next view it already accepted. The joiners the proposer knows get the
+//!    `Prepare` too and answer `JoinerAlive`: only joiners that answered this ballot can
+//!    enter its view, so a node that asked to join and died (or a join request replayed
+//!    by someone who recorded it) is never counted in a view it cannot answer for; a
+//!    joiner that did not answer is forgotten until it asks again. Stage 1 ends when every
+//!    member and joiner answered; or when every member answered and `regroup_min_wait`
+//!    passed (joiners are not members: a dead one must not hold the regroup); or, outside
+//!    cautious mode, when all members but one answered and `regroup_min_wait` passed (one
+//!    failure); or after `regroup_max_wait`.
 //! 2. **Closing.** The responders must hold a quorum of the base view (more than half;
 //!    exactly half with at least two members and the tie-breaker; one of two with the
 //!    witness). If a responder had accepted a next view earlier, that view is proposed
@@ -62,6 +68,9 @@ pub(crate) struct Regroup {
     pub cautious: bool,
     pub phase: Phase,
     pub promises: BTreeMap<MemberId, PromiseRow>,
+    /// Joiners that answered this ballot's `Prepare` (`JoinerAlive`): only they may enter
+    /// its proposal.
+    pub joiners_present: BTreeSet<MemberId>,
     /// When contradicting connectivity rows were first seen.
     pub conflict_since: Option<Instant>,
     pub next_send: Instant,

@@ -1,10 +1,11 @@
 //! Forming and joining in the simulator: sponsor-based join through any seed, constant
-//! round trips, strangers kept out.
+//! round trips, strangers kept out, and only joiners alive in the regroup admitted.
 
 mod util;
 
 use std::time::Duration;
-use ulnet_cluster::{membership::join_bound, Config};
+use ulnet_cluster::wire::{Authenticator, Message, Packet, Stamp};
+use ulnet_cluster::{membership::join_bound, Config, Member, MemberId, Status};
 use ulnet_sim::{for_each_seed, Faults, NodeId};
 use util::*;
 
@@ -59,4 +60,59 @@ fn strangers_without_the_secret_cannot_join_or_disturb() {
     }
     let dropped: u64 = (0..4).map(|i| sim.node(NodeId(i)).unwrap().machine.counters().dropped_auth).sum();
     assert!(dropped > 0, "the stranger's datagrams were not counted as dropped");
+}
+
+/// A datagram from a node that holds the secret, asked to join, and died before any regroup
+/// asked it to answer: a join request stamped fresh for `to` (what no replay can be, but a
+/// joiner that crashes right after asking sends).
+fn last_words(sim: &ulnet_sim::Sim<SimMember>, to: NodeId, joiner: &Member) -> Vec<u8> {
+    let receiver = &sim.node(to).unwrap().machine;
+    let stamp = Stamp {
+        sender_incarnation: 1,
+        receiver: receiver.me().id,
+        receiver_incarnation: receiver.incarnation(),
+        counter: 1,
+    };
+    let message = Message::JoinRequest { member: joiner.clone(), forwarded: false };
+    Authenticator::new(SECRET).encode(&Packet { sender: joiner.id, sender_view: 0, stamp, message })
+}
+
+#[test]
+fn a_joiner_that_never_answers_the_regroup_is_never_admitted() {
+    let config = Config::sim();
+    for_each_seed("a_joiner_that_never_answers_the_regroup_is_never_admitted", 0..100, |seed| {
+        let n = 3;
+        let mut sim = world(seed, n, Faults::lossy(0.02), &config);
+        let mut checker = Checker::default();
+        run_to_convergence(&mut sim, &mut checker, Duration::from_secs(10))?;
+        let formed = sim.node(NodeId(0)).unwrap().view_id();
+        // Nodes 7, 8, 9 never run: they asked once and died.
+        for (i, ghost) in (7u32..10).enumerate() {
+            let joiner = Member {
+                id: MemberId(0xdead_0000 + u64::from(ghost)),
+                name: format!("n{ghost}"),
+                addr: addr_of(NodeId(ghost)),
+            };
+            let to = NodeId(i as u32 % n);
+            let bytes = last_words(&sim, to, &joiner);
+            let now = sim.now();
+            sim.node_mut(to).unwrap().machine.handle_datagram(now, joiner.addr, &bytes);
+            sim.flush(to);
+        }
+        sim.run_for(config.exclusion_bound() * 2, |s| {
+            checker.check(s)?;
+            for (_, node) in s.live_nodes() {
+                if node.view_id() != formed || node.machine.status() != Status::Member {
+                    return Err(format!(
+                        "n{} moved from view {formed}: {:?}{}",
+                        node.index,
+                        node.machine.status(),
+                        dump(s)
+                    ));
+                }
+            }
+            Ok(())
+        })?;
+        Ok(())
+    });
 }

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
+use ulnet_cluster::freshness::next_incarnation;
 use ulnet_cluster::{Config, Member, MemberId, Membership, MembershipEvent, Status, View};
 use ulnet_sim::{Node, NodeId, Sim};
 
@@ -31,6 +32,8 @@ pub struct SimMember {
     /// When set, every datagram this node sends is copied here as (destination, bytes):
     /// what a sniffer on the wire records, for replay tests.
     pub tap: Option<Vec<(NodeId, Vec<u8>)>>,
+    /// Set with `tap`: every datagram this node received, as (source, bytes).
+    pub heard: Option<Vec<(NodeId, Vec<u8>)>>,
 }
 
 impl SimMember {
@@ -40,13 +43,17 @@ impl SimMember {
             name: format!("n{index}"),
             addr: addr_of(NodeId(index)),
         };
+        // Deterministic incarnations (the runtime takes the wall clock): a new identity's
+        // first process is 1 + its restart count.
+        let process = u64::from(incarnation) + 1;
         Self {
             index,
-            machine: Membership::new(config, me, secret, seeds, seed),
+            machine: Membership::new(config, me, process, secret, seeds, seed),
             installed: Vec::new(),
             events: Vec::new(),
             start_pending: None,
             tap: None,
+            heard: None,
         }
     }
 
@@ -67,6 +74,9 @@ impl SimMember {
 impl Node for SimMember {
     type Msg = Vec<u8>;
     fn handle_message(&mut self, now: Instant, from: NodeId, msg: Vec<u8>) {
+        if let Some(heard) = &mut self.heard {
+            heard.push((from, msg.clone()));
+        }
         self.machine.handle_datagram(now, addr_of(from), &msg);
         self.drain_events(now);
     }
@@ -103,6 +113,7 @@ pub fn world_tapped(seed: u64, n: u32, faults: ulnet_sim::Faults, config: &Confi
         let seeds = if i == 0 { vec![] } else { (0..n).filter(|&j| j != i).map(|j| addr_of(NodeId(j))).collect() };
         let mut node = SimMember::new(i, 0, config.clone(), seeds, SECRET, seed);
         node.tap = tapped.then(Vec::new);
+        node.heard = tapped.then(Vec::new);
         sim.add_node(node);
         let now = sim.now();
         let id = NodeId(i);
@@ -124,7 +135,9 @@ pub fn restarted(id: NodeId, n: u32, incarnation: u32, config: &Config, seed: u6
 /// A restarted node that kept its durable state (identity, view, promises).
 pub fn resumed(old: &SimMember, n: u32, config: &Config, seed: u64, now: Instant) -> SimMember {
     let seeds = (0..n).filter(|&j| j != old.index).map(|j| addr_of(NodeId(j))).collect();
-    let machine = Membership::resume(config.clone(), old.machine.durable(), SECRET, seeds, seed ^ 0xdead);
+    let durable = old.machine.durable();
+    let incarnation = next_incarnation(Some(durable.incarnation), 0);
+    let machine = Membership::resume(config.clone(), durable, incarnation, SECRET, seeds, seed ^ 0xdead);
     SimMember {
         index: old.index,
         machine,
@@ -132,6 +145,7 @@ pub fn resumed(old: &SimMember, n: u32, config: &Config, seed: u64, now: Instant
         events: Vec::new(),
         start_pending: Some(now),
         tap: old.tap.as_ref().map(|_| Vec::new()),
+        heard: old.heard.as_ref().map(|_| Vec::new()),
     }
 }
 
