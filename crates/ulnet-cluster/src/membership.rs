@@ -397,7 +397,9 @@ impl Membership {
         &self.config
     }
 
-    /// Members of the view with their state, then recently removed members as dead.
+    /// Members of the view with their state, then recently removed members as dead (one
+    /// entry per node: an identity replaced by a newer one of the same name or address is
+    /// not listed).
     pub fn member_states(&self) -> Vec<(Member, MemberState)> {
         let mut out = Vec::new();
         if let Some(v) = &self.view {
@@ -1389,14 +1391,13 @@ impl Membership {
         }
         if let Some(o) = &old {
             for m in o.members.iter().filter(|m| !view.contains(m.id)) {
-                if self.removed.len() >= REMOVED_MAX {
-                    self.removed.pop_front();
-                }
-                self.removed.push_back(m.clone());
+                self.remember_removed(m.clone());
                 self.push_event(MembershipEvent::Dead { member: m.clone(), view: view.id });
             }
         }
-        self.removed.retain(|m| !view.contains(m.id));
+        // A removed identity whose node is back under a new one (same name or address) is
+        // no longer reported as dead beside it.
+        self.removed.retain(|m| !view.members.iter().any(|v| v.id == m.id || v.name == m.name || v.addr == m.addr));
         tracing::info!(node = %self.me.name, view = view.id, members = view.len(), "installed a view");
         self.status = Status::Member;
         self.promised = Ballot::default();
@@ -1425,6 +1426,16 @@ impl Membership {
         self.counters.views_installed += 1;
         self.view = Some(view.clone());
         self.push_event(MembershipEvent::ViewInstalled { view });
+    }
+
+    /// Remembers a removed member for status reports, in place of any earlier identity of
+    /// the same node (same name and address).
+    fn remember_removed(&mut self, m: Member) {
+        self.removed.retain(|r| r.name != m.name || r.addr != m.addr);
+        if self.removed.len() >= REMOVED_MAX {
+            self.removed.pop_front();
+        }
+        self.removed.push_back(m);
     }
 
     fn removed_from(&mut self, now: Instant, newer: View) {

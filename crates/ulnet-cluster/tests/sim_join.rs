@@ -6,7 +6,7 @@ mod util;
 
 use std::time::Duration;
 use ulnet_cluster::wire::{Authenticator, Message, Packet, Stamp};
-use ulnet_cluster::{membership::join_bound, Config, Member, MemberId, Status};
+use ulnet_cluster::{membership::join_bound, Config, Member, MemberId, MemberState, Status};
 use ulnet_sim::{for_each_seed, Faults, NodeId};
 use util::*;
 
@@ -149,6 +149,34 @@ fn joiners_that_die_once_admitted_never_strand_the_quorum() {
         run_to_convergence(&mut sim, &mut checker, config.exclusion_bound() * 2)?;
         let view = sim.node(NodeId(0)).unwrap().machine.view().unwrap().clone();
         assert_eq!(view.ids().collect::<Vec<_>>(), founders, "back to the two founders");
+        Ok(())
+    });
+}
+
+#[test]
+fn a_node_restarted_under_a_new_identity_is_listed_once() {
+    // Issue #31: old identities of a restarted node stayed in `cluster status` as dead
+    // entries beside the new one.
+    let config = Config::sim();
+    for_each_seed("a_node_restarted_under_a_new_identity_is_listed_once", 0..50, |seed| {
+        let n = 3;
+        let mut sim = world(seed, n, Faults::lossy(0.01), &config);
+        let mut checker = Checker::default();
+        run_to_convergence(&mut sim, &mut checker, Duration::from_secs(10))?;
+        for incarnation in 1..=3 {
+            // Lost its data directory each time: a new identity, same name and address.
+            sim.crash(NodeId(2));
+            run_to_convergence(&mut sim, &mut checker, config.exclusion_bound() * 2)?;
+            let now = sim.now();
+            sim.restart(NodeId(2), restarted(NodeId(2), n, incarnation, &config, seed, now));
+            run_to_convergence(&mut sim, &mut checker, Duration::from_secs(10))?;
+        }
+        let states = sim.node(NodeId(0)).unwrap().machine.member_states();
+        let listed: Vec<(&str, MemberState)> = states.iter().map(|(m, s)| (m.name.as_str(), *s)).collect();
+        let expected = vec![("n0", MemberState::Alive), ("n1", MemberState::Alive), ("n2", MemberState::Alive)];
+        if listed != expected {
+            return Err(sim.violation(format!("status lists {listed:?}")));
+        }
         Ok(())
     });
 }
