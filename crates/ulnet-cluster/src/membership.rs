@@ -43,6 +43,10 @@ const ANSWERED_PEERS_MAX: usize = 4096;
 /// Longest silence of the log about one class of dropped datagrams while they keep coming:
 /// a flood costs a line this often.
 const DROP_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// Join requests without a sponsor's answer before the log says why a node may stay
+/// joining (2 s in `local`, 6 s in `lan`, 20 s in `wan`: long enough that a sponsor busy
+/// with a regroup is not reported); it says it again after twice as many, and so on.
+const JOIN_ATTEMPTS_BEFORE_WARNING: u32 = 20;
 
 /// Where this node stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,6 +189,11 @@ pub struct Membership {
     drop_log: DropLog,
     /// Join requests sent since the last view.
     join_attempts: u32,
+    /// Seeds that sent a fresh datagram since the last view (they run, and share the
+    /// secret).
+    seeds_answered: BTreeSet<SocketAddr>,
+    /// Whether a regroup asked this node, joining, whether it is alive since the last view.
+    asked_by_regroup: bool,
     next_join: Option<Instant>,
     next_tick: Option<Instant>,
     transmits: VecDeque<Transmit>,
@@ -252,6 +261,8 @@ impl Membership {
             challenges: PerPeer::new(config.regroup_retransmit, ANSWERED_PEERS_MAX),
             drop_log: DropLog::new(DROP_LOG_INTERVAL),
             join_attempts: 0,
+            seeds_answered: BTreeSet::new(),
+            asked_by_regroup: false,
             next_join: None,
             next_tick: None,
             transmits: VecDeque::new(),
@@ -577,6 +588,9 @@ impl Membership {
                         self.send(from, message);
                     }
                 }
+                if self.status == Status::Joining && self.seeds.contains(&from) {
+                    self.seeds_answered.insert(from);
+                }
                 return true;
             }
             Verdict::Replayed => {
@@ -652,6 +666,7 @@ impl Membership {
                         self.send(seed, Message::JoinRequest { member: me.clone(), forwarded: false });
                     }
                     self.join_attempts += 1;
+                    self.warn_if_no_sponsor();
                 }
                 self.next_join = Some(now + self.config.join_retry);
             }
@@ -861,6 +876,38 @@ impl Membership {
         if !before && check.connected(now, me) {
             tracing::info!(node = %self.me.name, view = check.view().id, "every member answered: asking to join again");
             self.next_join = Some(now);
+        }
+    }
+
+    /// After [`JOIN_ATTEMPTS_BEFORE_WARNING`] join requests without a view (and after
+    /// twice, four times as many…), says in the log why this node may stay joining.
+    fn warn_if_no_sponsor(&self) {
+        let rounds = self.join_attempts / JOIN_ATTEMPTS_BEFORE_WARNING;
+        if !self.join_attempts.is_multiple_of(JOIN_ATTEMPTS_BEFORE_WARNING) || !rounds.is_power_of_two() {
+            return;
+        }
+        let (node, attempts) = (&self.me.name, self.join_attempts);
+        let waited_ms = (self.config.join_retry * attempts).as_millis();
+        let seeds = addr_list(self.seeds.iter());
+        if self.seeds_answered.is_empty() {
+            tracing::warn!(
+                %node, attempts, waited_ms, %seeds,
+                "still joining: no seed answered; check that the seeds run, are reachable, and have this node's cluster secret"
+            );
+        } else if !self.asked_by_regroup {
+            let answering = addr_list(self.seeds_answered.iter());
+            tracing::warn!(
+                %node, attempts, waited_ms, %seeds, %answering,
+                "still joining: seeds answer, but none is a member of a cluster to sponsor the join (are they all joining, \
+                 each started with --seeds?). The first node of a new cluster is started without --seeds; the others \
+                 name it, or any member, as a seed"
+            );
+        } else {
+            tracing::warn!(
+                %node, attempts, waited_ms, %seeds,
+                "still joining: a cluster asked whether this node is alive but has not admitted it yet (its members admit \
+                 joiners as they season; is it at its member limit?)"
+            );
         }
     }
 
@@ -1252,6 +1299,7 @@ impl Membership {
         if self.view.is_none() {
             // A regroup that may admit us asks whether we are still here.
             if self.asking_to_join(now) {
+                self.asked_by_regroup = true;
                 self.send(from, Message::JoinerAlive { base, ballot });
             } else {
                 self.counters.ignored += 1;
@@ -1411,6 +1459,8 @@ impl Membership {
         self.next_join = None;
         self.rejoin = None;
         self.join_attempts = 0;
+        self.seeds_answered.clear();
+        self.asked_by_regroup = false;
         self.suspicions.retain(|t, _| view.contains(*t));
         self.announced_suspects.retain(|t| view.contains(*t));
         self.local_suspects.retain(|t| view.contains(*t));
@@ -1468,9 +1518,16 @@ impl Membership {
         }
         self.next_join = Some(now);
         self.join_attempts = 0;
+        self.seeds_answered.clear();
+        self.asked_by_regroup = false;
         self.rejoin = Some(RejoinCheck::new(newer.clone(), self.config.buddy_fail_after()));
         self.push_event(MembershipEvent::Removed { view: newer.id });
     }
+}
+
+/// Addresses for a log line: `a,b,c`.
+fn addr_list<'a>(addrs: impl Iterator<Item = &'a SocketAddr>) -> String {
+    addrs.map(|a| a.to_string()).collect::<Vec<_>>().join(",")
 }
 
 /// A rough bound used by tests and tools: how long a join takes on a quiet network (a

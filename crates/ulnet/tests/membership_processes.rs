@@ -7,6 +7,8 @@
 //!   survivors were restarted from their data directories. The two survivors keep their
 //!   view of two with quorum throughout: no view change at all, no dead node re-admitted.
 //!   Needs root (raw sockets); skips with the reason otherwise.
+//! - Nodes that all start with seeds (none forms the cluster) stay joining, and say so in
+//!   their log, naming what to do.
 
 mod common;
 
@@ -14,7 +16,7 @@ use common::free_addrs;
 use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -293,4 +295,28 @@ fn replayed_datagrams_of_dead_nodes_never_readmit_them_nor_take_quorum() {
     let view = nodes.wait_for_view(&[0, 1]);
     let sent = replay_and_check(&nodes, &recorded, &[0, 1], view);
     eprintln!("after both survivors restarted: replayed {sent} datagrams, view {view} held");
+}
+
+#[test]
+fn nodes_that_all_start_with_seeds_say_why_they_stay_joining() {
+    let addrs = free_addrs(2, 20);
+    let metrics = free_addrs(2, 70);
+    let mut nodes = Nodes::new("all-seeded", addrs, metrics);
+    nodes.start(0, &[1]);
+    nodes.start(1, &[0]);
+    let deadline = Instant::now() + CHANGE_LIMIT;
+    let said = |log: &Path| {
+        std::fs::read_to_string(log).unwrap_or_default().lines().any(|l| {
+            l.contains("still joining: seeds answer, but none is a member")
+                && l.contains("The first node of a new cluster is started without --seeds")
+        })
+    };
+    while !(0..2).all(|i| said(&nodes.log(i))) {
+        assert!(Instant::now() < deadline, "no warning in the logs of nodes that cannot form a cluster");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for i in 0..2 {
+        let s = nodes.status(i).expect("answers");
+        assert_eq!((s.status.as_str(), s.view), ("joining", 0), "p{i}");
+    }
 }
