@@ -9,6 +9,10 @@
 //! sponsor (not a train of RPCs to every node), and heartbeats and regroup messages are
 //! not unicasts to every node.
 //!
+//! Every membership datagram is authenticated with the cluster secret ([`wire`]) and
+//! stamped for the process it is meant for ([`freshness`]): strangers cannot take part,
+//! and a datagram recorded on the wire is worthless later.
+//!
 //! The protocol is a sans-IO state machine, [`Membership`]: no sockets, no clock, no
 //! threads (see its module for the call order). It runs inside the deterministic
 //! simulator in tests and inside [`runtime::Node`], which binds it to a UDP socket,

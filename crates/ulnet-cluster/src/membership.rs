@@ -184,7 +184,9 @@ pub struct Membership {
     rejoin: Option<RejoinCheck>,
     /// Unsolicited catch-up answers (a view, a view request), one per peer per period.
     catchup: PerPeer,
-    /// Challenges, one per peer per period.
+    /// Challenges, one per peer per `regroup_retransmit`: one answers a burst of
+    /// unconfirmed datagrams (the sender then knows), and a sender whose challenge was
+    /// lost gets another at its next retransmission.
     challenges: PerPeer,
     drop_log: DropLog,
     /// Join requests sent since the last view.
@@ -1195,6 +1197,10 @@ impl Membership {
             self.next_regroup_at = Some(now + self.config.regroup_min_wait);
             return;
         }
+        assert!(
+            members.iter().all(|m| candidates.contains(&m.id) || present.contains(&m.id)),
+            "a proposal holds only members that answered this ballot"
+        );
         self.propose(now, View::new(base.id + 1, members));
     }
 
