@@ -58,13 +58,8 @@ fn replayed_datagrams_of_dead_nodes_never_readmit_them() {
             run_to_convergence(&mut sim, &mut checker, config.exclusion_bound() * 2)?;
         }
         // The recording is sent again and again: nothing changes.
-        for _ in 0..5 {
-            replay_all(&mut sim, &recorded)?;
-            sim.run_for(config.exclusion_bound(), |s| {
-                checker.check(s)?;
-                survivors_hold(s, &dead)
-            })?;
-        }
+        let hold = |s: &Sim<SimMember>| survivors_hold(s, &dead);
+        replay_rounds(&mut sim, &mut checker, &recorded, 5, config.exclusion_bound(), hold)?;
         // The survivors restart from their data directories one after the other (each
         // comes back in its last view), and the recording, now with what they sent before
         // their restarts, is sent again: nothing changes either.
@@ -75,15 +70,29 @@ fn replayed_datagrams_of_dead_nodes_never_readmit_them() {
             sim.restart(survivor, resumed(&old, n, &config, seed, now));
             run_to_convergence(&mut sim, &mut checker, config.exclusion_bound() * 2)?;
         }
-        for _ in 0..3 {
-            replay_all(&mut sim, &recorded)?;
-            sim.run_for(config.exclusion_bound(), |s| {
-                checker.check(s)?;
-                survivors_hold(s, &dead)
-            })?;
-        }
+        replay_rounds(&mut sim, &mut checker, &recorded, 3, config.exclusion_bound(), hold)?;
         Ok(())
     });
+}
+
+/// `rounds` times: sends every recording again, then runs for `span`, checking the
+/// invariants and `holds` after every step.
+fn replay_rounds(
+    sim: &mut Sim<SimMember>,
+    checker: &mut Checker,
+    recorded: &[(NodeId, Recording)],
+    rounds: usize,
+    span: Duration,
+    holds: impl Fn(&Sim<SimMember>) -> Result<(), String>,
+) -> Result<(), Violation> {
+    for _ in 0..rounds {
+        replay_all(sim, recorded)?;
+        sim.run_for(span, |s| {
+            checker.check(s)?;
+            holds(s)
+        })?;
+    }
+    Ok(())
 }
 
 /// Sends every recording again at once, and checks that every datagram that reached a
@@ -135,18 +144,14 @@ fn replays_between_running_processes_are_dropped_and_counted() {
                 arrived.push((from, vec![(NodeId(i), bytes)]));
             }
         }
-        for _ in 0..3 {
-            replay_all(&mut sim, &arrived)?;
-            sim.run_for(Duration::from_secs(1), |s| {
-                checker.check(s)?;
-                for (_, node) in s.live_nodes() {
-                    if node.view_id() != view || node.machine.status() != Status::Member {
-                        return Err(format!("n{} left view {view}{}", node.index, dump(s)));
-                    }
-                }
-                Ok(())
-            })?;
-        }
+        let unmoved = |s: &Sim<SimMember>| match s
+            .live_nodes()
+            .find(|(_, node)| node.view_id() != view || node.machine.status() != Status::Member)
+        {
+            Some((_, node)) => Err(format!("n{} left view {view}{}", node.index, dump(s))),
+            None => Ok(()),
+        };
+        replay_rounds(&mut sim, &mut checker, &arrived, 3, Duration::from_secs(1), unmoved)?;
         Ok(())
     });
 }
