@@ -9,6 +9,10 @@
 //! sponsor (not a train of RPCs to every node), and heartbeats and regroup messages are
 //! not unicasts to every node.
 //!
+//! Every membership datagram is authenticated with the cluster secret ([`wire`]) and
+//! stamped for the process it is meant for ([`freshness`]): strangers cannot take part,
+//! and a datagram recorded on the wire is worthless later.
+//!
 //! The protocol is a sans-IO state machine, [`Membership`]: no sockets, no clock, no
 //! threads (see its module for the call order). It runs inside the deterministic
 //! simulator in tests and inside [`runtime::Node`], which binds it to a UDP socket,
@@ -20,7 +24,8 @@
 //! use ulnet_cluster::{Config, Member, MemberId, Membership};
 //!
 //! let me = Member { id: MemberId(1), name: "a".into(), addr: "127.0.0.1:7000".parse().unwrap() };
-//! let mut m = Membership::new(Config::local(), me, b"secret", vec![], 42);
+//! let incarnation = 1; // ulnet_cluster::freshness::next_incarnation: above every earlier run's
+//! let mut m = Membership::new(Config::local(), me, incarnation, b"secret", vec![], 42);
 //! m.start(Instant::now()); // no seeds: forms a one-member cluster
 //! assert_eq!(m.view().unwrap().id, 1);
 //! ```
@@ -30,8 +35,10 @@ pub mod buddy;
 pub mod config;
 pub mod control_metrics;
 pub mod events;
+pub mod freshness;
 pub mod gossip;
 pub mod membership;
+mod rate_limit;
 mod regroup;
 mod rejoin;
 pub mod runtime;

@@ -2,8 +2,9 @@
 //!
 //! Sans-IO (STYLE §1): no sockets, no clock, no threads. Method groups, in call order:
 //!
-//! * start: [`Membership::new`], then [`Membership::start`] (forms a cluster when there
-//!   are no seeds, asks the seeds to sponsor a join otherwise);
+//! * start: [`Membership::new`] (or [`Membership::resume`]) with the process's
+//!   incarnation ([`crate::freshness::next_incarnation`]), then [`Membership::start`]
+//!   (forms a cluster when there are no seeds, asks the seeds to sponsor a join otherwise);
 //! * input: [`Membership::handle_datagram`] for every datagram received on the membership
 //!   socket, [`Membership::handle_timeout`] when [`Membership::poll_timeout`] has come
 //!   (harmless when nothing is due);
@@ -15,15 +16,17 @@
 use crate::buddy::{BuddyDetector, FastDetector};
 use crate::config::Config;
 use crate::events::{MemberState, MembershipEvent};
+use crate::freshness::{Freshness, Verdict};
 use crate::gossip::GossipDetector;
+use crate::rate_limit::{DropClass, DropLog, PerPeer};
 use crate::regroup::{self, Phase, PromiseRow, Regroup};
 use crate::rejoin::RejoinCheck;
 use crate::view::{Member, MemberId, View};
-use crate::wire::{Authenticator, Ballot, DecodeError, Message, Packet};
+use crate::wire::{Authenticator, Ballot, DecodeError, Message, Packet, Stamp};
 use crate::witness::{NoWitness, Witness};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -35,8 +38,15 @@ const TRANSMIT_QUEUE_MAX: usize = 4096;
 const EVENT_QUEUE_MAX: usize = 1024;
 /// Recently removed members remembered for status reports.
 const REMOVED_MAX: usize = 64;
-/// Peers remembered for rate-limiting catch-up answers (cleared when full).
-const CATCHUP_PEERS_MAX: usize = 4096;
+/// Peers remembered for rate-limiting catch-up answers and challenges (cleared when full).
+const ANSWERED_PEERS_MAX: usize = 4096;
+/// Longest silence of the log about one class of dropped datagrams while they keep coming:
+/// a flood costs a line this often.
+const DROP_LOG_INTERVAL: Duration = Duration::from_secs(10);
+/// Join requests without a sponsor's answer before the log says why a node may stay
+/// joining (2 s in `local`, 6 s in `lan`, 20 s in `wan`: long enough that a sponsor busy
+/// with a regroup is not reported); it says it again after twice as many, and so on.
+const JOIN_ATTEMPTS_BEFORE_WARNING: u32 = 20;
 
 /// Where this node stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +83,19 @@ pub struct Counters {
     pub dropped_malformed: u64,
     /// Authenticated datagrams ignored (from non-members, about other views).
     pub ignored: u64,
+    /// Authenticated datagrams dropped as replays: their counter was received already, or
+    /// is older than the replay window (network duplicates count here too).
+    pub dropped_replayed: u64,
+    /// Authenticated datagrams dropped because an earlier process of their sender made
+    /// them (it restarted since, or they are replayed).
+    pub dropped_old_incarnation: u64,
+    /// Authenticated datagrams not made for this process (sent before it started, to a
+    /// former process, by a sender that does not know it yet, or replayed): not acted on.
+    pub dropped_unconfirmed: u64,
+    /// Challenges sent in answer to unconfirmed datagrams (rate-limited per address).
+    pub challenges_sent: u64,
+    /// Times this process renewed its incarnation because its table of senders was full.
+    pub incarnations_renewed: u64,
     /// Datagrams dropped because the transmit queue was full.
     pub transmit_overflow: u64,
     /// Events dropped because the application did not poll.
@@ -99,6 +122,10 @@ pub struct Counters {
 pub struct Durable {
     /// This node.
     pub me: Member,
+    /// The incarnation of the process that wrote it (the next process takes a larger
+    /// one); 0 in files written before incarnations existed.
+    #[serde(default)]
+    pub incarnation: u64,
     /// Its last installed view.
     pub view: Option<View>,
     /// The highest ballot promised for the next view, as (round, proposer).
@@ -112,6 +139,7 @@ pub struct Membership {
     config: Config,
     me: Member,
     auth: Authenticator,
+    freshness: Freshness,
     rng: ChaCha8Rng,
     status: Status,
     view: Option<View>,
@@ -142,6 +170,10 @@ pub struct Membership {
     suspicions: BTreeMap<MemberId, BTreeMap<MemberId, Instant>>,
     announced_suspects: BTreeSet<MemberId>,
     joiners: BTreeMap<MemberId, (Member, Instant)>,
+    /// When each member of the view entered it, as this node saw it (its own install of
+    /// the view that added the member, or of its first view): for the season of
+    /// [`Config::member_season`].
+    member_since: BTreeMap<MemberId, Instant>,
     reason_since: Option<Instant>,
     /// Since when this member has had a reason to regroup that no view or completed
     /// regroup resolved (not reset when a regroup is overtaken).
@@ -150,14 +182,28 @@ pub struct Membership {
     removed: VecDeque<Member>,
     /// After removal from a view: the probes that must be answered before joining again.
     rejoin: Option<RejoinCheck>,
-    catchup: HashMap<SocketAddr, Instant>,
+    /// Unsolicited catch-up answers (a view, a view request), one per peer per period.
+    catchup: PerPeer,
+    /// Challenges, one per peer per `regroup_retransmit`: one answers a burst of
+    /// unconfirmed datagrams (the sender then knows), and a sender whose challenge was
+    /// lost gets another at its next retransmission.
+    challenges: PerPeer,
+    drop_log: DropLog,
+    /// Join requests sent since the last view.
+    join_attempts: u32,
+    /// Seeds that sent a fresh datagram since the last view (they run, and share the
+    /// secret).
+    seeds_answered: BTreeSet<SocketAddr>,
+    /// Whether a regroup asked this node, joining, whether it is alive since the last view.
+    asked_by_regroup: bool,
     next_join: Option<Instant>,
     next_tick: Option<Instant>,
     transmits: VecDeque<Transmit>,
     events: VecDeque<MembershipEvent>,
     counters: Counters,
     durable_version: u64,
-    durable_seen: (u64, Ballot, Option<Ballot>),
+    /// (view, promised, accepted ballot, incarnation) when `durable_version` last changed.
+    durable_seen: (u64, Ballot, Option<Ballot>, u64),
 }
 
 impl std::fmt::Debug for Membership {
@@ -172,9 +218,11 @@ impl std::fmt::Debug for Membership {
 
 impl Membership {
     /// A node `me` of the cluster whose secret is `secret`, joining through `seeds` (or
-    /// forming a cluster if there are none). `seed` drives its random choices (gossip
+    /// forming a cluster if there are none), in a process whose incarnation is
+    /// `incarnation` (not 0; larger than any earlier process of the same member, see
+    /// [`crate::freshness::next_incarnation`]). `seed` drives its random choices (gossip
     /// targets, jitter), so simulated runs replay.
-    pub fn new(config: Config, me: Member, secret: &[u8], seeds: Vec<SocketAddr>, seed: u64) -> Self {
+    pub fn new(config: Config, me: Member, incarnation: u64, secret: &[u8], seeds: Vec<SocketAddr>, seed: u64) -> Self {
         assert!(config.buddies >= 1 && config.gossip_fanout >= 1, "config: at least one buddy and one gossip target");
         assert!(me.name.len() <= crate::view::NAME_MAX, "member names are at most NAME_MAX bytes");
         assert!(config.members_max <= crate::wire::LIST_MAX, "views must fit the wire's list bound");
@@ -183,6 +231,7 @@ impl Membership {
         let seeds = seeds.into_iter().filter(|a| *a != me.addr).collect();
         Self {
             auth: Authenticator::new(secret),
+            freshness: Freshness::new(me.id, incarnation),
             rng: ChaCha8Rng::seed_from_u64(seed ^ me.id.0),
             status: Status::Joining,
             view: None,
@@ -204,19 +253,25 @@ impl Membership {
             suspicions: BTreeMap::new(),
             announced_suspects: BTreeSet::new(),
             joiners: BTreeMap::new(),
+            member_since: BTreeMap::new(),
             reason_since: None,
             unresolved_since: None,
             suspect_resent_at: None,
             removed: VecDeque::new(),
             rejoin: None,
-            catchup: HashMap::new(),
+            catchup: PerPeer::new(config.regroup_retransmit, ANSWERED_PEERS_MAX),
+            challenges: PerPeer::new(config.regroup_retransmit, ANSWERED_PEERS_MAX),
+            drop_log: DropLog::new(DROP_LOG_INTERVAL),
+            join_attempts: 0,
+            seeds_answered: BTreeSet::new(),
+            asked_by_regroup: false,
             next_join: None,
             next_tick: None,
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             counters: Counters::default(),
             durable_version: 0,
-            durable_seen: (0, Ballot::default(), None),
+            durable_seen: (0, Ballot::default(), None, 0),
             config,
             me,
         }
@@ -224,9 +279,22 @@ impl Membership {
 
     /// A node coming back from `durable` state: the same member, in its last view but not
     /// acting as a member until a regroup confirms the view still holds quorum (or a
-    /// newer view tells it otherwise). Without a view it joins through `seeds`.
-    pub fn resume(config: Config, durable: Durable, secret: &[u8], seeds: Vec<SocketAddr>, seed: u64) -> Self {
-        let mut m = Self::new(config, durable.me, secret, seeds, seed);
+    /// newer view tells it otherwise). Without a view it joins through `seeds`. The new
+    /// process's `incarnation` must be larger than the one `durable` was written by.
+    pub fn resume(
+        config: Config,
+        durable: Durable,
+        incarnation: u64,
+        secret: &[u8],
+        seeds: Vec<SocketAddr>,
+        seed: u64,
+    ) -> Self {
+        assert!(
+            incarnation > durable.incarnation,
+            "incarnations grow across restarts: {incarnation} follows {}",
+            durable.incarnation
+        );
+        let mut m = Self::new(config, durable.me, incarnation, secret, seeds, seed);
         m.promised = Ballot { round: durable.promised.0, proposer: durable.promised.1 };
         m.round_seen = m.promised.round;
         if let (Some(((round, proposer), v)), Some(view)) = (durable.accepted, durable.view.as_ref()) {
@@ -242,6 +310,7 @@ impl Membership {
     pub fn durable(&self) -> Durable {
         Durable {
             me: self.me.clone(),
+            incarnation: self.freshness.incarnation(),
             view: self.view.clone(),
             promised: (self.promised.round, self.promised.proposer),
             accepted: self
@@ -259,7 +328,12 @@ impl Membership {
     }
 
     fn note_durable(&mut self) {
-        let now = (self.view.as_ref().map_or(0, |v| v.id), self.promised, self.accepted.as_ref().map(|(b, _, _)| *b));
+        let now = (
+            self.view.as_ref().map_or(0, |v| v.id),
+            self.promised,
+            self.accepted.as_ref().map(|(b, _, _)| *b),
+            self.freshness.incarnation(),
+        );
         if now != self.durable_seen {
             self.durable_seen = now;
             self.durable_version += 1;
@@ -283,6 +357,7 @@ impl Membership {
             tracing::info!(node = %self.me.name, view = view.id, "resuming in the last view; confirming it by a regroup");
             self.accepted = self.resumed_accepted.take().map(|(b, v)| (b, v, now));
             self.status = Status::NoQuorum;
+            self.member_since = view.ids().map(|id| (id, now)).collect();
             self.gossip.reset(now, &view, self.config.gossip_fail_after(view.len()));
             for d in &mut self.fast {
                 d.reset(now, &view);
@@ -303,6 +378,11 @@ impl Membership {
     /// This node.
     pub fn me(&self) -> &Member {
         &self.me
+    }
+
+    /// This process's incarnation ([`crate::freshness`]).
+    pub fn incarnation(&self) -> u64 {
+        self.freshness.incarnation()
     }
 
     /// The installed view, if any.
@@ -330,7 +410,9 @@ impl Membership {
         &self.config
     }
 
-    /// Members of the view with their state, then recently removed members as dead.
+    /// Members of the view with their state, then recently removed members as dead (one
+    /// entry per node: an identity replaced by a newer one of the same name or address is
+    /// not listed).
     pub fn member_states(&self) -> Vec<(Member, MemberState)> {
         let mut out = Vec::new();
         if let Some(v) = &self.view {
@@ -387,14 +469,30 @@ impl Membership {
     }
 
     fn send(&mut self, dst: SocketAddr, message: Message) {
+        let stamp = self.freshness.stamp(dst, &message);
+        self.transmit(dst, stamp, message);
+    }
+
+    fn transmit(&mut self, dst: SocketAddr, stamp: Stamp, message: Message) {
         if self.transmits.len() >= TRANSMIT_QUEUE_MAX {
             self.counters.transmit_overflow += 1;
             return;
         }
-        let packet = Packet { sender: self.me.id, sender_view: self.view.as_ref().map_or(0, |v| v.id), message };
+        let packet = Packet { sender: self.me.id, sender_view: self.view.as_ref().map_or(0, |v| v.id), stamp, message };
         let payload = self.auth.encode(&packet);
         self.counters.packets_sent += 1;
         self.transmits.push_back(Transmit { dst, payload });
+    }
+
+    /// Answers `packet`, which was not made for this process, with a challenge (never a
+    /// challenge with a challenge; one per peer per period).
+    fn challenge(&mut self, now: Instant, from: SocketAddr, packet: &Packet) {
+        if matches!(packet.message, Message::Challenge) || !self.challenges.allow(now, from) {
+            return;
+        }
+        let stamp = self.freshness.challenge_stamp(packet);
+        self.counters.challenges_sent += 1;
+        self.transmit(from, stamp, Message::Challenge);
     }
 
     fn addr_of(&self, id: MemberId) -> Option<SocketAddr> {
@@ -416,35 +514,22 @@ impl Membership {
         }
     }
 
-    /// Rate limit of unsolicited catch-up answers: one per peer per retransmit period.
-    fn catchup_allowed(&mut self, now: Instant, addr: SocketAddr) -> bool {
-        if self.catchup.len() >= CATCHUP_PEERS_MAX {
-            self.catchup.clear();
-        }
-        match self.catchup.get(&addr) {
-            Some(t) if now.saturating_duration_since(*t) < self.config.regroup_retransmit => false,
-            _ => {
-                self.catchup.insert(addr, now);
-                true
-            }
-        }
-    }
-
     // ---- input ----
 
     /// A datagram arrived from `from`. Strangers, corrupt and malformed datagrams are
-    /// counted and dropped; nothing in them is trusted.
+    /// counted and dropped; nothing in them is trusted. Authenticated datagrams that are
+    /// not fresh (replays, and any not made for this process) are counted and dropped too.
     pub fn handle_datagram(&mut self, now: Instant, from: SocketAddr, data: &[u8]) {
         let packet = match self.auth.decode(data) {
             Ok(p) => p,
             Err(DecodeError::Auth) => {
                 self.counters.dropped_auth += 1;
-                tracing::debug!(%from, "dropped a datagram that does not authenticate");
+                self.drop_log.dropped(now, DropClass::Auth, from, &DecodeError::Auth);
                 return;
             }
             Err(e) => {
                 self.counters.dropped_malformed += 1;
-                tracing::debug!(%from, "dropped a malformed datagram: {e}");
+                self.drop_log.dropped(now, DropClass::Malformed, from, &e);
                 return;
             }
         };
@@ -453,6 +538,10 @@ impl Membership {
             return;
         }
         self.counters.packets_received += 1;
+        if !self.fresh(now, from, &packet) {
+            self.schedule(now);
+            return;
+        }
         let sender = packet.sender;
         if let Some(view) = &self.view {
             let view_id = view.id;
@@ -464,18 +553,18 @@ impl Membership {
                 }
             }
             // Every datagram names its sender's view: whoever is behind catches up.
-            if packet.sender_view > view_id && member && self.catchup_allowed(now, from) {
+            if packet.sender_view > view_id && member && self.catchup.allow(now, from) {
                 self.send(from, Message::ViewRequest);
             } else if packet.sender_view != 0
                 && packet.sender_view < view_id
                 && !matches!(packet.message, Message::Commit { .. } | Message::JoinRequest { .. })
-                && self.catchup_allowed(now, from)
+                && self.catchup.allow(now, from)
             {
                 let v = self.view.clone().expect("checked above");
                 self.send(from, Message::Commit { view: v });
             }
         } else if self.rejoin.as_ref().is_some_and(|c| packet.sender_view > c.view().id)
-            && self.catchup_allowed(now, from)
+            && self.catchup.allow(now, from)
         {
             // Waiting to rejoin: learn views newer than the one that excluded us, so that
             // members that left since are not waited for.
@@ -487,6 +576,52 @@ impl Membership {
             self.regroup_tick(now);
         }
         self.schedule(now);
+    }
+
+    /// Whether `packet` from `from` may be acted on ([`crate::freshness`]). What may not
+    /// is counted and logged, and challenged if it was not made for this process; a fresh
+    /// datagram from an address whose incarnation was not known releases what was kept for
+    /// it.
+    fn fresh(&mut self, now: Instant, from: SocketAddr, packet: &Packet) -> bool {
+        let class = match self.freshness.check(from, packet) {
+            Verdict::Fresh { learned } => {
+                if learned {
+                    for message in self.freshness.take_unconfirmed(from) {
+                        self.send(from, message);
+                    }
+                }
+                if self.status == Status::Joining && self.seeds.contains(&from) {
+                    self.seeds_answered.insert(from);
+                }
+                return true;
+            }
+            Verdict::Replayed => {
+                self.counters.dropped_replayed += 1;
+                DropClass::Replayed
+            }
+            Verdict::OldIncarnation => {
+                self.counters.dropped_old_incarnation += 1;
+                DropClass::OldIncarnation
+            }
+            Verdict::Renewed => {
+                self.counters.incarnations_renewed += 1;
+                tracing::warn!(
+                    node = %self.me.name,
+                    incarnation = self.freshness.incarnation(),
+                    "the table of senders is full: renewed this process's incarnation (peers learn it from a challenge)"
+                );
+                self.counters.dropped_unconfirmed += 1;
+                self.challenge(now, from, packet);
+                DropClass::Unconfirmed
+            }
+            Verdict::Unconfirmed => {
+                self.counters.dropped_unconfirmed += 1;
+                self.challenge(now, from, packet);
+                DropClass::Unconfirmed
+            }
+        };
+        self.drop_log.dropped(now, class, from, &packet.message.name());
+        false
     }
 
     fn dispatch(&mut self, now: Instant, from: SocketAddr, packet: Packet) {
@@ -517,6 +652,9 @@ impl Membership {
             },
             Message::Probe => self.send(from, Message::ProbeAck),
             Message::ProbeAck => self.on_probe_ack(now, sender),
+            // Its work is done: the freshness check learned the challenger's incarnation.
+            Message::Challenge => {}
+            Message::JoinerAlive { base, ballot } => self.on_joiner_alive(now, sender, base, ballot),
         }
     }
 
@@ -529,6 +667,8 @@ impl Membership {
                     for seed in self.seeds.clone() {
                         self.send(seed, Message::JoinRequest { member: me.clone(), forwarded: false });
                     }
+                    self.join_attempts += 1;
+                    self.warn_if_no_sponsor();
                 }
                 self.next_join = Some(now + self.config.join_retry);
             }
@@ -568,7 +708,7 @@ impl Membership {
         self.send_row();
         for s in self.local_suspects.clone() {
             if let Some(addr) = self.addr_of(s) {
-                if self.catchup_allowed(now, addr) {
+                if self.catchup.allow(now, addr) {
                     self.send(addr, Message::Probe);
                 }
             }
@@ -741,6 +881,38 @@ impl Membership {
         }
     }
 
+    /// After [`JOIN_ATTEMPTS_BEFORE_WARNING`] join requests without a view (and after
+    /// twice, four times as many…), says in the log why this node may stay joining.
+    fn warn_if_no_sponsor(&self) {
+        let rounds = self.join_attempts / JOIN_ATTEMPTS_BEFORE_WARNING;
+        if !self.join_attempts.is_multiple_of(JOIN_ATTEMPTS_BEFORE_WARNING) || !rounds.is_power_of_two() {
+            return;
+        }
+        let (node, attempts) = (&self.me.name, self.join_attempts);
+        let waited_ms = (self.config.join_retry * attempts).as_millis();
+        let seeds = addr_list(self.seeds.iter());
+        if self.seeds_answered.is_empty() {
+            tracing::warn!(
+                %node, attempts, waited_ms, %seeds,
+                "still joining: no seed answered; check that the seeds run, are reachable, and have this node's cluster secret"
+            );
+        } else if !self.asked_by_regroup {
+            let answering = addr_list(self.seeds_answered.iter());
+            tracing::warn!(
+                %node, attempts, waited_ms, %seeds, %answering,
+                "still joining: seeds answer, but none is a member of a cluster to sponsor the join (are they all joining, \
+                 each started with --seeds?). The first node of a new cluster is started without --seeds; the others \
+                 name it, or any member, as a seed"
+            );
+        } else {
+            tracing::warn!(
+                %node, attempts, waited_ms, %seeds,
+                "still joining: a cluster asked whether this node is alive but has not admitted it yet (its members admit \
+                 joiners as they season; is it at its member limit?)"
+            );
+        }
+    }
+
     fn on_join_request(&mut self, now: Instant, member: Member, forwarded: bool) {
         if self.status != Status::Member {
             self.counters.ignored += 1;
@@ -769,23 +941,63 @@ impl Membership {
         self.regroup_tick(now);
     }
 
-    /// Members of the view that a joiner replaces (same address or name, older
-    /// incarnation): they are not waited for.
-    fn replaced(&self) -> BTreeSet<MemberId> {
+    /// Members of the view that a joiner replaces (same address or name, another
+    /// identity), among the joiners that answered the ballot (`present`): they are not
+    /// waited for.
+    fn replaced(&self, present: &BTreeSet<MemberId>) -> BTreeSet<MemberId> {
         let Some(view) = &self.view else { return BTreeSet::new() };
+        let replaces = |j: &Member, m: &Member| j.id != m.id && (j.addr == m.addr || j.name == m.name);
         view.members
             .iter()
-            .filter(|m| self.joiners.values().any(|(j, _)| j.id != m.id && (j.addr == m.addr || j.name == m.name)))
+            .filter(|m| self.joiners.values().any(|(j, _)| present.contains(&j.id) && replaces(j, m)))
             .map(|m| m.id)
             .collect()
     }
 
+    /// A joiner answered the `Prepare` of our regroup: it may enter the proposal.
+    fn on_joiner_alive(&mut self, now: Instant, sender: MemberId, base: u64, ballot: Ballot) {
+        let Some(r) = self.regroup.as_mut() else {
+            self.counters.ignored += 1;
+            return;
+        };
+        if r.base.id != base || r.ballot != ballot || !self.joiners.contains_key(&sender) {
+            self.counters.ignored += 1;
+            return;
+        }
+        r.joiners_present.insert(sender);
+        if matches!(r.phase, Phase::Collect) {
+            self.try_decide(now);
+        }
+    }
+
+    /// Whether this node asks to join now (it sent join requests since its last view, and
+    /// is not waiting for its probes after a removal).
+    fn asking_to_join(&self, now: Instant) -> bool {
+        self.status == Status::Joining
+            && self.view.is_none()
+            && self.join_attempts > 0
+            && self.rejoin.as_ref().is_none_or(|c| c.connected(now, self.me.id))
+    }
+
     // ---- regroup: reasons and the proposer ----
+
+    /// How many of `ids` have been members for a season.
+    fn seasoned(&self, now: Instant, ids: impl Iterator<Item = MemberId>) -> usize {
+        let season = self.config.member_season();
+        ids.filter(|id| self.member_since.get(id).is_some_and(|t| now.saturating_duration_since(*t) >= season)).count()
+    }
+
+    /// Whether a regroup now could admit a joiner if every member answered (joiners wait,
+    /// without a regroup, while too many members are new).
+    fn could_admit(&self, now: Instant) -> bool {
+        let Some(view) = &self.view else { return false };
+        regroup::joiners_admissible(view.len(), self.seasoned(now, view.ids())) > 0
+    }
 
     fn has_reason(&self, now: Instant) -> bool {
         let needed = self.config.suspicions_needed;
         self.status == Status::NoQuorum
-            || !self.joiners.is_empty()
+            || (!self.joiners.is_empty() && self.could_admit(now))
             || self.suspicions.values().any(|r| r.len() >= needed)
             || self
                 .accepted
@@ -855,6 +1067,7 @@ impl Membership {
             cautious: self.cautious,
             phase: Phase::Collect,
             promises,
+            joiners_present: BTreeSet::new(),
             conflict_since: None,
             next_send: now,
         });
@@ -871,6 +1084,10 @@ impl Membership {
                 Phase::Collect => {
                     for m in r.base.members.iter().filter(|m| !r.promises.contains_key(&m.id)) {
                         out.push((m.addr, Message::Prepare { base, ballot }));
+                    }
+                    // Joiners answer too: only those alive in this regroup enter its view.
+                    for (j, _) in self.joiners.values().filter(|(j, _)| !r.joiners_present.contains(&j.id)) {
+                        out.push((j.addr, Message::Prepare { base, ballot }));
                     }
                 }
                 Phase::Accept { proposal, accepted, .. } => {
@@ -896,8 +1113,9 @@ impl Membership {
     }
 
     fn try_decide(&mut self, now: Instant) {
-        let replaced = self.replaced();
         let r = self.regroup.as_ref().expect("collecting");
+        let present = r.joiners_present.clone();
+        let replaced = self.replaced(&present);
         let base = r.base.clone();
         let elapsed = now.saturating_duration_since(r.started);
         let cautious = r.cautious;
@@ -909,7 +1127,10 @@ impl Membership {
         // is merely slow to answer gets the full wait.
         let single_suspect = missing.len() == 1
             && (self.suspicions.contains_key(&missing[0]) || self.local_suspects.contains(&missing[0]));
-        let ready = missing.is_empty()
+        // Joiners that have not answered are waited for as long as the single-failure
+        // shortcut waits: a joiner is no member, and one that died must not hold a regroup.
+        let joiners_waiting = self.joiners.keys().any(|id| !present.contains(id));
+        let ready = (missing.is_empty() && (!joiners_waiting || elapsed >= self.config.regroup_min_wait))
             || (!cautious && single_suspect && elapsed >= self.config.regroup_min_wait)
             || elapsed >= self.config.regroup_max_wait;
         if !ready {
@@ -948,14 +1169,17 @@ impl Membership {
             return;
         }
         let mut members: Vec<Member> = base.members.iter().filter(|m| candidates.contains(&m.id)).cloned().collect();
-        for (j, _) in self.joiners.values() {
+        let admissible = regroup::joiners_admissible(candidates.len(), self.seasoned(now, candidates.iter().copied()));
+        let joining = self.joiners.values().map(|(j, _)| j).filter(|j| present.contains(&j.id));
+        for j in joining.filter(|j| !base.contains(j.id)).take(admissible) {
             if members.len() >= self.config.members_max {
                 break;
             }
-            if !members.iter().any(|m| m.id == j.id) {
-                members.push(j.clone());
-            }
+            members.push(j.clone());
         }
+        // Joiners asked in this regroup that did not answer are forgotten until they ask
+        // again (a live one asks every `join_retry`).
+        self.joiners.retain(|id, _| present.contains(id));
         if members.len() == base.len() && base.ids().all(|id| candidates.contains(&id)) {
             // Every member answered and all hear each other: a false suspicion.
             self.counters.regroups_false_alarm += 1;
@@ -973,6 +1197,10 @@ impl Membership {
             self.next_regroup_at = Some(now + self.config.regroup_min_wait);
             return;
         }
+        assert!(
+            members.iter().all(|m| candidates.contains(&m.id) || present.contains(&m.id)),
+            "a proposal holds only members that answered this ballot"
+        );
         self.propose(now, View::new(base.id + 1, members));
     }
 
@@ -1055,13 +1283,13 @@ impl Membership {
             return false;
         };
         if base < view.id {
-            if self.catchup_allowed(now, from) {
+            if self.catchup.allow(now, from) {
                 self.send(from, Message::Commit { view });
             }
             return false;
         }
         if base > view.id {
-            if self.catchup_allowed(now, from) {
+            if self.catchup.allow(now, from) {
                 self.send(from, Message::ViewRequest);
             }
             return false;
@@ -1074,6 +1302,16 @@ impl Membership {
     }
 
     fn on_prepare(&mut self, now: Instant, from: SocketAddr, sender: MemberId, base: u64, ballot: Ballot) {
+        if self.view.is_none() {
+            // A regroup that may admit us asks whether we are still here.
+            if self.asking_to_join(now) {
+                self.asked_by_regroup = true;
+                self.send(from, Message::JoinerAlive { base, ballot });
+            } else {
+                self.counters.ignored += 1;
+            }
+            return;
+        }
         if !self.regroup_message_ok(now, from, sender, base) {
             return;
         }
@@ -1207,14 +1445,13 @@ impl Membership {
         }
         if let Some(o) = &old {
             for m in o.members.iter().filter(|m| !view.contains(m.id)) {
-                if self.removed.len() >= REMOVED_MAX {
-                    self.removed.pop_front();
-                }
-                self.removed.push_back(m.clone());
+                self.remember_removed(m.clone());
                 self.push_event(MembershipEvent::Dead { member: m.clone(), view: view.id });
             }
         }
-        self.removed.retain(|m| !view.contains(m.id));
+        // A removed identity whose node is back under a new one (same name or address) is
+        // no longer reported as dead beside it.
+        self.removed.retain(|m| !view.members.iter().any(|v| v.id == m.id || v.name == m.name || v.addr == m.addr));
         tracing::info!(node = %self.me.name, view = view.id, members = view.len(), "installed a view");
         self.status = Status::Member;
         self.promised = Ballot::default();
@@ -1227,10 +1464,17 @@ impl Membership {
         self.next_regroup_at = None;
         self.next_join = None;
         self.rejoin = None;
+        self.join_attempts = 0;
+        self.seeds_answered.clear();
+        self.asked_by_regroup = false;
         self.suspicions.retain(|t, _| view.contains(*t));
         self.announced_suspects.retain(|t| view.contains(*t));
         self.local_suspects.retain(|t| view.contains(*t));
         self.joiners.retain(|id, _| !view.contains(*id));
+        self.member_since.retain(|id, _| view.contains(*id));
+        for id in view.ids() {
+            self.member_since.entry(id).or_insert(now);
+        }
         self.gossip.reset(now, &view, self.config.gossip_fail_after(view.len()));
         for d in &mut self.fast {
             d.reset(now, &view);
@@ -1238,6 +1482,16 @@ impl Membership {
         self.counters.views_installed += 1;
         self.view = Some(view.clone());
         self.push_event(MembershipEvent::ViewInstalled { view });
+    }
+
+    /// Remembers a removed member for status reports, in place of any earlier identity of
+    /// the same node (same name and address).
+    fn remember_removed(&mut self, m: Member) {
+        self.removed.retain(|r| r.name != m.name || r.addr != m.addr);
+        if self.removed.len() >= REMOVED_MAX {
+            self.removed.pop_front();
+        }
+        self.removed.push_back(m);
     }
 
     fn removed_from(&mut self, now: Instant, newer: View) {
@@ -1261,6 +1515,7 @@ impl Membership {
         self.suspicions.clear();
         self.announced_suspects.clear();
         self.joiners.clear();
+        self.member_since.clear();
         self.reason_since = None;
         self.unresolved_since = None;
         self.gossip.clear();
@@ -1268,9 +1523,17 @@ impl Membership {
             d.clear();
         }
         self.next_join = Some(now);
+        self.join_attempts = 0;
+        self.seeds_answered.clear();
+        self.asked_by_regroup = false;
         self.rejoin = Some(RejoinCheck::new(newer.clone(), self.config.buddy_fail_after()));
         self.push_event(MembershipEvent::Removed { view: newer.id });
     }
+}
+
+/// Addresses for a log line: `a,b,c`.
+fn addr_list<'a>(addrs: impl Iterator<Item = &'a SocketAddr>) -> String {
+    addrs.map(|a| a.to_string()).collect::<Vec<_>>().join(",")
 }
 
 /// A rough bound used by tests and tools: how long a join takes on a quiet network (a

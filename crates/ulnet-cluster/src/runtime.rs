@@ -8,6 +8,7 @@
 
 use crate::control_metrics::{self, ControlCounters};
 use crate::events::{MemberState, MembershipEvent};
+use crate::freshness::next_incarnation;
 use crate::membership::{Counters, Durable, Membership, Status};
 use crate::service::{RpcHandler, Service, ServiceContext};
 use crate::view::{Member, MemberId, View};
@@ -166,17 +167,19 @@ impl Node {
             .and_then(|d| std::fs::read_to_string(d.join("member.json")).ok())
             .and_then(|s| serde_json::from_str(&s).ok());
         let seed = random_u64();
+        let clock_ns = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        let incarnation = next_incarnation(durable.as_ref().map(|d| d.incarnation), clock_ns);
         let mut machine = match durable {
             Some(d) if d.me.addr == listen && d.me.name == config.name => {
                 let mut seeds = config.seeds.clone();
                 if let Some(v) = &d.view {
                     seeds.extend(v.members.iter().map(|m| m.addr).filter(|a| *a != listen));
                 }
-                Membership::resume(config.protocol.clone(), d, &config.secret, seeds, seed)
+                Membership::resume(config.protocol.clone(), d, incarnation, &config.secret, seeds, seed)
             }
             _ => {
                 let me = Member { id: MemberId(random_u64() | 1), name: config.name.clone(), addr: listen };
-                Membership::new(config.protocol.clone(), me, &config.secret, config.seeds.clone(), seed)
+                Membership::new(config.protocol.clone(), me, incarnation, &config.secret, config.seeds.clone(), seed)
             }
         };
         if let Some(dir) = &config.witness_dir {
@@ -811,12 +814,21 @@ fn send_out(
 
 /// The counters in Prometheus text exposition format.
 pub fn prometheus_text(c: &Counters, status: &StatusReport) -> String {
-    let rows: [(&str, &str, u64); 14] = [
+    let rows: [(&str, &str, u64); 19] = [
         ("packets_sent_total", "Membership datagrams sent.", c.packets_sent),
         ("heartbeats_sent_total", "Heartbeat and gossip datagrams sent.", c.heartbeats_sent),
         ("packets_received_total", "Membership datagrams received and authenticated.", c.packets_received),
         ("dropped_auth_total", "Datagrams dropped: failed authentication.", c.dropped_auth),
         ("dropped_malformed_total", "Datagrams dropped: malformed.", c.dropped_malformed),
+        ("dropped_replayed_total", "Datagrams dropped: replayed or duplicated.", c.dropped_replayed),
+        (
+            "dropped_old_incarnation_total",
+            "Datagrams dropped: made by an earlier process of their sender.",
+            c.dropped_old_incarnation,
+        ),
+        ("dropped_unconfirmed_total", "Datagrams dropped: not made for this process.", c.dropped_unconfirmed),
+        ("challenges_sent_total", "Challenges sent for datagrams not made for this process.", c.challenges_sent),
+        ("incarnations_renewed_total", "Incarnations renewed: the table of senders was full.", c.incarnations_renewed),
         ("ignored_total", "Authenticated datagrams ignored.", c.ignored),
         ("transmit_overflow_total", "Datagrams dropped: transmit queue full.", c.transmit_overflow),
         ("event_overflow_total", "Events dropped: application did not poll.", c.event_overflow),

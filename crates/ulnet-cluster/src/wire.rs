@@ -1,20 +1,27 @@
 //! Membership datagrams: layout, encoding, and authentication with the cluster secret.
 //!
 //! ```text
-//!  0      2         3      4            12             20                    len-16   len
-//!  | "UM" | version | kind | sender id  | sender view  | body (per kind)  ... | HMAC tag |
+//!  0      2         3      4           12                   20            28            36                     44        52
+//!  | "UM" | version | kind | sender id | sender incarnation | sender view | receiver id | receiver incarnation | counter | body (per kind) ... | HMAC tag |
 //! ```
 //!
 //! All integers are little-endian. The tag is the first 16 bytes of
 //! HMAC-SHA256(secret, every byte before it): a node without the secret can neither join
 //! nor disturb a cluster, and its datagrams are dropped and counted before any field is
 //! trusted. Every datagram names its sender's view, so a node that missed a view learns
-//! of it from the next datagram it gets.
+//! of it from the next datagram it gets. The sender's incarnation, the receiver and its
+//! incarnation, and the counter are the datagram's [`Stamp`]: they make a recorded
+//! datagram worthless later ([`crate::freshness`]).
 //!
 //! The format is append-only (STYLE §11): kinds keep their numbers forever, and new
 //! fields go at the end of a body, where older decoders ignore them. Version history:
-//! 1 — first version. Later, appended within it: `Promise` ends with its row version
-//! (a `Promise` without it reads as row 0).
+//! * 1 — first version. Later, appended within it: `Promise` ends with its row version
+//!   (a `Promise` without it reads as row 0).
+//! * 2 — the stamp in the header (issue #31: version-1 datagrams carry nothing fresh, so
+//!   a recorded join request re-admitted a dead node). The header grows from 20 to 52
+//!   bytes, so version-1 datagrams are refused as another version: every node of a
+//!   cluster moves to version 2 together. New kinds: `Challenge` (13) and `JoinerAlive`
+//!   (14).
 
 use crate::view::{Member, MemberId, View, NAME_MAX};
 use hmac::{Hmac, Mac};
@@ -25,9 +32,9 @@ type HmacSha256 = Hmac<Sha256>;
 
 const MAGIC: [u8; 2] = *b"UM";
 /// Wire version spoken and accepted.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Length of the fixed header.
-pub const HEADER_LEN: usize = 20;
+pub const HEADER_LEN: usize = 52;
 /// Length of the authentication tag.
 pub const TAG_LEN: usize = 16;
 /// Largest datagram sent or accepted.
@@ -127,6 +134,18 @@ pub enum Message {
     Probe,
     /// Answer to `Probe`.
     ProbeAck,
+    /// Answer to a datagram that was not made for the receiver's current process (its
+    /// stamp names another receiver or incarnation): the answer's stamp tells the sender
+    /// the receiver's incarnation ([`crate::freshness`]).
+    Challenge,
+    /// A joiner answers the `Prepare` of a regroup that may admit it: it is alive now and
+    /// still asks to join. Only joiners that answered the ballot enter its proposal.
+    JoinerAlive {
+        /// The view being changed.
+        base: u64,
+        /// The ballot answered.
+        ballot: Ballot,
+    },
 }
 
 impl Message {
@@ -145,6 +164,8 @@ impl Message {
             Message::ViewRequest => 10,
             Message::Probe => 11,
             Message::ProbeAck => 12,
+            Message::Challenge => 13,
+            Message::JoinerAlive { .. } => 14,
         }
     }
 
@@ -163,8 +184,24 @@ impl Message {
             Message::ViewRequest => "view_request",
             Message::Probe => "probe",
             Message::ProbeAck => "probe_ack",
+            Message::Challenge => "challenge",
+            Message::JoinerAlive { .. } => "joiner_alive",
         }
     }
+}
+
+/// What makes a datagram fresh ([`crate::freshness`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stamp {
+    /// The sender's incarnation: chosen when its process started, larger after every
+    /// restart; never 0.
+    pub sender_incarnation: u64,
+    /// The member the datagram is for, as the sender knows it (0: not known yet).
+    pub receiver: MemberId,
+    /// The receiver's incarnation as the sender knows it (0: not known yet).
+    pub receiver_incarnation: u64,
+    /// The sender's number for this datagram, counted from 1 in each incarnation.
+    pub counter: u64,
 }
 
 /// A decoded, authenticated datagram.
@@ -174,6 +211,8 @@ pub struct Packet {
     pub sender: MemberId,
     /// The sender's installed view (0 before its first).
     pub sender_view: u64,
+    /// Its freshness.
+    pub stamp: Stamp,
     /// What it says.
     pub message: Message,
 }
@@ -239,8 +278,19 @@ impl Authenticator {
         w.extend_from_slice(&MAGIC);
         w.push(VERSION);
         w.push(packet.message.kind());
-        w.extend_from_slice(&packet.sender.0.to_le_bytes());
-        w.extend_from_slice(&packet.sender_view.to_le_bytes());
+        let stamp = &packet.stamp;
+        debug_assert!(stamp.sender_incarnation != 0 && stamp.counter != 0, "stamps count from 1");
+        for field in [
+            packet.sender.0,
+            stamp.sender_incarnation,
+            packet.sender_view,
+            stamp.receiver.0,
+            stamp.receiver_incarnation,
+            stamp.counter,
+        ] {
+            put_u64(&mut w, field);
+        }
+        debug_assert_eq!(w.len(), HEADER_LEN, "the header is HEADER_LEN bytes");
         encode_body(&mut w, &packet.message);
         let tag = self.tag(&w);
         w.extend_from_slice(&tag);
@@ -265,9 +315,19 @@ impl Authenticator {
         }
         let mut r = Reader { data: signed, pos: 4 };
         let sender = MemberId(r.u64()?);
+        let sender_incarnation = r.u64()?;
         let sender_view = r.u64()?;
+        let stamp = Stamp {
+            sender_incarnation,
+            receiver: MemberId(r.u64()?),
+            receiver_incarnation: r.u64()?,
+            counter: r.u64()?,
+        };
+        if stamp.sender_incarnation == 0 || stamp.counter == 0 {
+            return Err(DecodeError::Body("incarnation or counter 0 (both count from 1)"));
+        }
         let message = decode_body(signed[3], &mut r)?;
-        Ok(Packet { sender, sender_view, message })
+        Ok(Packet { sender, sender_view, stamp, message })
     }
 }
 
@@ -335,7 +395,9 @@ fn encode_body(w: &mut Vec<u8>, m: &Message) {
             w.push(u8::from(*forwarded));
         }
         Message::Suspect { target } => put_u64(w, target.0),
-        Message::Prepare { base, ballot } | Message::Accepted { base, ballot } => {
+        Message::Prepare { base, ballot }
+        | Message::Accepted { base, ballot }
+        | Message::JoinerAlive { base, ballot } => {
             put_u64(w, *base);
             put_ballot(w, *ballot);
         }
@@ -363,7 +425,7 @@ fn encode_body(w: &mut Vec<u8>, m: &Message) {
             put_view(w, proposal);
         }
         Message::Commit { view } => put_view(w, view),
-        Message::ViewRequest | Message::Probe | Message::ProbeAck => {}
+        Message::ViewRequest | Message::Probe | Message::ProbeAck | Message::Challenge => {}
     }
 }
 
@@ -473,6 +535,8 @@ fn decode_body(kind: u8, r: &mut Reader<'_>) -> Result<Message, DecodeError> {
         10 => Message::ViewRequest,
         11 => Message::Probe,
         12 => Message::ProbeAck,
+        13 => Message::Challenge,
+        14 => Message::JoinerAlive { base: r.u64()?, ballot: r.ballot()? },
         k => return Err(DecodeError::Kind(k)),
     })
 }
@@ -484,6 +548,14 @@ mod tests {
 
     fn member(i: u64) -> Member {
         Member { id: MemberId(i), name: format!("node-{i}"), addr: ([127, 0, 0, 1], 7000 + i as u16).into() }
+    }
+
+    fn stamp() -> Stamp {
+        Stamp { sender_incarnation: 11, receiver: MemberId(2), receiver_incarnation: 13, counter: 17 }
+    }
+
+    fn packet(sender: u64, sender_view: u64, message: Message) -> Packet {
+        Packet { sender: MemberId(sender), sender_view, stamp: stamp(), message }
     }
 
     fn samples() -> Vec<Message> {
@@ -507,6 +579,8 @@ mod tests {
             Message::ViewRequest,
             Message::Probe,
             Message::ProbeAck,
+            Message::Challenge,
+            Message::JoinerAlive { base: 4, ballot: Ballot { round: 2, proposer: MemberId(1) } },
         ]
     }
 
@@ -514,7 +588,7 @@ mod tests {
     fn every_message_round_trips() {
         let auth = Authenticator::new(b"secret");
         for message in samples() {
-            let p = Packet { sender: MemberId(77), sender_view: 4, message };
+            let p = packet(77, 4, message);
             let bytes = auth.encode(&p);
             assert_eq!(auth.decode(&bytes), Ok(p));
         }
@@ -532,7 +606,7 @@ mod tests {
             suspects: vec![MemberId(3)],
             row: 9,
         };
-        let bytes = auth.encode(&Packet { sender: MemberId(5), sender_view: 4, message: message.clone() });
+        let bytes = auth.encode(&packet(5, 4, message.clone()));
         let mut unsigned = bytes[..bytes.len() - TAG_LEN - 4].to_vec();
         let tag = auth.tag(&unsigned);
         unsigned.extend_from_slice(&tag);
@@ -546,14 +620,14 @@ mod tests {
     fn a_stranger_without_the_secret_is_refused() {
         let ours = Authenticator::new(b"secret");
         let theirs = Authenticator::new(b"guess");
-        let bytes = theirs.encode(&Packet { sender: MemberId(1), sender_view: 9, message: Message::ViewRequest });
+        let bytes = theirs.encode(&packet(1, 9, Message::ViewRequest));
         assert_eq!(ours.decode(&bytes), Err(DecodeError::Auth));
     }
 
     #[test]
     fn any_flipped_bit_is_refused() {
         let auth = Authenticator::new(b"secret");
-        let bytes = auth.encode(&Packet { sender: MemberId(1), sender_view: 2, message: samples()[0].clone() });
+        let bytes = auth.encode(&packet(1, 2, samples()[0].clone()));
         for i in 0..bytes.len() {
             for bit in 0..8 {
                 let mut b = bytes.clone();
@@ -579,7 +653,7 @@ mod tests {
             w.extend_from_slice(&MAGIC);
             w.push(VERSION);
             w.push(kind);
-            w.extend_from_slice(&[0; 16]);
+            w.extend_from_slice(&[1; HEADER_LEN - 4]);
             w.extend_from_slice(&body);
             let tag = auth.tag(&w);
             w.extend_from_slice(&tag);
@@ -594,8 +668,42 @@ mod tests {
                 digest: entries.into_iter().map(|(a, b)| (MemberId(a), b)).collect(),
                 suspects: suspects.into_iter().map(MemberId).collect(),
             };
-            let p = Packet { sender: MemberId(3), sender_view: 1, message };
+            let p = packet(3, 1, message);
             prop_assert_eq!(auth.decode(&auth.encode(&p)), Ok(p));
         }
+
+        /// Every stamp survives encoding, whatever the message.
+        #[test]
+        fn stamps_round_trip(sender_incarnation in 1u64.., receiver in any::<u64>(), receiver_incarnation in any::<u64>(),
+                             counter in 1u64.., sender in any::<u64>(), sender_view in any::<u64>(), which in 0usize..14) {
+            let auth = Authenticator::new(b"k");
+            let stamp = Stamp { sender_incarnation, receiver: MemberId(receiver), receiver_incarnation, counter };
+            let p = Packet { sender: MemberId(sender), sender_view, stamp, message: samples()[which].clone() };
+            prop_assert_eq!(auth.decode(&auth.encode(&p)), Ok(p));
+        }
+    }
+
+    /// A stamp whose incarnation or counter is 0 (never sent: both count from 1) is refused.
+    #[test]
+    fn a_stamp_counting_from_zero_is_refused() {
+        let auth = Authenticator::new(b"secret");
+        // Offsets of the sender incarnation and of the counter in the header.
+        for offset in [12, 44] {
+            let mut bytes = auth.encode(&packet(1, 1, Message::Probe));
+            bytes.truncate(bytes.len() - TAG_LEN);
+            bytes[offset..offset + 8].fill(0);
+            let tag = auth.tag(&bytes);
+            bytes.extend_from_slice(&tag);
+            assert!(matches!(auth.decode(&bytes), Err(DecodeError::Body(_))), "zero at {offset}");
+        }
+    }
+
+    /// A version-1 datagram (header without a stamp) is refused as another version.
+    #[test]
+    fn a_version_one_datagram_is_refused() {
+        let auth = Authenticator::new(b"secret");
+        let mut bytes = auth.encode(&packet(1, 1, Message::Probe));
+        bytes[2] = 1;
+        assert_eq!(auth.decode(&bytes), Err(DecodeError::Version(1)));
     }
 }

@@ -1,12 +1,12 @@
 //! Bad input never crashes a node: random bytes, and validly signed datagrams with
 //! random contents (what a broken or confused member could send), are counted or handled,
-//! and the node keeps a view it belongs to.
+//! the node keeps a view it belongs to, and a datagram delivered twice is acted on once.
 
 use proptest::prelude::*;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
-use ulnet_cluster::wire::{Authenticator, Ballot, Message, Packet};
-use ulnet_cluster::{Config, Member, MemberId, Membership, View};
+use ulnet_cluster::wire::{Authenticator, Ballot, Message, Packet, Stamp};
+use ulnet_cluster::{Config, Counters, Member, MemberId, Membership, View};
 
 const SECRET: &[u8] = b"hostile";
 
@@ -14,11 +14,19 @@ fn member(id: u64, port: u16) -> Member {
     Member { id: MemberId(id), name: format!("m{id}"), addr: SocketAddr::from(([127, 0, 0, 1], port)) }
 }
 
+/// The incarnation of the node under test.
+const INCARNATION: u64 = 3;
+
 fn formed() -> (Membership, Instant) {
     let now = Instant::now();
-    let mut m = Membership::new(Config::local(), member(5, 9000), SECRET, vec![], 1);
+    let mut m = Membership::new(Config::local(), member(5, 9000), INCARNATION, SECRET, vec![], 1);
     m.start(now);
     (m, now)
+}
+
+/// Authenticated datagrams dropped as not fresh.
+fn not_fresh(c: &Counters) -> u64 {
+    c.dropped_replayed + c.dropped_old_incarnation + c.dropped_unconfirmed
 }
 
 fn ballot() -> impl Strategy<Value = Ballot> {
@@ -62,6 +70,8 @@ fn message() -> impl Strategy<Value = Message> {
         Just(Message::ViewRequest),
         Just(Message::Probe),
         Just(Message::ProbeAck),
+        Just(Message::Challenge),
+        (0u64..4, ballot()).prop_map(|(base, ballot)| Message::JoinerAlive { base, ballot }),
     ]
 }
 
@@ -85,10 +95,18 @@ proptest! {
     ) {
         let (mut m, mut now) = formed();
         let auth = Authenticator::new(SECRET);
-        for (sender, sender_view, message, dt) in msgs {
+        for (counter, (sender, sender_view, message, dt)) in (1..).zip(msgs) {
             now += Duration::from_millis(dt);
-            let bytes = auth.encode(&Packet { sender: MemberId(sender), sender_view, message });
-            m.handle_datagram(now, SocketAddr::from(([127, 0, 0, 1], 9000 + sender as u16)), &bytes);
+            // Fresh stamps, so that the messages reach the protocol.
+            let stamp = Stamp { sender_incarnation: 1, receiver: MemberId(5), receiver_incarnation: INCARNATION, counter };
+            let bytes = auth.encode(&Packet { sender: MemberId(sender), sender_view, stamp, message });
+            let from = SocketAddr::from(([127, 0, 0, 1], 9000 + sender as u16));
+            m.handle_datagram(now, from, &bytes);
+            // The same datagram again (a replay, or a network duplicate): never acted on.
+            let before = m.counters();
+            m.handle_datagram(now, from, &bytes);
+            let after = m.counters();
+            prop_assert_eq!(after.packets_received - before.packets_received, not_fresh(&after) - not_fresh(&before));
             if m.poll_timeout().is_some_and(|t| t <= now) {
                 m.handle_timeout(now);
             }

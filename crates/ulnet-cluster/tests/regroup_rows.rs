@@ -40,7 +40,7 @@ impl Net {
             .map(|i| {
                 let me = Member { id: MemberId(i as u64 + 1), name: format!("n{i}"), addr: addr(i) };
                 let seeds = if i == 0 { vec![] } else { vec![addr(0)] };
-                let mut m = Membership::new(Config::local(), me, SECRET, seeds, i as u64);
+                let mut m = Membership::new(Config::local(), me, 1, SECRET, seeds, i as u64);
                 m.start(now);
                 m
             })

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
+use ulnet_cluster::freshness::next_incarnation;
 use ulnet_cluster::{Config, Member, MemberId, Membership, MembershipEvent, Status, View};
 use ulnet_sim::{Node, NodeId, Sim};
 
@@ -28,6 +29,11 @@ pub struct SimMember {
     /// A restarted node starts at its first timeout (restarts are built without the
     /// simulated clock at hand): the instant it was built at, in the past.
     pub start_pending: Option<Instant>,
+    /// When set, every datagram this node sends is copied here as (destination, bytes):
+    /// what a sniffer on the wire records, for replay tests.
+    pub tap: Option<Vec<(NodeId, Vec<u8>)>>,
+    /// Set with `tap`: every datagram this node received, as (source, bytes).
+    pub heard: Option<Vec<(NodeId, Vec<u8>)>>,
 }
 
 impl SimMember {
@@ -37,12 +43,17 @@ impl SimMember {
             name: format!("n{index}"),
             addr: addr_of(NodeId(index)),
         };
+        // Deterministic incarnations (the runtime takes the wall clock): a new identity's
+        // first process is 1 + its restart count.
+        let process = u64::from(incarnation) + 1;
         Self {
             index,
-            machine: Membership::new(config, me, secret, seeds, seed),
+            machine: Membership::new(config, me, process, secret, seeds, seed),
             installed: Vec::new(),
             events: Vec::new(),
             start_pending: None,
+            tap: None,
+            heard: None,
         }
     }
 
@@ -63,6 +74,9 @@ impl SimMember {
 impl Node for SimMember {
     type Msg = Vec<u8>;
     fn handle_message(&mut self, now: Instant, from: NodeId, msg: Vec<u8>) {
+        if let Some(heard) = &mut self.heard {
+            heard.push((from, msg.clone()));
+        }
         self.machine.handle_datagram(now, addr_of(from), &msg);
         self.drain_events(now);
     }
@@ -75,7 +89,11 @@ impl Node for SimMember {
         self.drain_events(now);
     }
     fn poll_transmit(&mut self) -> Option<(NodeId, Vec<u8>)> {
-        self.machine.poll_transmit().map(|t| (node_of(t.dst), t.payload))
+        let (to, payload) = self.machine.poll_transmit().map(|t| (node_of(t.dst), t.payload))?;
+        if let Some(tap) = &mut self.tap {
+            tap.push((to, payload.clone()));
+        }
+        Some((to, payload))
     }
     fn poll_timeout(&self) -> Option<Instant> {
         self.start_pending.or_else(|| self.machine.poll_timeout())
@@ -85,10 +103,18 @@ impl Node for SimMember {
 /// A world of `n` nodes: node 0 forms the cluster, the others join through every other
 /// node as seeds (the first members answer as sponsors).
 pub fn world(seed: u64, n: u32, faults: ulnet_sim::Faults, config: &Config) -> Sim<SimMember> {
+    world_tapped(seed, n, faults, config, false)
+}
+
+/// [`world`], with every node's datagrams recorded from its start when `tapped`.
+pub fn world_tapped(seed: u64, n: u32, faults: ulnet_sim::Faults, config: &Config, tapped: bool) -> Sim<SimMember> {
     let mut sim = Sim::new(seed, faults);
     for i in 0..n {
         let seeds = if i == 0 { vec![] } else { (0..n).filter(|&j| j != i).map(|j| addr_of(NodeId(j))).collect() };
-        sim.add_node(SimMember::new(i, 0, config.clone(), seeds, SECRET, seed));
+        let mut node = SimMember::new(i, 0, config.clone(), seeds, SECRET, seed);
+        node.tap = tapped.then(Vec::new);
+        node.heard = tapped.then(Vec::new);
+        sim.add_node(node);
         let now = sim.now();
         let id = NodeId(i);
         sim.node_mut(id).unwrap().machine.start(now);
@@ -109,8 +135,18 @@ pub fn restarted(id: NodeId, n: u32, incarnation: u32, config: &Config, seed: u6
 /// A restarted node that kept its durable state (identity, view, promises).
 pub fn resumed(old: &SimMember, n: u32, config: &Config, seed: u64, now: Instant) -> SimMember {
     let seeds = (0..n).filter(|&j| j != old.index).map(|j| addr_of(NodeId(j))).collect();
-    let machine = Membership::resume(config.clone(), old.machine.durable(), SECRET, seeds, seed ^ 0xdead);
-    SimMember { index: old.index, machine, installed: Vec::new(), events: Vec::new(), start_pending: Some(now) }
+    let durable = old.machine.durable();
+    let incarnation = next_incarnation(Some(durable.incarnation), 0);
+    let machine = Membership::resume(config.clone(), durable, incarnation, SECRET, seeds, seed ^ 0xdead);
+    SimMember {
+        index: old.index,
+        machine,
+        installed: Vec::new(),
+        events: Vec::new(),
+        start_pending: Some(now),
+        tap: old.tap.as_ref().map(|_| Vec::new()),
+        heard: old.heard.as_ref().map(|_| Vec::new()),
+    }
 }
 
 /// The invariants, checked after every step of every run.
