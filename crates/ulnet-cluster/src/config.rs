@@ -168,16 +168,6 @@ impl Config {
         self.heartbeat_interval * self.buddy_missed_max
     }
 
-    /// How long a member must have been in the view before it counts towards admitting
-    /// joiners (a regroup admits no more joiners than keep the seasoned members a quorum
-    /// whatever the newcomers do): the buddy detector's threshold, the time in which its watchers
-    /// would notice it crash. So a cluster whose nodes all start at once doubles about
-    /// once per season (`n` nodes form in about `log2(n)` seasons); a joiner into an
-    /// established cluster does not wait.
-    pub fn member_season(&self) -> Duration {
-        self.buddy_fail_after()
-    }
-
     /// The gossip detector's threshold for a view of `n` members:
     /// `gossip_interval × (gossip_rounds_factor × ⌈log2(n + 1)⌉ + gossip_slack_rounds)`.
     /// A push epidemic reaches all `n` members in about `log2(n) + ln(n)` rounds; twice

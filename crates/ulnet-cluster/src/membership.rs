@@ -170,10 +170,6 @@ pub struct Membership {
     suspicions: BTreeMap<MemberId, BTreeMap<MemberId, Instant>>,
     announced_suspects: BTreeSet<MemberId>,
     joiners: BTreeMap<MemberId, (Member, Instant)>,
-    /// When each member of the view entered it, as this node saw it (its own install of
-    /// the view that added the member, or of its first view): for the season of
-    /// [`Config::member_season`].
-    member_since: BTreeMap<MemberId, Instant>,
     reason_since: Option<Instant>,
     /// Since when this member has had a reason to regroup that no view or completed
     /// regroup resolved (not reset when a regroup is overtaken).
@@ -253,7 +249,6 @@ impl Membership {
             suspicions: BTreeMap::new(),
             announced_suspects: BTreeSet::new(),
             joiners: BTreeMap::new(),
-            member_since: BTreeMap::new(),
             reason_since: None,
             unresolved_since: None,
             suspect_resent_at: None,
@@ -357,7 +352,6 @@ impl Membership {
             tracing::info!(node = %self.me.name, view = view.id, "resuming in the last view; confirming it by a regroup");
             self.accepted = self.resumed_accepted.take().map(|(b, v)| (b, v, now));
             self.status = Status::NoQuorum;
-            self.member_since = view.ids().map(|id| (id, now)).collect();
             self.gossip.reset(now, &view, self.config.gossip_fail_after(view.len()));
             for d in &mut self.fast {
                 d.reset(now, &view);
@@ -981,23 +975,10 @@ impl Membership {
 
     // ---- regroup: reasons and the proposer ----
 
-    /// How many of `ids` have been members for a season.
-    fn seasoned(&self, now: Instant, ids: impl Iterator<Item = MemberId>) -> usize {
-        let season = self.config.member_season();
-        ids.filter(|id| self.member_since.get(id).is_some_and(|t| now.saturating_duration_since(*t) >= season)).count()
-    }
-
-    /// Whether a regroup now could admit a joiner if every member answered (joiners wait,
-    /// without a regroup, while too many members are new).
-    fn could_admit(&self, now: Instant) -> bool {
-        let Some(view) = &self.view else { return false };
-        regroup::joiners_admissible(view.len(), self.seasoned(now, view.ids())) > 0
-    }
-
     fn has_reason(&self, now: Instant) -> bool {
         let needed = self.config.suspicions_needed;
         self.status == Status::NoQuorum
-            || (!self.joiners.is_empty() && self.could_admit(now))
+            || !self.joiners.is_empty()
             || self.suspicions.values().any(|r| r.len() >= needed)
             || self
                 .accepted
@@ -1169,9 +1150,8 @@ impl Membership {
             return;
         }
         let mut members: Vec<Member> = base.members.iter().filter(|m| candidates.contains(&m.id)).cloned().collect();
-        let admissible = regroup::joiners_admissible(candidates.len(), self.seasoned(now, candidates.iter().copied()));
         let joining = self.joiners.values().map(|(j, _)| j).filter(|j| present.contains(&j.id));
-        for j in joining.filter(|j| !base.contains(j.id)).take(admissible) {
+        for j in joining.filter(|j| !base.contains(j.id)) {
             if members.len() >= self.config.members_max {
                 break;
             }
@@ -1471,10 +1451,6 @@ impl Membership {
         self.announced_suspects.retain(|t| view.contains(*t));
         self.local_suspects.retain(|t| view.contains(*t));
         self.joiners.retain(|id, _| !view.contains(*id));
-        self.member_since.retain(|id, _| view.contains(*id));
-        for id in view.ids() {
-            self.member_since.entry(id).or_insert(now);
-        }
         self.gossip.reset(now, &view, self.config.gossip_fail_after(view.len()));
         for d in &mut self.fast {
             d.reset(now, &view);
@@ -1515,7 +1491,6 @@ impl Membership {
         self.suspicions.clear();
         self.announced_suspects.clear();
         self.joiners.clear();
-        self.member_since.clear();
         self.reason_since = None;
         self.unresolved_since = None;
         self.gossip.clear();

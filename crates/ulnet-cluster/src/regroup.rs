@@ -24,11 +24,6 @@
 //!    are pruned until the rest is fully connected, waiting `connectivity_wait` first for
 //!    contradicting rows to clear (members probe those they suspect on `Prepare` and send
 //!    a corrected row: hearsay fills in what the proposer cannot see itself).
-//!
-//!    Of the joiners that answered, the proposal takes no more than keep the members of a
-//!    season ([`crate::Config::member_season`]) a quorum of it should every newcomer die
-//!    at once ([`joiners_admissible`]): a view holds at most as many members that have
-//!    not shown they stay up as can fail without taking the quorum with them.
 //! 3. **Pruning.** `Accept(proposal)` goes to every base member; those pruned learn from
 //!    the `Commit` that they are out and stop.
 //! 4. **Install.** Once a quorum of the base view accepted, the view is chosen: the
@@ -79,24 +74,6 @@ pub(crate) struct Regroup {
     /// When contradicting connectivity rows were first seen.
     pub conflict_since: Option<Instant>,
     pub next_send: Instant,
-}
-
-/// Most joiners one view change admits, given the members of the base view that stay
-/// (`survivors`, the proposer among them) and how many of those have been members for a
-/// season (`seasoned`, see [`crate::Config::member_season`]): so few that the seasoned hold
-/// a quorum of the next view even if every other member dies at once — every joiner, and
-/// every member admitted too recently to have shown that it stays up. Without the season,
-/// joiners that die right after being admitted (a crash loop, a bad deployment) would count
-/// as survivors when the next ones are admitted, and could outnumber the members they
-/// joined. A lone member, seasoned or not, may admit one joiner: it has nobody to keep a
-/// quorum for, and a view of one can only grow by one (the two-member view then needs both,
-/// or the witness, as every two-member view does).
-pub(crate) fn joiners_admissible(survivors: usize, seasoned: usize) -> usize {
-    debug_assert!(seasoned <= survivors, "the seasoned are survivors");
-    if survivors == 1 {
-        return 1;
-    }
-    (2 * seasoned).saturating_sub(survivors + 1)
 }
 
 /// The highest-ballot next view any responder accepted (it must be proposed again).
@@ -176,30 +153,6 @@ mod tests {
         let pruned = prune_to_full_connectivity(&mut c, &promises, MemberId(1));
         assert_eq!(pruned, vec![MemberId(4)]);
         assert_eq!(c.len(), 3);
-    }
-
-    #[test]
-    fn the_seasoned_keep_a_quorum_of_a_view_whose_newcomers_all_die() {
-        use crate::view::Member;
-        for survivors in 1..=40u64 {
-            for seasoned in 0..=survivors {
-                let joiners = joiners_admissible(survivors as usize, seasoned as usize) as u64;
-                if joiners == 0 {
-                    continue;
-                }
-                let members = (1..=survivors + joiners)
-                    .map(|i| Member { id: MemberId(i), name: format!("n{i}"), addr: ([127, 0, 0, 1], 1).into() })
-                    .collect();
-                let next = View::new(2, members);
-                let alive: Vec<MemberId> = (1..=seasoned).map(MemberId).collect();
-                let lone = survivors == 1;
-                assert!(next.is_quorum(&alive, false) || lone, "{seasoned} of {survivors} seasoned, {joiners} joiners");
-            }
-        }
-        assert_eq!((joiners_admissible(1, 1), joiners_admissible(1, 0)), (1, 1), "a lone member can grow");
-        assert_eq!(joiners_admissible(2, 1), 0, "a newcomer must season first");
-        assert_eq!(joiners_admissible(3, 3), 2);
-        assert_eq!(joiners_admissible(9, 9), 8, "seasoned views double");
     }
 
     #[test]
